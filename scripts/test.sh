@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Quickstart, command 2 (and what CI runs): install what is needed, build with warnings as
+# errors, and run every test that this machine can run:
+#   1. Catch2 unit tests and the bundle test (ctest -L 'unit|bundle')
+#   2. the libFuzzer targets, each for KFORGE_FUZZ_SECONDS (clang build in build-fuzz/)
+#   3. the Python tests (pytest, in the project's venv)
+# GPU tests (label 'gpu') need a GPU: run them from the bundle (README, "GPU hosts").
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUILD="${KFORGE_BUILD_DIR:-$ROOT/build}"
+FUZZ_BUILD="${KFORGE_FUZZ_BUILD_DIR:-$ROOT/build-fuzz}"
+t0=$(date +%s)
+"$ROOT/scripts/bootstrap.sh"
+"$ROOT/scripts/build.sh"
+t_build=$(date +%s)
+
+status=0
+ctest --test-dir "$BUILD" -L 'unit|bundle' --output-on-failure -j "$(nproc)" || status=1
+
+gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
+if [[ ! -f "$FUZZ_BUILD/CMakeCache.txt" ]]; then
+  cmake -S "$ROOT" -B "$FUZZ_BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DKFORGE_WERROR=ON \
+    -DKFORGE_BUILD_TESTS=OFF -DKFORGE_FUZZ=ON -DKFORGE_FUZZ_SECONDS="${KFORGE_FUZZ_SECONDS:-20}"
+fi
+cmake --build "$FUZZ_BUILD" --parallel "$(nproc)" --target fuzz_launch_expr fuzz_kernel_spec fuzz_wire fuzz_op_signature
+ctest --test-dir "$FUZZ_BUILD" -L fuzz --output-on-failure -j "$(nproc)" || status=1
+
+KFORGE_BUILD_DIR="$BUILD" "$ROOT/.venv/bin/python" -m pytest -q "$ROOT/tests/python" || status=1
+
+t_end=$(date +%s)
+echo "test.sh: build $((t_build - t0)) s, tests $((t_end - t_build)) s, status $status"
+exit $status

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# test_bundle.sh TARBALL VERSION
+# The bundle must run after unpacking into any directory, with a minimal environment: no build
+# tree, no LD_LIBRARY_PATH. Unpacks into a fresh temporary directory, runs `kforge --version`
+# from there, and checks that every library it loads from outside the system comes from the bundle.
+set -euo pipefail
+tarball="$1"; version="$2"
+tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+[[ -f "$tarball" ]] || fail "no bundle at $tarball"
+size_kb=$(du -k "$tarball" | cut -f1)
+(( size_kb < 65536 )) || fail "bundle is ${size_kb} KiB; it must stay small (< 64 MiB)"
+tar -C "$tmp" -xzf "$tarball"
+root="$(echo "$tmp"/kforge-*)"
+[[ -x "$root/bin/kforge" ]] || fail "bin/kforge missing from the bundle"
+
+out="$(env -i PATH=/usr/bin:/bin "$root/bin/kforge" --version)" || fail "kforge --version failed: $out"
+[[ "$out" == "kforge $version"* ]] || fail "unexpected version line: $out"
+echo "ok: $out"
+
+# The loader must take our libraries from the unpacked bundle, not from the build tree.
+maps="$(env -i PATH=/usr/bin:/bin LD_DEBUG=libs "$root/bin/kforge" --version 2>&1 >/dev/null | grep 'calling init' || true)"
+echo "$maps" | grep -q "$root/bin/../lib/libkforge_runtime.so\|$root/lib/libkforge_runtime.so" \
+  || fail "libkforge_runtime.so not loaded from the bundle: $maps"
+for f in "$root"/bin/* "$root"/lib/*.so*; do
+  if ldd "$f" | grep -q "not found"; then fail "$f has unresolved libraries: $(ldd "$f" | grep 'not found')"; fi
+done
+[[ -x "$root/share/kforge/tests/run-gpu-tests" ]] || fail "GPU suite runner missing from the bundle"
+echo "ok: bundle is relocatable ($(du -h "$tarball" | cut -f1))"

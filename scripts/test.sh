@@ -3,12 +3,14 @@
 # errors, and run every test that this machine can run:
 #   1. Catch2 unit tests and the bundle test (ctest -L 'unit|bundle')
 #   2. the libFuzzer targets, each for KFORGE_FUZZ_SECONDS (clang build in build-fuzz/)
-#   3. the Python tests (pytest, in the project's venv)
+#   3. the unit tests again under AddressSanitizer + UBSan (build-asan/)
+#   4. the Python tests (pytest, in the project's venv)
 # GPU tests (label 'gpu') need a GPU: run them from the bundle (README, "GPU hosts").
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${KFORGE_BUILD_DIR:-$ROOT/build}"
 FUZZ_BUILD="${KFORGE_FUZZ_BUILD_DIR:-$ROOT/build-fuzz}"
+ASAN_BUILD="${KFORGE_ASAN_BUILD_DIR:-$ROOT/build-asan}"
 t0=$(date +%s)
 "$ROOT/scripts/bootstrap.sh"
 "$ROOT/scripts/build.sh"
@@ -23,8 +25,11 @@ if [[ ! -f "$FUZZ_BUILD/CMakeCache.txt" ]]; then
     -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DKFORGE_WERROR=ON \
     -DKFORGE_BUILD_TESTS=OFF -DKFORGE_FUZZ=ON -DKFORGE_FUZZ_SECONDS="${KFORGE_FUZZ_SECONDS:-20}"
 fi
-cmake --build "$FUZZ_BUILD" --parallel "$(nproc)" --target fuzz_launch_expr fuzz_kernel_spec fuzz_wire fuzz_op_signature
+cmake --build "$FUZZ_BUILD" --parallel "$(nproc)" --target fuzz_launch_expr fuzz_kernel_spec fuzz_wire fuzz_op_signature fuzz_bundle
 ctest --test-dir "$FUZZ_BUILD" -L fuzz --output-on-failure -j "$(nproc)" || status=1
+
+KFORGE_BUILD_DIR="$ASAN_BUILD" "$ROOT/scripts/build.sh" -DKFORGE_SANITIZE="address;undefined" -DCMAKE_BUILD_TYPE=Debug
+ctest --test-dir "$ASAN_BUILD" -L unit --output-on-failure -j "$(nproc)" || status=1
 
 KFORGE_BUILD_DIR="$BUILD" "$ROOT/.venv/bin/python" -m pytest -q "$ROOT/tests/python" || status=1
 

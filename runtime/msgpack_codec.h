@@ -83,13 +83,3 @@ void pack(Packer& pk, const OpSignature& sig);
 StatusOr<OpSignature> read_op_signature(const Reader& r);
 
 }  // namespace kforge::codec
-
-// Reads a StatusOr into `lhs` or returns its error.
-#define KFORGE_ASSIGN_OR_RETURN(lhs, expr)                 \
-  KFORGE_ASSIGN_OR_RETURN_IMPL_(KFORGE_CONCAT_(kforge_so_, __LINE__), lhs, expr)
-#define KFORGE_CONCAT_INNER_(a, b) a##b
-#define KFORGE_CONCAT_(a, b) KFORGE_CONCAT_INNER_(a, b)
-#define KFORGE_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr) \
-  auto tmp = (expr);                                  \
-  if (!tmp.ok()) return tmp.status();                 \
-  lhs = std::move(tmp).value()

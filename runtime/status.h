@@ -82,3 +82,13 @@ class [[nodiscard]] StatusOr {
     ::kforge::Status kforge_status_ = (expr);   \
     if (!kforge_status_.ok()) return kforge_status_; \
   } while (0)
+
+// Reads a StatusOr into `lhs` or returns its error.
+#define KFORGE_ASSIGN_OR_RETURN(lhs, expr)                 \
+  KFORGE_ASSIGN_OR_RETURN_IMPL_(KFORGE_CONCAT_(kforge_so_, __LINE__), lhs, expr)
+#define KFORGE_CONCAT_INNER_(a, b) a##b
+#define KFORGE_CONCAT_(a, b) KFORGE_CONCAT_INNER_(a, b)
+#define KFORGE_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr) \
+  auto tmp = (expr);                                  \
+  if (!tmp.ok()) return tmp.status();                 \
+  lhs = std::move(tmp).value()

@@ -11,6 +11,7 @@
 #include "runtime/nvrtc.h"
 #include "runtime/version.h"
 #include "runtime/wire.h"
+#include "tools/cache_commands.h"
 
 namespace kforge {
 
@@ -24,9 +25,10 @@ constexpr int kExitUsage = 2;
 constexpr int kExitUnavailable = 3;
 
 constexpr std::string_view kUsage =
-    "usage: kforge <command> [options]\n"
+    "usage: kforge [--cache-dir DIR] <command> [options]\n"
     "\n"
     "commands:\n"
+    "  cache <subcommand>            inspect and manage the kernel cache ('kforge cache help')\n"
     "  --version, version [--json]   print the kforge version and format versions\n"
     "  env [--json]                  what kforge sees on this host: CPU, CUDA driver, GPUs,\n"
     "                                NVRTC, cache directory\n"
@@ -208,19 +210,37 @@ int cmd_selftest(const std::vector<std::string>& argv, std::ostream& out, std::o
 int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err) {
   // The CLI is a separate process, but keep the same discipline: report, never crash.
   try {
-    if (argv.size() < 2) return usage_error(err, "no command given");
-    const std::string& cmd = argv[1];
+    // Global options come before the command.
+    std::string cache_dir;
+    std::vector<std::string> args{argv.empty() ? std::string("kforge") : argv[0]};
+    size_t i = 1;
+    for (; i < argv.size() && argv[i].rfind("--cache-dir", 0) == 0; ++i) {
+      if (argv[i] == "--cache-dir") {
+        if (i + 1 >= argv.size()) return usage_error(err, "--cache-dir needs a directory");
+        cache_dir = argv[++i];
+      } else if (argv[i].rfind("--cache-dir=", 0) == 0) {
+        cache_dir = argv[i].substr(12);
+      } else {
+        break;
+      }
+    }
+    args.insert(args.end(), argv.begin() + static_cast<std::ptrdiff_t>(i), argv.end());
+    if (args.size() < 2) return usage_error(err, "no command given");
+    const std::string& cmd = args[1];
     bool as_json = false;
     int rc = kExitOk;
     if (cmd == "--version" || cmd == "version") {
-      if (!parse_json_flag(argv, 2, err, &as_json, &rc)) return rc;
+      if (!parse_json_flag(args, 2, err, &as_json, &rc)) return rc;
       return cmd_version(as_json, out);
     }
     if (cmd == "env") {
-      if (!parse_json_flag(argv, 2, err, &as_json, &rc)) return rc;
+      if (!parse_json_flag(args, 2, err, &as_json, &rc)) return rc;
       return cmd_env(as_json, out);
     }
-    if (cmd == "selftest") return cmd_selftest(argv, out, err);
+    if (cmd == "selftest") return cmd_selftest(args, out, err);
+    if (cmd == "cache") {
+      return run_cache_command(std::vector<std::string>(args.begin() + 2, args.end()), cache_dir, out, err);
+    }
     if (cmd == "help" || cmd == "--help" || cmd == "-h") {
       out << kUsage;
       return kExitOk;

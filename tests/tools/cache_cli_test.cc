@@ -1,0 +1,202 @@
+// `kforge cache ...` end to end on a real cache directory: what users and scripts see.
+#include <catch2/catch.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "cache/store.h"
+#include "tools/cli.h"
+
+using namespace kforge;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "kforge-cli-test-XXXXXX").string();
+    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
+    path = tmpl;
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+struct Run {
+  int rc;
+  std::string out, err;
+};
+
+Run run_kforge(const fs::path& cache, std::vector<std::string> args) {
+  args.insert(args.begin(), {"kforge", "--cache-dir", cache.string()});
+  std::ostringstream out, err;
+  int rc = run_cli(args, out, err);
+  return {rc, out.str(), err.str()};
+}
+
+TensorMeta contiguous(std::vector<int64_t> sizes) {
+  TensorMeta t;
+  t.dtype = DType::kFloat32;
+  t.device = DeviceType::kCpu;
+  t.sizes = sizes;
+  t.strides.assign(sizes.size(), 1);
+  for (size_t d = sizes.size(); d-- > 1;) t.strides[d - 1] = t.strides[d] * sizes[d];
+  return t;
+}
+
+CacheEntry entry(int64_t rows, double speedup) {
+  CacheEntry e;
+  e.signature = OpSignature{"aten::_softmax", "", {Arg::tensor(contiguous({rows, 1024})), Arg::integer(-1),
+                                                   Arg::boolean(false)},
+                            Target{Backend::kCpu, "x86_64-avx2"}};
+  e.environment.backend = Backend::kCpu;
+  e.environment.arch = "x86_64-avx2";
+  e.environment.compiler = "g++ 12.2.0";
+  e.environment.torch_version = "2.11.0";
+  e.spec.backend = Backend::kCpu;
+  e.spec.language = SourceLanguage::kCpp;
+  e.spec.source = "extern \"C\" void softmax_rows(const float* x, float* y, long rows, long cols) { /* ... */ }\n";
+  e.spec.entry_points = {"softmax_rows"};
+  e.spec.compile_options = {"-O3", "-mavx2"};
+  e.spec.plan.outputs = {OutputSpec::like(0)};
+  Launch l;
+  l.entry = "softmax_rows";
+  l.grid = {"size0_0", "1", "1"};
+  l.args = {ArgBinding::input(0), ArgBinding::output(0), ArgBinding::size("size0_0"), ArgBinding::size("size0_1")};
+  e.spec.plan.launches = {l};
+  e.blobs = {{"so", std::string(4096, static_cast<char>(rows & 0x7f))}};
+  e.verification = {5, 1e-7, 2e-7, 1e-7, 2e-7, true, "5 trials: normal, uniform, large"};
+  e.timings = {2000.0, 2000.0 / speedup, 0.01, 30};
+  e.provenance = {"template:softmax_rowwise", "s-1", "0.1.0", 1764680000000, "staging-1"};
+  return e;
+}
+
+}  // namespace
+
+TEST_CASE("kforge cache: ls, show, verify, state changes, rm on a real cache") {
+  TempDir t;
+  fs::path cache = t.path / "cache";
+  auto store = Store::open((fs::create_directories(cache), fs::permissions(cache, fs::perms::owner_all,
+                                                                            fs::perm_options::replace),
+                            cache.string()));
+  REQUIRE(store.ok());
+  auto k1 = store->publish(entry(64, 1.5));
+  auto k2 = store->publish(entry(128, 2.0));
+  REQUIRE(k1.ok());
+  REQUIRE(k2.ok());
+  const std::string p1 = k1->hex().substr(0, 8);
+
+  Run ls = run_kforge(cache, {"cache", "ls"});
+  CHECK(ls.rc == 0);
+  CHECK_THAT(ls.out, Catch::Contains("aten::_softmax(float32[64,1024], -1, false)"));
+  CHECK_THAT(ls.out, Catch::Contains("1.50x"));
+  CHECK_THAT(ls.out, Catch::Contains("2 entries"));
+
+  Run js = run_kforge(cache, {"cache", "ls", "--json"});
+  REQUIRE(js.rc == 0);
+  auto j = nlohmann::json::parse(js.out);
+  CHECK(j["entries"].size() == 2);
+
+  Run show = run_kforge(cache, {"cache", "show", p1});
+  CHECK(show.rc == 0);
+  CHECK_THAT(show.out, Catch::Contains(k1->hex()));
+  CHECK_THAT(show.out, Catch::Contains("speedup 1.50x"));
+  CHECK_THAT(show.out, Catch::Contains("template:softmax_rowwise"));
+  CHECK_THAT(show.out, Catch::Contains("launch 0: softmax_rows grid (size0_0, 1, 1)"));
+  CHECK_THAT(show.out, Catch::Contains("extern \"C\" void softmax_rows"));
+
+  CHECK(run_kforge(cache, {"cache", "verify"}).rc == 0);
+
+  Run dis = run_kforge(cache, {"cache", "disable", p1, "--reason", "suspicious"});
+  CHECK(dis.rc == 0);
+  CHECK_THAT(run_kforge(cache, {"cache", "show", p1}).out, Catch::Contains("disabled (suspicious)"));
+  CHECK(run_kforge(cache, {"cache", "enable", p1}).rc == 0);
+  CHECK_THAT(run_kforge(cache, {"cache", "show", p1}).out, Catch::Contains("state:        active"));
+  CHECK(run_kforge(cache, {"cache", "pin", p1}).rc == 0);
+  CHECK_THAT(run_kforge(cache, {"cache", "show", p1}).out, Catch::Contains("pinned"));
+
+  // gc to zero keeps only the pinned entry.
+  Run gc = run_kforge(cache, {"cache", "gc", "--max-size", "0"});
+  CHECK(gc.rc == 0);
+  CHECK_THAT(run_kforge(cache, {"cache", "ls"}).out, Catch::Contains("1 entries"));
+
+  CHECK(run_kforge(cache, {"cache", "unpin", p1}).rc == 0);
+  Run rm = run_kforge(cache, {"cache", "rm", p1});
+  CHECK(rm.rc == 0);
+  CHECK_THAT(run_kforge(cache, {"cache", "ls"}).out, Catch::Contains("is empty"));
+}
+
+TEST_CASE("kforge cache verify names each bad file and exits 1") {
+  TempDir t;
+  fs::path cache = t.path / "c";
+  fs::create_directories(cache);
+  fs::permissions(cache, fs::perms::owner_all, fs::perm_options::replace);
+  auto store = Store::open(cache.string());
+  REQUIRE(store.ok());
+  auto k = store->publish(entry(32, 1.2));
+  REQUIRE(k.ok());
+  auto loaded = store->load(*k);
+  REQUIRE(loaded.ok());
+  // Flip one byte of the blob.
+  fs::path blob;
+  for (auto& f : fs::recursive_directory_iterator(cache / "blobs")) {
+    if (f.is_regular_file()) blob = f.path();
+  }
+  REQUIRE(!blob.empty());
+  {
+    std::fstream f(blob, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    f.put('\x7f' ^ 0x55);
+  }
+  Run v = run_kforge(cache, {"cache", "verify"});
+  CHECK(v.rc == 1);
+  CHECK_THAT(v.err, Catch::Contains(blob.string()));
+}
+
+TEST_CASE("kforge cache: signed export and import round trip, a foreign key is refused") {
+  TempDir t;
+  fs::path src = t.path / "src", dst = t.path / "dst", other = t.path / "other";
+  for (const fs::path& p : {src, dst, other}) {
+    fs::create_directories(p);
+    fs::permissions(p, fs::perms::owner_all, fs::perm_options::replace);
+  }
+  auto store = Store::open(src.string());
+  REQUIRE(store.ok());
+  REQUIRE(store->publish(entry(16, 1.1)).ok());
+  REQUIRE(store->publish(entry(48, 1.7)).ok());
+
+  fs::path sec = t.path / "k.sec", pub = t.path / "k.pub", sec2 = t.path / "o.sec", pub2 = t.path / "o.pub";
+  REQUIRE(run_kforge(src, {"cache", "keygen", sec.string(), pub.string()}).rc == 0);
+  REQUIRE(run_kforge(src, {"cache", "keygen", sec2.string(), pub2.string()}).rc == 0);
+  fs::path bundle = t.path / "b.kfb";
+  Run ex = run_kforge(src, {"cache", "export", bundle.string(), "--sign", sec.string()});
+  REQUIRE(ex.rc == 0);
+  CHECK_THAT(ex.out, Catch::Contains("exported 2 entries"));
+
+  Run bad = run_kforge(other, {"cache", "import", bundle.string(), "--trusted-key", pub2.string()});
+  CHECK(bad.rc == 1);
+  CHECK_FALSE(bad.err.empty());
+  CHECK_THAT(run_kforge(other, {"cache", "ls"}).out, Catch::Contains("is empty"));
+
+  Run im = run_kforge(dst, {"cache", "import", bundle.string(), "--trusted-key", pub.string()});
+  CHECK(im.rc == 0);
+  CHECK_THAT(im.out, Catch::Contains("imported 2 entries"));
+  CHECK_THAT(run_kforge(dst, {"cache", "ls"}).out, Catch::Contains("2 entries"));
+}
+
+TEST_CASE("kforge cache: usage errors name the problem") {
+  TempDir t;
+  CHECK(run_kforge(t.path, {"cache", "frob"}).rc == 2);
+  CHECK_THAT(run_kforge(t.path, {"cache", "frob"}).err, Catch::Contains("unknown subcommand 'frob'"));
+  CHECK(run_kforge(t.path, {"cache", "gc"}).rc == 2);
+  CHECK_THAT(run_kforge(t.path, {"cache", "gc", "--max-size", "12X"}).err, Catch::Contains("unknown unit 'X'"));
+  CHECK(run_kforge(t.path, {"cache", "show"}).rc == 2);
+  CHECK(run_kforge(t.path, {"cache", "import", "x", "--require-signature"}).rc == 2);
+  Run missing = run_kforge(t.path, {"cache", "show", "abcd"});
+  CHECK(missing.rc == 1);
+}

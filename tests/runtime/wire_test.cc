@@ -325,7 +325,7 @@ TEST_CASE("wire: a field of the wrong type is rejected with its path") {
   CHECK(message_of(r) == "Revoke: expected array, got string");
 }
 
-TEST_CASE("wire: missing fields are rejected; extra trailing fields are ignored (forward compatibility)") {
+TEST_CASE("wire: missing fields are rejected, extra trailing fields are ignored (forward compatibility)") {
   const std::string report = encode(hot_report());
   CHECK(message_of(decode(mutate(report, {3}, with_length(3)))) == "HotReport: expected 4 fields, got 3");
   CHECK(message_of(decode(mutate(report, {3, 3, 0, 4, 0}, with_length(7)))) ==

@@ -53,7 +53,7 @@ inline Status internal_error(std::string m) { return {StatusCode::kInternal, std
 template <typename T>
 class [[nodiscard]] StatusOr {
  public:
-  StatusOr(T value) : v_(std::move(value)) {}                        // NOLINT: implicit by design
+  StatusOr(T val) : v_(std::move(val)) {}                        // NOLINT: implicit by design
   StatusOr(Status status) : v_(std::move(status)) {                  // NOLINT: implicit by design
     if (std::get<Status>(v_).ok()) v_ = Status(StatusCode::kInternal, "StatusOr built from ok Status");
   }

@@ -1,0 +1,185 @@
+#include "runtime/cpu_backend.h"
+
+#include <dlfcn.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+namespace kforge {
+
+namespace {
+
+std::string dl_error() {
+  const char* e = dlerror();
+  return e != nullptr ? e : "unknown dlopen error";
+}
+
+struct FreeDeleter {
+  void operator()(void* p) const noexcept { std::free(p); }
+};
+using AlignedBuffer = std::unique_ptr<void, FreeDeleter>;
+
+AlignedBuffer aligned_buffer(size_t bytes) {
+  size_t rounded = (bytes + 63) / 64 * 64;
+  return AlignedBuffer(std::aligned_alloc(64, rounded == 0 ? 64 : rounded));
+}
+
+// One kernel parameter's value, stored where params[i] can point at it (cuLaunchKernel style).
+union ParamSlot {
+  void* ptr;
+  int64_t i64;
+  int32_t i32;
+  double f64;
+  float f32;
+  bool b;
+};
+
+}  // namespace
+
+StatusOr<CpuModule> CpuModule::load_image(std::string_view image, std::string_view name) {
+  std::string label = "cpu module '" + std::string(name) + "'";
+  if (image.size() < 4 || image.substr(0, 4) != std::string_view("\x7f" "ELF", 4)) {
+    return invalid_argument(label + ": image is not an ELF shared object");
+  }
+  // An anonymous file keeps kernels off the file system: nothing to clean up, nothing another
+  // process could swap between our write and our dlopen.
+  int fd = ::memfd_create(std::string(name).c_str(), MFD_CLOEXEC);
+  if (fd < 0) return unavailable(label + ": memfd_create failed: " + std::strerror(errno));
+  size_t written = 0;
+  while (written < image.size()) {
+    ssize_t n = ::write(fd, image.data() + written, image.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      int err = errno;
+      ::close(fd);
+      return unavailable(label + ": writing the image failed: " + std::strerror(err));
+    }
+    written += static_cast<size_t>(n);
+  }
+  std::string path = "/proc/self/fd/" + std::to_string(fd);
+  dlerror();
+  void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) {
+    ::close(fd);
+    return invalid_argument(label + ": dlopen failed: " + dl_error());
+  }
+  // The fd stays open for as long as the module lives (forever): glibc finds already-loaded
+  // objects by path name, so if the number were reused for the next image, dlopen of the same
+  // "/proc/self/fd/N" would silently return this module instead of loading the new one.
+  return CpuModule(handle, std::string(name));
+}
+
+StatusOr<CpuModule> CpuModule::load_file(const std::string& path) {
+  dlerror();
+  void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) return invalid_argument("cpu module " + path + ": dlopen failed: " + dl_error());
+  return CpuModule(handle, path);
+}
+
+StatusOr<kforge_cpu_entry> CpuModule::entry(const std::string& symbol) const {
+  dlerror();
+  void* sym = ::dlsym(handle_, symbol.c_str());
+  if (sym == nullptr) {
+    return not_found("cpu module '" + name_ + "' has no entry point '" + symbol + "' (is it extern \"C\"?)");
+  }
+  kforge_cpu_entry fn;
+  static_assert(sizeof fn == sizeof sym);
+  std::memcpy(&fn, &sym, sizeof fn);
+  return fn;
+}
+
+Status run_cpu_plan(const CpuModule& module, const KernelSpec& spec, const ResolvedLaunchPlan& plan,
+                    const CpuBuffers& buffers) {
+  if (buffers.outputs.size() != plan.outputs.size()) {
+    return invalid_argument("plan has " + std::to_string(plan.outputs.size()) + " outputs but " +
+                            std::to_string(buffers.outputs.size()) + " output buffers were given");
+  }
+  std::vector<AlignedBuffer> scratch;
+  scratch.reserve(plan.scratch.size());
+  for (size_t i = 0; i < plan.scratch.size(); ++i) {
+    scratch.push_back(aligned_buffer(static_cast<size_t>(plan.scratch[i].bytes)));
+    if (!scratch.back()) return unavailable("cannot allocate " + std::to_string(plan.scratch[i].bytes) + " bytes for scratch " + std::to_string(i));
+  }
+
+  for (size_t li = 0; li < plan.launches.size(); ++li) {
+    const ResolvedLaunch& launch = plan.launches[li];
+    const std::string where = "launch " + std::to_string(li);
+    if (launch.entry_index >= spec.entry_points.size()) return invalid_argument(where + ": entry index out of range");
+    KFORGE_ASSIGN_OR_RETURN(kforge_cpu_entry fn, module.entry(spec.entry_points[launch.entry_index]));
+
+    std::vector<ParamSlot> slots(launch.args.size());
+    std::vector<void*> params(launch.args.size());
+    for (size_t ai = 0; ai < launch.args.size(); ++ai) {
+      const ResolvedArg& a = launch.args[ai];
+      ParamSlot& s = slots[ai];
+      s.i64 = 0;
+      switch (a.kind) {
+        case ArgBinding::Kind::kInput:
+          if (a.index >= buffers.inputs.size() || buffers.inputs[a.index] == nullptr) {
+            return invalid_argument(where + ", arg " + std::to_string(ai) + ": no tensor for input " + std::to_string(a.index));
+          }
+          s.ptr = buffers.inputs[a.index];
+          break;
+        case ArgBinding::Kind::kOutput:
+          if (a.index >= buffers.outputs.size() || buffers.outputs[a.index] == nullptr) {
+            return invalid_argument(where + ", arg " + std::to_string(ai) + ": no buffer for output " + std::to_string(a.index));
+          }
+          s.ptr = buffers.outputs[a.index];
+          break;
+        case ArgBinding::Kind::kScratch:
+          if (a.index >= scratch.size()) {
+            return invalid_argument(where + ", arg " + std::to_string(ai) + ": no scratch buffer " + std::to_string(a.index));
+          }
+          s.ptr = scratch[a.index].get();
+          break;
+        case ArgBinding::Kind::kSize:
+        case ArgBinding::Kind::kScalar:
+          switch (a.type) {
+            case ValueType::kInt64: s.i64 = a.int_value; break;
+            case ValueType::kInt32: s.i32 = static_cast<int32_t>(a.int_value); break;
+            case ValueType::kFloat64: s.f64 = a.real_value; break;
+            case ValueType::kFloat32: s.f32 = static_cast<float>(a.real_value); break;
+            case ValueType::kBool: s.b = a.int_value != 0; break;
+            case ValueType::kPointer:
+              return invalid_argument(where + ", arg " + std::to_string(ai) + ": a value argument cannot be a pointer");
+          }
+          break;
+      }
+      params[ai] = &s;
+    }
+
+    const uint64_t gx = launch.grid[0], gy = launch.grid[1], gz = launch.grid[2];
+    const uint64_t blocks = gx * gy * gz;
+    const uint32_t shared = launch.shared_mem_bytes;
+    // Each task gets its own shared-memory buffer, reused for the blocks it runs (blocks of one
+    // task run one after another, like blocks that share an SM).
+    tbb::parallel_for(tbb::blocked_range<uint64_t>(0, blocks), [&](const tbb::blocked_range<uint64_t>& r) {
+      AlignedBuffer smem = shared > 0 ? aligned_buffer(shared) : AlignedBuffer();
+      kforge_cpu_block b{};
+      b.abi_version = KFORGE_CPU_ABI_VERSION;
+      b.grid_dim[0] = launch.grid[0];
+      b.grid_dim[1] = launch.grid[1];
+      b.grid_dim[2] = launch.grid[2];
+      b.block_dim[0] = launch.block[0];
+      b.block_dim[1] = launch.block[1];
+      b.block_dim[2] = launch.block[2];
+      b.shared_mem_bytes = shared;
+      b.shared_mem = smem.get();
+      for (uint64_t i = r.begin(); i != r.end(); ++i) {
+        b.block_idx[0] = static_cast<uint32_t>(i % gx);
+        b.block_idx[1] = static_cast<uint32_t>((i / gx) % gy);
+        b.block_idx[2] = static_cast<uint32_t>(i / (gx * gy));
+        fn(&b, params.data());
+      }
+    });
+  }
+  return Status();
+}
+
+}  // namespace kforge

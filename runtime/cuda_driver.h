@@ -60,6 +60,8 @@ namespace kforge {
   X(cuModuleGetFunction, 2000)         \
   X(cuModuleUnload, 2000)              \
   X(cuLaunchKernel, 4000)              \
+  X(cuFuncSetAttribute, 9000)          \
+  X(cuFuncGetAttribute, 2020)          \
   X(cuMemAlloc, 3020)                  \
   X(cuMemFree, 3020)                   \
   X(cuMemcpyHtoD, 3020)                \

@@ -1,0 +1,118 @@
+#include "runtime/cuda_launcher.h"
+
+namespace kforge {
+
+namespace {
+
+constexpr uint32_t kDefaultDynamicSmem = 48 * 1024;
+
+// One kernel parameter's value; params[i] points at it (cuLaunchKernel copies the values).
+union ParamSlot {
+  CUdeviceptr ptr;
+  int64_t i64;
+  int32_t i32;
+  double f64;
+  float f32;
+  bool b;
+};
+
+}  // namespace
+
+StatusOr<CudaKernel> CudaKernel::load(const CudaDriver& driver, const void* image, const KernelSpec& spec) {
+  if (spec.backend != Backend::kCuda) return invalid_argument("CudaKernel::load: the spec is not a CUDA kernel");
+  KFORGE_ASSIGN_OR_RETURN(CudaModule module, CudaModule::load(driver, image));
+  CudaKernel k;
+  k.driver_ = &driver;
+  for (const std::string& name : spec.entry_points) {
+    KFORGE_ASSIGN_OR_RETURN(CUfunction fn, module.function(name));
+    k.names_.push_back(name);
+    k.functions_.push_back(fn);
+  }
+  k.module_ = module.release();
+  k.smem_enabled_ = std::make_shared<std::vector<std::atomic<uint32_t>>>(k.functions_.size());
+  return k;
+}
+
+Status CudaKernel::launch(const ResolvedLaunchPlan& plan, const CudaBuffers& buffers, CUstream stream) const {
+  const CudaDriver& cu = *driver_;
+  if (buffers.outputs.size() < plan.outputs.size()) {
+    return invalid_argument("plan has " + std::to_string(plan.outputs.size()) + " outputs but " +
+                            std::to_string(buffers.outputs.size()) + " output buffers were given");
+  }
+  if (buffers.scratch.size() < plan.scratch.size()) {
+    return invalid_argument("plan has " + std::to_string(plan.scratch.size()) + " scratch buffers but " +
+                            std::to_string(buffers.scratch.size()) + " were given");
+  }
+  std::vector<ParamSlot> slots;
+  std::vector<void*> params;
+  for (size_t li = 0; li < plan.launches.size(); ++li) {
+    const ResolvedLaunch& l = plan.launches[li];
+    if (l.entry_index >= functions_.size()) {
+      return invalid_argument("launch " + std::to_string(li) + ": entry index out of range");
+    }
+    const std::string where = "launch " + std::to_string(li) + " (" + names_[l.entry_index] + ")";
+    slots.assign(l.args.size(), ParamSlot{});
+    params.assign(l.args.size(), nullptr);
+    for (size_t ai = 0; ai < l.args.size(); ++ai) {
+      const ResolvedArg& a = l.args[ai];
+      ParamSlot& s = slots[ai];
+      auto missing = [&](const char* what) {
+        return invalid_argument(where + ", arg " + std::to_string(ai) + ": no device pointer for " + what + " " +
+                                std::to_string(a.index));
+      };
+      switch (a.kind) {
+        case ArgBinding::Kind::kInput:
+          if (a.index >= buffers.inputs.size() || buffers.inputs[a.index] == 0) return missing("input");
+          s.ptr = buffers.inputs[a.index];
+          break;
+        case ArgBinding::Kind::kOutput:
+          if (buffers.outputs[a.index] == 0) return missing("output");
+          s.ptr = buffers.outputs[a.index];
+          break;
+        case ArgBinding::Kind::kScratch:
+          if (a.index >= buffers.scratch.size() || (buffers.scratch[a.index] == 0 && plan.scratch[a.index].bytes > 0)) {
+            return missing("scratch");
+          }
+          s.ptr = buffers.scratch[a.index];
+          break;
+        case ArgBinding::Kind::kSize:
+        case ArgBinding::Kind::kScalar:
+          switch (a.type) {
+            case ValueType::kInt64: s.i64 = a.int_value; break;
+            case ValueType::kInt32: s.i32 = static_cast<int32_t>(a.int_value); break;
+            case ValueType::kFloat64: s.f64 = a.real_value; break;
+            case ValueType::kFloat32: s.f32 = static_cast<float>(a.real_value); break;
+            case ValueType::kBool: s.b = a.int_value != 0; break;
+            case ValueType::kPointer:
+              return invalid_argument(where + ", arg " + std::to_string(ai) + ": a value argument cannot be a pointer");
+          }
+          break;
+      }
+      params[ai] = &s;
+    }
+    CUfunction fn = functions_[l.entry_index];
+    if (l.shared_mem_bytes > kDefaultDynamicSmem) {
+      // Opting in is per function and sticky; doing it once per size keeps launches cheap.
+      std::atomic<uint32_t>& enabled = (*smem_enabled_)[l.entry_index];
+      if (enabled.load(std::memory_order_acquire) < l.shared_mem_bytes) {
+        CUresult r = cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                           static_cast<int>(l.shared_mem_bytes));
+        if (r != CUDA_SUCCESS) {
+          Status e = cu.error(r, "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)", __FILE__, __LINE__);
+          return Status(e.code(), where + ": " + std::to_string(l.shared_mem_bytes) +
+                                      " bytes of dynamic shared memory: " + e.message());
+        }
+        enabled.store(l.shared_mem_bytes, std::memory_order_release);
+      }
+    }
+    CUresult r = cu.cuLaunchKernel(fn, l.grid[0], l.grid[1], l.grid[2], l.block[0], l.block[1], l.block[2],
+                                   l.shared_mem_bytes, stream, params.data(), nullptr);
+    if (r != CUDA_SUCCESS) {
+      Status e = cu.error(r, "cuLaunchKernel", __FILE__, __LINE__);
+      return Status(e.code(), where + ": " + e.message());
+    }
+  }
+  return Status();
+}
+
+}  // namespace kforge

@@ -1,0 +1,183 @@
+#include "interposer/hook/config.h"
+
+#include <unistd.h>
+
+#include <charconv>
+
+#include "interposer/hook/catalog.h"
+
+namespace kforge::hook {
+
+namespace {
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+std::string_view strip_namespace(std::string_view s) {
+  if (s.starts_with("aten::")) s.remove_prefix(6);
+  return s;
+}
+
+std::string bad_value(const char* var, const std::string& value, std::string_view expected,
+                      std::string_view fallback) {
+  return std::string(var) + "='" + value + "' is not " + std::string(expected) + "; using " +
+         std::string(fallback);
+}
+
+// A positive integer in [lo, hi] or the default, with a warning for anything else.
+uint32_t read_uint(const EnvLookup& env, const char* var, uint32_t lo, uint32_t hi, uint32_t def,
+                   std::vector<std::string>& warnings) {
+  std::optional<std::string> v = env(var);
+  if (!v || v->empty()) return def;
+  std::string_view s = trim(*v);
+  uint64_t x = 0;
+  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), x);
+  if (ec != std::errc() || end != s.data() + s.size() || x < lo || x > hi) {
+    warnings.push_back(bad_value(var, *v,
+                                 "an integer in " + std::to_string(lo) + ".." + std::to_string(hi),
+                                 std::to_string(def)));
+    return def;
+  }
+  return static_cast<uint32_t>(x);
+}
+
+bool read_flag(const EnvLookup& env, const char* var, bool def, std::vector<std::string>& warnings) {
+  std::optional<std::string> v = env(var);
+  if (!v || v->empty()) return def;
+  std::string_view s = trim(*v);
+  if (s == "1" || s == "on" || s == "true" || s == "yes") return true;
+  if (s == "0" || s == "off" || s == "false" || s == "no") return false;
+  warnings.push_back(bad_value(var, *v, "0/1 (off/on, false/true, no/yes)", def ? "1" : "0"));
+  return def;
+}
+
+std::vector<std::string> read_op_list(const EnvLookup& env, const char* var,
+                                      std::vector<std::string>& warnings) {
+  std::vector<std::string> out;
+  std::optional<std::string> v = env(var);
+  if (!v) return out;
+  std::string_view rest = *v;
+  while (!rest.empty()) {
+    const size_t comma = rest.find(',');
+    std::string_view item = trim(rest.substr(0, comma));
+    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+    if (item.empty()) continue;
+    bool known = false;
+    for (const CatalogOp& op : kCatalog) known = known || op_name_matches(item, op.name, op.overload);
+    if (!known) {
+      std::string names;
+      for (const CatalogOp& op : kCatalog) names += (names.empty() ? "" : ", ") + op.qualified();
+      warnings.push_back(std::string(var) + ": '" + std::string(item) +
+                         "' is not a catalog operator (ignored; the catalog is " + names + ")");
+      continue;
+    }
+    out.emplace_back(item);
+  }
+  return out;
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const std::string& x : v) s += (s.empty() ? "" : ",") + x;
+  return s;
+}
+
+}  // namespace
+
+std::string_view hook_mode_name(HookMode m) noexcept {
+  switch (m) {
+    case HookMode::kObserve: return "observe";
+    case HookMode::kShadow: return "shadow";
+    case HookMode::kActive: return "active";
+  }
+  return "observe";
+}
+
+std::string default_daemon_endpoint(std::string_view xdg_runtime_dir, unsigned uid) {
+  if (!xdg_runtime_dir.empty() && xdg_runtime_dir.front() == '/') {
+    return "ipc://" + std::string(xdg_runtime_dir) + "/kforge/daemon.sock";
+  }
+  return "ipc:///tmp/kforge-" + std::to_string(uid) + "/daemon.sock";
+}
+
+bool op_name_matches(std::string_view entry, std::string_view name, std::string_view overload) {
+  entry = strip_namespace(entry);
+  name = strip_namespace(name);
+  if (entry == name) return true;
+  return !overload.empty() && entry.size() == name.size() + 1 + overload.size() &&
+         entry.starts_with(name) && entry[name.size()] == '.' && entry.ends_with(overload);
+}
+
+bool HookConfig::op_selected(std::string_view name, std::string_view overload) const {
+  for (const std::string& d : deny_ops) {
+    if (op_name_matches(d, name, overload)) return false;
+  }
+  if (!ops_restricted) return true;
+  for (const std::string& a : allow_ops) {
+    if (op_name_matches(a, name, overload)) return true;
+  }
+  return false;
+}
+
+std::string HookConfig::to_string() const {
+  std::string s = "mode=" + std::string(hook_mode_name(mode));
+  if (requested_mode != mode) s += " (requested " + std::string(hook_mode_name(requested_mode)) + ")";
+  s += " endpoint=" + daemon_endpoint;
+  s += " cache_dir=" + (cache_dir.empty() ? std::string("(default)") : cache_dir);
+  s += " sample_rate=" + std::to_string(sample_rate);
+  s += " report_interval_ms=" + std::to_string(report_interval_ms);
+  s += " ops=" + (!ops_restricted ? std::string("(all)") : "[" + join(allow_ops) + "]");
+  s += " deny_ops=" + (deny_ops.empty() ? std::string("(none)") : join(deny_ops));
+  s += std::string(" capture_inputs=") + (capture_inputs ? "on" : "off");
+  return s;
+}
+
+HookConfig parse_config(const EnvLookup& env) {
+  HookConfig c;
+  std::vector<std::string>& w = c.warnings;
+
+  const std::string xdg = env("XDG_RUNTIME_DIR").value_or("");
+  c.daemon_endpoint = default_daemon_endpoint(xdg, static_cast<unsigned>(::getuid()));
+  if (std::optional<std::string> e = env("KFORGE_DAEMON_ENDPOINT"); e && !e->empty()) {
+    const bool ipc = e->starts_with("ipc://") && e->size() > 6;
+    const bool tcp = e->starts_with("tcp://") && e->size() > 6;
+    if (ipc || tcp) {
+      c.daemon_endpoint = *e;
+    } else {
+      w.push_back(bad_value("KFORGE_DAEMON_ENDPOINT", *e, "an ipc:// or tcp:// endpoint",
+                            c.daemon_endpoint));
+    }
+  }
+
+  c.cache_dir = env("KFORGE_CACHE_DIR").value_or("");
+
+  if (std::optional<std::string> m = env("KFORGE_MODE"); m && !m->empty()) {
+    std::string_view s = trim(*m);
+    if (s == "observe") {
+      c.requested_mode = HookMode::kObserve;
+    } else if (s == "shadow" || s == "active") {
+      c.requested_mode = s == "shadow" ? HookMode::kShadow : HookMode::kActive;
+      w.push_back("KFORGE_MODE=" + std::string(s) + " is not yet implemented, observing");
+    } else {
+      w.push_back(bad_value("KFORGE_MODE", *m, "observe, shadow or active", "observe"));
+    }
+  }
+  c.mode = HookMode::kObserve;
+
+  c.sample_rate = read_uint(env, "KFORGE_SAMPLE_RATE", 1, 1000000, 64, w);
+  c.report_interval_ms = read_uint(env, "KFORGE_REPORT_INTERVAL_MS", 10, 3600000, 1000, w);
+  c.allow_ops = read_op_list(env, "KFORGE_OPS", w);
+  c.ops_restricted = !trim(env("KFORGE_OPS").value_or("")).empty();
+  c.deny_ops = read_op_list(env, "KFORGE_DENY_OPS", w);
+  c.capture_inputs = read_flag(env, "KFORGE_CAPTURE_INPUTS", false, w);
+  if (c.capture_inputs) {
+    w.push_back("KFORGE_CAPTURE_INPUTS=1 is not yet implemented; no inputs are captured");
+  }
+  c.log = read_flag(env, "KFORGE_LOG", false, w);
+  return c;
+}
+
+}  // namespace kforge::hook

@@ -1,0 +1,69 @@
+// HookConfig: every KFORGE_* setting the hook reads, parsed once when the hook loads.
+//
+//   HookConfig config = parse_config(process_env());
+//   for (const std::string& w : config.warnings) log_line(w);   // one line per bad value
+//   if (config.log) log_line("config: " + config.to_string());
+//
+// Variables (a bad value gives one warning naming the variable and the value, and the default):
+//   KFORGE_DAEMON_ENDPOINT      ipc://... or tcp://...; default ipc://$XDG_RUNTIME_DIR/kforge/
+//                               daemon.sock, else ipc:///tmp/kforge-<uid>/daemon.sock
+//   KFORGE_CACHE_DIR            recorded as given (the cache library resolves the default)
+//   KFORGE_MODE                 observe (default) | shadow | active; only observe exists so far:
+//                               the others observe, with one warning
+//   KFORGE_SAMPLE_RATE          time one call in N (1..1000000, default 64)
+//   KFORGE_REPORT_INTERVAL_MS   how often counters go to the daemon (10..3600000, default 1000)
+//   KFORGE_OPS                  comma-separated allow list ("aten::add.Tensor", "add", "_softmax");
+//                               empty or unset: every catalog operator
+//   KFORGE_DENY_OPS             comma-separated deny list, same spellings; wins over KFORGE_OPS
+//   KFORGE_CAPTURE_INPUTS       0/1 (also off/on, false/true, no/yes); default off
+//   KFORGE_LOG                  0/1 (same spellings): log the configuration and registrations
+//
+// Parsing is a pure function of the lookup, so tests pass a table instead of the environment.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cache/cache_dir.h"   // EnvLookup, process_env()
+
+namespace kforge::hook {
+
+enum class HookMode : uint8_t { kObserve, kShadow, kActive };
+std::string_view hook_mode_name(HookMode m) noexcept;
+
+struct HookConfig {
+  std::string daemon_endpoint;
+  std::string cache_dir;                 // KFORGE_CACHE_DIR as given; empty if unset
+  HookMode requested_mode = HookMode::kObserve;
+  HookMode mode = HookMode::kObserve;    // what runs: observe until the others exist
+  uint32_t sample_rate = 64;
+  uint32_t report_interval_ms = 1000;
+  // KFORGE_OPS was given: only allow_ops are intercepted (none, if no entry named a catalog op).
+  bool ops_restricted = false;
+  std::vector<std::string> allow_ops;    // as written, trimmed
+  std::vector<std::string> deny_ops;
+  bool capture_inputs = false;
+  bool log = false;
+  // Lines to log once at start, whatever KFORGE_LOG says: bad values, unknown operator names,
+  // modes that are not implemented yet.
+  std::vector<std::string> warnings;
+
+  // Whether the catalog operator `name` (+ `overload`) is to be intercepted under
+  // KFORGE_OPS / KFORGE_DENY_OPS.
+  bool op_selected(std::string_view name, std::string_view overload) const;
+  // One line: mode=observe endpoint=ipc://... sample_rate=64 ...
+  std::string to_string() const;
+};
+
+HookConfig parse_config(const EnvLookup& env);
+
+// The default endpoint for the given XDG_RUNTIME_DIR (empty: unset) and uid.
+std::string default_daemon_endpoint(std::string_view xdg_runtime_dir, unsigned uid);
+
+// Whether a KFORGE_OPS entry names the operator: "aten::add.Tensor", "add.Tensor", "aten::add"
+// and "add" all name aten::add.Tensor; the namespace is optional, the overload too.
+bool op_name_matches(std::string_view entry, std::string_view name, std::string_view overload);
+
+}  // namespace kforge::hook

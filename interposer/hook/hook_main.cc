@@ -1,0 +1,210 @@
+// libkforge_hook-torch<major.minor>.so: load-time start-up and the C entry points.
+//
+// The shim (or ctypes, in tests) loads this library into a process where torch is already loaded;
+// its constructor parses KFORGE_*, starts the recorder's reporter thread and registers the
+// interceptors. Nothing here throws out of the library or exits the process: a failure logs one
+// line and leaves PyTorch's kernels in place.
+//
+// C entry points (for tests and tools, through ctypes/dlsym):
+//   const char* kforge_hook_stats_json(void);   counts per signature, reports, registrations
+//   int kforge_hook_report_now(int timeout_ms);  asks the reporter for a report now and, with
+//                                                timeout_ms > 0, waits until it was built and
+//                                                offered; 1 if it was, else 0
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "cache/cache_dir.h"
+#include "interposer/hook/config.h"
+#include "interposer/hook/interceptor.h"
+#include "interposer/hook/log.h"
+#include "interposer/hook/recorder.h"
+#include "interposer/hook/target_arch.h"
+#include "runtime/cuda_driver.h"
+#include "runtime/environment.h"
+#include "runtime/version.h"
+
+#ifndef KFORGE_TORCH_VERSION_STRING
+#error "KFORGE_TORCH_VERSION_STRING must be defined by the build (torch.__version__ at configure time)"
+#endif
+
+namespace kforge::hook {
+namespace {
+
+struct Hook {
+  HookConfig config;
+  Recorder* recorder = nullptr;
+  TargetArch* arch = nullptr;
+  RegistrationSummary registration;
+};
+
+// Set once by the constructor; never freed (intercepted calls may come until the process ends).
+std::atomic<const Hook*> g_hook{nullptr};
+
+std::string process_name() {
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  std::string argv0;
+  std::getline(in, argv0, '\0');
+  const size_t slash = argv0.rfind('/');
+  return slash == std::string::npos ? argv0 : argv0.substr(slash + 1);
+}
+
+// Devices for Hello: the CPU always; CUDA devices only when the driver is already in the process
+// (torch has used CUDA). Loading the driver here would initialize CUDA in processes that never use
+// it, and a process that forks after cuInit cannot use CUDA in the child.
+std::vector<wire::DeviceInfo> devices(const Environment& cpu) {
+  std::vector<wire::DeviceInfo> out;
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long page_size = ::sysconf(_SC_PAGE_SIZE);
+  out.push_back(wire::DeviceInfo{0, Backend::kCpu, cpu.arch, cpu.device_model,
+                                 pages > 0 && page_size > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size) : 0});
+  void* libcuda = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (libcuda == nullptr) return out;
+  ::dlclose(libcuda);   // drops the reference NOLOAD took; the library stays loaded
+  StatusOr<const CudaDriver*> driver = CudaDriver::load();
+  if (!driver.ok()) return out;
+  const CudaDriver& cu = **driver;
+  int count = 0;
+  if (cu.cuDeviceGetCount(&count) != CUDA_SUCCESS) return out;
+  for (int i = 0; i < count && i < static_cast<int>(wire::kMaxDevices) - 1; ++i) {
+    CUdevice dev = 0;
+    int major = 0;
+    int minor = 0;
+    char name[256] = {};
+    if (cu.cuDeviceGet(&dev, i) != CUDA_SUCCESS ||
+        cu.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev) != CUDA_SUCCESS ||
+        cu.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev) != CUDA_SUCCESS ||
+        cu.cuDeviceGetName(name, sizeof name - 1, dev) != CUDA_SUCCESS) {
+      continue;
+    }
+    out.push_back(wire::DeviceInfo{i, Backend::kCuda, "sm_" + std::to_string(major) + std::to_string(minor),
+                                   name, 0});
+  }
+  return out;
+}
+
+void start() noexcept {
+  try {
+    auto* hook = new Hook();
+    hook->config = parse_config(process_env());
+    const HookConfig& config = hook->config;
+    for (const std::string& w : config.warnings) log_line(w);
+    if (config.log) {
+      log_line("hook " KFORGE_VERSION_STRING " for torch " KFORGE_TORCH_VERSION_STRING " in pid " +
+               std::to_string(::getpid()) + ": " + config.to_string());
+    }
+
+    const Environment cpu = cpu_host_environment(KFORGE_TORCH_VERSION_STRING);
+    hook->arch = new TargetArch(cpu.arch);
+
+    RecorderOptions options;
+    options.endpoint = config.daemon_endpoint;
+    options.sample_rate = config.sample_rate;
+    options.report_interval_ms = config.report_interval_ms;
+    options.hello.kforge_version = KFORGE_VERSION_STRING;
+    options.hello.torch_version = KFORGE_TORCH_VERSION_STRING;
+    options.hello.process_name = process_name().substr(0, wire::kMaxStringBytes);
+    StatusOr<CacheDir::Resolved> cache = CacheDir::resolve_path(process_env());
+    if (cache.ok() && cache->path.size() <= wire::kMaxPathBytes) options.hello.cache_dir = cache->path;
+    options.hello.devices = devices(cpu);
+    hook->recorder = new Recorder(std::move(options));
+    hook->recorder->start();
+
+    hook->registration = register_catalog(config, *hook->recorder, *hook->arch);
+    if (config.log) {
+      std::string reg;
+      for (const std::string& r : hook->registration.registered) reg += (reg.empty() ? "" : ", ") + r;
+      log_line("intercepting " + (reg.empty() ? std::string("nothing") : reg));
+      for (const std::string& s : hook->registration.skipped) log_line("not intercepting " + s);
+    } else if (hook->registration.registered.empty()) {
+      log_line("no operator could be intercepted; kforge observes nothing in this process");
+    }
+    g_hook.store(hook, std::memory_order_release);
+  } catch (const std::exception& e) {
+    log_line(std::string("disabled: start-up failed: ") + e.what());
+  } catch (...) {
+    log_line("disabled: start-up failed");
+  }
+}
+
+std::string stats_json() {
+  nlohmann::json j;
+  j["kforge_version"] = KFORGE_VERSION_STRING;
+  j["torch_version"] = KFORGE_TORCH_VERSION_STRING;
+  j["pid"] = ::getpid();
+  const Hook* hook = g_hook.load(std::memory_order_acquire);
+  j["started"] = hook != nullptr;
+  if (hook == nullptr) return j.dump();
+  j["mode"] = std::string(hook_mode_name(hook->config.mode));
+  j["config"] = hook->config.to_string();
+  j["registered"] = hook->registration.registered;
+  j["skipped"] = hook->registration.skipped;
+  const RecorderStats st = hook->recorder->stats();
+  nlohmann::json sigs = nlohmann::json::array();
+  for (const RecorderStats::Signature& s : st.signatures) {
+    const std::string encoding = s.signature.encode();
+    static constexpr char kHex[] = "0123456789abcdef";
+    std::string hex;
+    hex.reserve(encoding.size() * 2);
+    for (unsigned char c : encoding) {
+      hex += kHex[c >> 4];
+      hex += kHex[c & 15];
+    }
+    std::string op = s.signature.op;
+    if (!s.signature.overload.empty()) op += "." + s.signature.overload;
+    sigs.push_back({{"id", s.id.hex()},
+                    {"op", op},
+                    {"signature", s.signature.to_string()},
+                    {"encoding", hex},
+                    {"calls", s.calls},
+                    {"sampled_calls", s.sampled_calls},
+                    {"sampled_ns", s.sampled_ns}});
+  }
+  j["signatures"] = std::move(sigs);
+  j["unknown_calls"] = st.unknown_calls;
+  j["overflow_calls"] = st.overflow_calls;
+  j["id_mismatches"] = st.id_mismatches;
+  j["threads"] = st.threads;
+  j["reports"] = {{"built", st.reports_built},
+                  {"offered", st.reports_offered},
+                  {"client_running", st.client_running},
+                  {"client_error", st.client_error},
+                  {"client_sent", st.client_sent},
+                  {"client_dropped", st.client_dropped}};
+  return j.dump();
+}
+
+// Runs when the library is loaded: after torch's own initializers (it depends on torch's
+// libraries), so the dispatcher already holds every operator.
+__attribute__((constructor)) void on_load() { start(); }
+
+}  // namespace
+}  // namespace kforge::hook
+
+extern "C" {
+
+// JSON text, valid until the calling thread's next call. Thread-safe; never null.
+__attribute__((visibility("default"))) const char* kforge_hook_stats_json() {
+  thread_local std::string result;
+  try {
+    result = kforge::hook::stats_json();
+  } catch (const std::exception& e) {
+    result = std::string("{\"error\": \"") + e.what() + "\"}";
+  } catch (...) {
+    result = "{\"error\": \"stats failed\"}";
+  }
+  return result.c_str();
+}
+
+// Blocks the caller up to timeout_ms: for tools and tests, never called by the hook itself.
+__attribute__((visibility("default"))) int kforge_hook_report_now(int timeout_ms) {
+  const kforge::hook::Hook* hook = kforge::hook::g_hook.load(std::memory_order_acquire);
+  return hook != nullptr && hook->recorder->report_now(timeout_ms) ? 1 : 0;
+}
+
+}  // extern "C"

@@ -1,0 +1,465 @@
+#include "interposer/hook/recorder.h"
+
+#include <pthread.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+
+#include "interposer/daemon_client.h"
+#include "interposer/hook/log.h"
+
+namespace kforge::hook {
+
+// Note [Per-thread counters]
+// Every thread that makes an intercepted call owns a ThreadCounters: a fixed-size open-addressing
+// table from SignatureId to counters, reached through a thread_local pointer. The owner is the
+// only writer of its table, so counting is a relaxed load and store, with no lock and no atomic
+// read-modify-write; the reporter thread reads the tables under mu_ (which only the slow paths of
+// callers take), so a table is never freed while it is read. A slot is published by a release
+// store of its signature pointer after its id is written; readers acquire that pointer first.
+// Tables are never rehashed: a full table (kMaxUsed signatures in one thread) counts further new
+// signatures as overflow. A thread that exits folds its counts into retired_ (its ThreadExit
+// destructor), so totals are cumulative for the life of the process, as HotEntry promises.
+//
+// A forked child bumps generation_: each table remembers the generation it was made in, and a
+// thread whose table is older makes a new one on its next call. The child's first such call
+// starts its reporter thread, so a child that only execs never starts one.
+
+namespace {
+
+// Set by start(); read by thread-exit destructors and the fork handlers.
+std::atomic<Recorder*> g_recorder{nullptr};
+
+// Marks a slot whose signature could not be built, or whose built signature has another id: its
+// calls are counted as unknown, and the slow path is not retried on every call.
+// Only its address is used: no object lives there, nothing is allocated.
+alignas(OpSignature) unsigned char g_poison_tag[sizeof(OpSignature)];
+const OpSignature* poisoned() noexcept { return reinterpret_cast<const OpSignature*>(g_poison_tag); }
+
+}  // namespace
+
+class ThreadCounters {
+ public:
+  static constexpr size_t kSlots = 512;     // power of two
+  static constexpr size_t kMaxUsed = 384;   // keeps probe sequences short
+
+  ThreadCounters(uint64_t gen, uint32_t sample_rate) : generation(gen), countdown(sample_rate) {}
+
+  // Hot path: a few probes of this thread's own table.
+  CounterSlot* find(const SignatureId& id) noexcept {
+    size_t i = static_cast<size_t>(id.lo) & (kSlots - 1);
+    for (;;) {
+      CounterSlot& s = slots_[i];
+      if (s.signature.load(std::memory_order_relaxed) == nullptr) return nullptr;
+      if (s.id == id) return &s;
+      i = (i + 1) & (kSlots - 1);
+    }
+  }
+
+  bool full() const noexcept { return used_ >= kMaxUsed; }
+
+  // Precondition: !full() and find(id) == nullptr. Takes ownership of `owned` (may be null when
+  // `sig` is poisoned()).
+  CounterSlot* insert(const SignatureId& id, const OpSignature* sig,
+                      std::unique_ptr<OpSignature> owned) noexcept {
+    size_t i = static_cast<size_t>(id.lo) & (kSlots - 1);
+    while (slots_[i].signature.load(std::memory_order_relaxed) != nullptr) i = (i + 1) & (kSlots - 1);
+    slots_[i].id = id;
+    owned_[i] = std::move(owned);
+    slots_[i].signature.store(sig, std::memory_order_release);
+    ++used_;
+    return &slots_[i];
+  }
+
+  template <typename F>
+  void for_each_slot(F&& f) const {
+    for (const CounterSlot& s : slots_) {
+      const OpSignature* sig = s.signature.load(std::memory_order_acquire);
+      if (sig != nullptr) f(s, sig);
+    }
+  }
+
+  const uint64_t generation;
+  uint32_t countdown;                       // timeable calls until the next sampled one
+  std::atomic<uint64_t> unknown_calls{0};
+  std::atomic<uint64_t> overflow_calls{0};
+
+ private:
+  size_t used_ = 0;
+  CounterSlot slots_[kSlots];
+  std::unique_ptr<OpSignature> owned_[kSlots];
+};
+
+namespace {
+
+thread_local ThreadCounters* t_counters = nullptr;
+thread_local bool t_no_table = false;   // this thread could not get a table, or has exited
+
+}  // namespace
+
+// Retires the thread's table when the thread exits. Touched only on the slow path, so the hot
+// path reads a trivially initialized thread_local pointer only.
+struct ThreadExit {
+  bool armed = false;
+  ~ThreadExit() {
+    t_no_table = true;   // intercepted calls from later thread-exit code are not recorded
+    Recorder* r = g_recorder.load(std::memory_order_acquire);
+    if (armed && t_counters != nullptr && r != nullptr) r->retire(t_counters);
+    t_counters = nullptr;
+  }
+};
+
+namespace {
+thread_local ThreadExit t_exit;
+}  // namespace
+
+Recorder::Recorder(RecorderOptions options)
+    : options_(std::move(options)),
+      wake_(new std::condition_variable()),
+      round_done_(new std::condition_variable()),
+      pid_(::getpid()) {}
+
+void Recorder::start() {
+  g_recorder.store(this, std::memory_order_release);
+  // Registered once per process; a forked child inherits them.
+  ::pthread_atfork(&Recorder::before_fork, &Recorder::after_fork_parent, &Recorder::after_fork_child);
+  std::atexit(&Recorder::at_exit);
+  std::lock_guard<std::mutex> lock(mu_);
+  start_reporter_locked();
+}
+
+ThreadCounters* Recorder::counters() noexcept {
+  ThreadCounters* t = t_counters;
+  if (t != nullptr && t->generation == generation_.load(std::memory_order_relaxed)) [[likely]] {
+    return t;
+  }
+  return t_no_table ? nullptr : register_thread();
+}
+
+ThreadCounters* Recorder::register_thread() noexcept {
+  try {
+    const uint64_t gen = generation_.load(std::memory_order_relaxed);
+    auto table = std::make_unique<ThreadCounters>(gen, options_.sample_rate);
+    t_exit.armed = true;   // first touch constructs it and registers its destructor
+    ThreadCounters* old = t_counters;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      live_.push_back(table.get());
+      ++threads_;
+      if (!reporter_started_) start_reporter_locked();   // a forked child's first call
+    }
+    t_counters = table.release();
+    // A table from before a fork: the child's registry no longer lists it and nobody reads it.
+    delete old;
+    return t_counters;
+  } catch (...) {
+    t_no_table = true;
+    return nullptr;
+  }
+}
+
+void Recorder::retire(ThreadCounters* t) noexcept {
+  try {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = std::find(live_.begin(), live_.end(), t);
+    if (it != live_.end()) {
+      live_.erase(it);
+      t->for_each_slot([&](const CounterSlot& s, const OpSignature* sig) {
+        if (sig == poisoned()) {
+          retired_unknown_ += s.calls.load(std::memory_order_relaxed);
+          return;
+        }
+        Totals& tot = retired_[s.id];
+        tot.calls += s.calls.load(std::memory_order_relaxed);
+        tot.sampled_calls += s.sampled_calls.load(std::memory_order_relaxed);
+        tot.sampled_ns += s.sampled_ns.load(std::memory_order_relaxed);
+        if (!tot.signature) tot.signature = std::make_shared<const OpSignature>(*sig);
+      });
+      retired_unknown_ += t->unknown_calls.load(std::memory_order_relaxed);
+      retired_overflow_ += t->overflow_calls.load(std::memory_order_relaxed);
+    }
+    delete t;
+  } catch (...) {
+    // Out of memory while folding: the thread's counts are lost, nothing else.
+  }
+}
+
+Recorder::Call Recorder::on_call(const SignatureId& id, SignatureFactory make, void* context,
+                                 bool timeable) noexcept {
+  Call c;
+  ThreadCounters* t = counters();
+  if (t == nullptr) return c;
+  CounterSlot* s = t->find(id);
+  if (s == nullptr) [[unlikely]] {
+    // Slow path: this thread's first call of this signature.
+    if (t->full()) {
+      bump(t->overflow_calls, 1);
+      return c;
+    }
+    std::unique_ptr<OpSignature> sig;
+    try {
+      sig = make(context);
+    } catch (...) {
+      sig = nullptr;
+    }
+    const OpSignature* published = sig.get();
+    if (sig == nullptr) {
+      published = poisoned();
+    } else if (sig->id() != id) {
+      c.id_mismatch = true;
+      published = poisoned();
+      bool first = false;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        first = id_mismatches_++ == 0;
+      }
+      if (first) {
+        log_line("internal error: fast-path signature id " + id.hex() + " differs from " +
+                 sig->id().hex() + " for " + sig->to_string() + "; that operator is no longer intercepted");
+      }
+      sig = nullptr;
+    }
+    s = t->insert(id, published, std::move(sig));
+  }
+  bump(s->calls, 1);
+  c.slot = s;
+  if (timeable && --t->countdown == 0) {
+    t->countdown = options_.sample_rate;
+    c.sample = true;
+  }
+  return c;
+}
+
+void Recorder::on_unknown_call() noexcept {
+  if (ThreadCounters* t = counters()) bump(t->unknown_calls, 1);
+}
+
+Recorder::TotalsMap Recorder::merge_locked() const {
+  TotalsMap m = retired_;
+  for (const ThreadCounters* t : live_) {
+    t->for_each_slot([&](const CounterSlot& s, const OpSignature* sig) {
+      if (sig == poisoned()) return;
+      Totals& tot = m[s.id];
+      tot.calls += s.calls.load(std::memory_order_relaxed);
+      tot.sampled_calls += s.sampled_calls.load(std::memory_order_relaxed);
+      tot.sampled_ns += s.sampled_ns.load(std::memory_order_relaxed);
+      // Copied once per signature and process: later merges share it.
+      if (!tot.signature) {
+        auto known = known_.find(s.id);
+        if (known == known_.end()) known = known_.emplace(s.id, std::make_shared<const OpSignature>(*sig)).first;
+        tot.signature = known->second;
+      }
+    });
+  }
+  return m;
+}
+
+RecorderStats Recorder::stats() const {
+  RecorderStats st;
+  std::lock_guard<std::mutex> lock(mu_);
+  TotalsMap m = merge_locked();
+  st.signatures.reserve(m.size());
+  for (const auto& [id, tot] : m) {
+    st.signatures.push_back({id, *tot.signature, tot.calls, tot.sampled_calls, tot.sampled_ns});
+  }
+  std::sort(st.signatures.begin(), st.signatures.end(),
+            [](const RecorderStats::Signature& a, const RecorderStats::Signature& b) { return a.id < b.id; });
+  st.unknown_calls = retired_unknown_;
+  st.overflow_calls = retired_overflow_;
+  for (const ThreadCounters* t : live_) {
+    st.unknown_calls += t->unknown_calls.load(std::memory_order_relaxed);
+    st.overflow_calls += t->overflow_calls.load(std::memory_order_relaxed);
+    t->for_each_slot([&](const CounterSlot& s, const OpSignature* sig) {
+      if (sig == poisoned()) st.unknown_calls += s.calls.load(std::memory_order_relaxed);
+    });
+  }
+  st.id_mismatches = id_mismatches_;
+  st.threads = threads_;
+  st.reports_built = reports_built_;
+  st.reports_offered = reports_offered_;
+  st.client_running = client_ != nullptr;
+  st.client_error = client_error_;
+  if (client_ != nullptr) {
+    const DaemonClient::Counters c = client_->counters();
+    st.client_sent = c.sent;
+    st.client_dropped = c.dropped_queue_full + c.dropped_unsendable;
+  }
+  return st;
+}
+
+bool Recorder::report_now(int timeout_ms) noexcept {
+  try {
+    std::unique_lock<std::mutex> lock(mu_);
+    // A round under way may have merged its counts before this call: then wait for the next.
+    const uint64_t target = rounds_ + (in_round_ ? 2 : 1);
+    report_requested_ = true;
+    wake_->notify_all();
+    if (timeout_ms <= 0 || reporter_ == nullptr) return false;
+    return round_done_->wait_for(lock, std::chrono::milliseconds(timeout_ms),
+                                 [&] { return rounds_ >= target || stop_; }) &&
+           rounds_ >= target;
+  } catch (...) {
+    return false;
+  }
+}
+
+void Recorder::start_reporter_locked() {
+  reporter_started_ = true;
+  pid_ = ::getpid();
+  const uint64_t gen = generation_.load(std::memory_order_relaxed);
+  try {
+    reporter_ = new std::thread([this, gen] { reporter_main(gen); });
+  } catch (...) {
+    reporter_ = nullptr;
+    client_error_ = "could not start the reporter thread";
+    log_line("could not start the reporter thread; counters stay in this process");
+  }
+}
+
+void Recorder::reporter_main(uint64_t generation) {
+  DaemonClient::Options o;
+  o.endpoint = options_.endpoint;
+  wire::Hello hello = options_.hello;
+  hello.pid = static_cast<int32_t>(::getpid());
+  o.hello = std::move(hello);
+  StatusOr<std::unique_ptr<DaemonClient>> client = DaemonClient::start(std::move(o));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (generation != generation_.load(std::memory_order_relaxed)) return;
+    if (client.ok()) {
+      client_ = client->release();   // never deleted: stats may read its counters at any time
+    } else {
+      client_error_ = client.status().message();
+    }
+  }
+  if (!client.ok()) {
+    log_line("cannot reach the daemon at " + options_.endpoint + " (" + client.status().message() +
+             "); counting locally only");
+  }
+  const auto interval = std::chrono::milliseconds(options_.report_interval_ms);
+  for (;;) {
+    bool final_report = false;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      wake_->wait_for(lock, interval, [&] { return stop_ || report_requested_; });
+      report_requested_ = false;
+      final_report = stop_;
+      in_round_ = true;
+    }
+    build_and_offer_reports();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++rounds_;
+      in_round_ = false;
+    }
+    round_done_->notify_all();
+    if (final_report) break;
+  }
+  DaemonClient* c = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    c = client_;
+  }
+  if (c != nullptr) c->stop("interpreter exit");
+}
+
+void Recorder::build_and_offer_reports() {
+  std::vector<wire::HotEntry> changed;
+  DaemonClient* client = nullptr;
+  int32_t pid = 0;
+  try {
+    std::lock_guard<std::mutex> lock(mu_);
+    client = client_;
+    pid = pid_;
+    TotalsMap m = merge_locked();
+    for (const auto& [id, tot] : m) {
+      uint64_t& last = last_reported_calls_[id];
+      if (tot.calls == last) continue;
+      last = tot.calls;
+      changed.push_back(wire::HotEntry{*tot.signature, tot.calls, tot.sampled_calls, tot.sampled_ns, {}});
+    }
+  } catch (...) {
+    return;   // out of memory: try again next interval (counts are cumulative)
+  }
+  // Reports are split at the decoder's limit; each part is a report of its own.
+  for (size_t first = 0; first < changed.size(); first += wire::kMaxReportEntries) {
+    const size_t last = std::min(changed.size(), first + wire::kMaxReportEntries);
+    wire::HotReport report;
+    report.pid = pid;
+    report.entries.assign(std::make_move_iterator(changed.begin() + static_cast<std::ptrdiff_t>(first)),
+                          std::make_move_iterator(changed.begin() + static_cast<std::ptrdiff_t>(last)));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      report.sequence = ++sequence_;
+      ++reports_built_;
+    }
+    if (client == nullptr) continue;
+    // The client counts drops per message, not per type; all but a Goodbye are reports.
+    const DaemonClient::Counters c = client->counters();
+    report.reports_dropped = c.dropped_queue_full + c.dropped_unsendable;
+    if (client->offer(std::move(report))) {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++reports_offered_;
+    }
+  }
+}
+
+void Recorder::shutdown() noexcept {
+  std::thread* reporter = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (pid_ != ::getpid() || reporter_ == nullptr) return;
+    stop_ = true;
+    reporter = reporter_;
+    reporter_ = nullptr;
+  }
+  wake_->notify_all();
+  // Bounded: the reporter builds one last report and stops the client (stop_timeout_ms).
+  if (reporter->joinable() && reporter->get_id() != std::this_thread::get_id()) reporter->join();
+}
+
+void Recorder::before_fork() noexcept {
+  if (Recorder* r = g_recorder.load(std::memory_order_acquire)) r->mu_.lock();
+}
+
+void Recorder::after_fork_parent() noexcept {
+  if (Recorder* r = g_recorder.load(std::memory_order_acquire)) r->mu_.unlock();
+}
+
+void Recorder::after_fork_child() noexcept {
+  Recorder* r = g_recorder.load(std::memory_order_acquire);
+  if (r == nullptr) return;
+  // Only this thread exists now. The parent's tables, reporter thread object, client and condition
+  // variable (which may count waiters that are not here) are left behind, never touched again.
+  r->generation_.fetch_add(1, std::memory_order_relaxed);
+  r->live_.clear();
+  r->retired_.clear();
+  r->retired_unknown_ = 0;
+  r->retired_overflow_ = 0;
+  r->threads_ = 0;
+  r->id_mismatches_ = 0;
+  r->reporter_started_ = false;
+  r->stop_ = false;
+  r->report_requested_ = false;
+  r->reporter_ = nullptr;
+  r->client_ = nullptr;
+  r->client_error_.clear();
+  r->sequence_ = 0;
+  r->reports_built_ = 0;
+  r->reports_offered_ = 0;
+  r->last_reported_calls_.clear();
+  r->wake_ = new std::condition_variable();
+  r->round_done_ = new std::condition_variable();
+  r->rounds_ = 0;
+  r->in_round_ = false;
+  r->pid_ = ::getpid();
+  r->mu_.unlock();
+}
+
+void Recorder::at_exit() noexcept {
+  if (Recorder* r = g_recorder.load(std::memory_order_acquire)) r->shutdown();
+}
+
+}  // namespace kforge::hook

@@ -1,0 +1,187 @@
+// Recorder: counts intercepted calls per signature, times a sample of them, and reports the
+// totals to kforged, without ever making a calling thread wait.
+//
+//   Recorder& r = *new Recorder(options);         // one per process, never destroyed
+//   r.start();                                    // reporter thread: Hello, then HotReports
+//   // in the interceptor, per call:
+//   Recorder::Call c = r.on_call(id, make_signature, &ctx, /*timeable=*/cpu);
+//   if (c.sample) { t0 = now(); original(); Recorder::add_sample(c.slot, now() - t0); }
+//
+// Promises:
+// - The hot path (on_call for a signature this thread has seen) takes no lock, allocates nothing
+//   and does no I/O: each thread counts in its own fixed-size open-addressing table (Note
+//   [Per-thread counters] in recorder.cc). Only a thread's first call, and its first call of each
+//   new signature, take the slow path: the full OpSignature is built (allocating) once per thread
+//   and signature, and a thread's first call registers its table under a mutex.
+// - One background thread merges the tables every report interval into cumulative HotReports
+//   (only signatures whose counts moved), offered to DaemonClient, which never blocks: a daemon
+//   that is absent costs dropped reports, counted, never a delay.
+// - Fork: a child process starts over with empty counters and its own reporter thread, started
+//   by the child's first intercepted call (a child that only execs never starts one).
+// - Nothing here throws to the caller.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "runtime/op_signature.h"
+#include "runtime/wire.h"
+
+namespace kforge {
+class DaemonClient;
+}
+
+namespace kforge::hook {
+
+// One signature's counters in one thread's table. The owning thread is the only writer; the
+// reporter reads. A single writer needs no read-modify-write: bump() is a relaxed load and store.
+struct CounterSlot {
+  SignatureId id;                                        // written before `signature` is published
+  std::atomic<const OpSignature*> signature{nullptr};    // null: free slot
+  std::atomic<uint64_t> calls{0};
+  std::atomic<uint64_t> sampled_calls{0};
+  std::atomic<uint64_t> sampled_ns{0};
+};
+
+inline void bump(std::atomic<uint64_t>& counter, uint64_t n) noexcept {
+  counter.store(counter.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+}
+
+class ThreadCounters;
+
+// What the background thread needs that the hook knows at load.
+struct RecorderOptions {
+  std::string endpoint;            // DaemonClient endpoint
+  uint32_t sample_rate = 64;       // time one timeable call in this many
+  uint32_t report_interval_ms = 1000;
+  wire::Hello hello;               // pid is filled in per process (and again after fork)
+};
+
+// A copy of the totals, for kforge_hook_stats_json and tests.
+struct RecorderStats {
+  struct Signature {
+    SignatureId id;
+    OpSignature signature;
+    uint64_t calls = 0;
+    uint64_t sampled_calls = 0;
+    uint64_t sampled_ns = 0;
+  };
+  std::vector<Signature> signatures;     // sorted by id
+  uint64_t unknown_calls = 0;            // signature not computable: fell through uncounted
+  uint64_t overflow_calls = 0;           // a thread's table was full
+  uint64_t id_mismatches = 0;            // fast-path id != OpSignature::id() (a kforge bug)
+  uint64_t threads = 0;                  // tables registered in this process
+  uint64_t reports_built = 0;
+  uint64_t reports_offered = 0;          // accepted by DaemonClient::offer
+  bool client_running = false;
+  uint64_t client_sent = 0;              // messages (Hello, reports) the client sent
+  uint64_t client_dropped = 0;           // messages the client dropped (queue full or unsendable)
+  std::string client_error;              // why there is no client, if there is none
+};
+
+class Recorder {
+ public:
+  explicit Recorder(RecorderOptions options);
+  Recorder(const Recorder&) = delete;
+  Recorder& operator=(const Recorder&) = delete;
+  ~Recorder() = delete;   // lives as long as the process: intercepted calls may come at any time
+
+  // Starts the reporter thread (it connects the client and sends Hello) and installs the fork
+  // and exit handlers. Call once.
+  void start();
+
+  // Builds the full signature of the call being recorded (slow path, may allocate); null if it
+  // cannot. `context` is the caller's.
+  using SignatureFactory = std::unique_ptr<OpSignature> (*)(void* context);
+
+  struct Call {
+    CounterSlot* slot = nullptr;   // null: not counted by signature (table full, no table)
+    bool sample = false;           // time this call and pass the time to add_sample
+    bool id_mismatch = false;      // the built signature's id differs from `id`: disable the op
+  };
+  // Counts one call of signature `id`. Hot path for a known signature: no lock, no allocation.
+  // `timeable`: the caller can time this call (CPU); only such calls take part in sampling.
+  Call on_call(const SignatureId& id, SignatureFactory make, void* context, bool timeable) noexcept;
+  // A call whose signature could not be computed on the fast path.
+  void on_unknown_call() noexcept;
+  static void add_sample(CounterSlot* slot, uint64_t ns) noexcept {
+    bump(slot->sampled_calls, 1);
+    bump(slot->sampled_ns, ns);
+  }
+
+  // Wakes the reporter thread to build and offer a report now. With timeout_ms > 0, waits (at
+  // most that long) until the reporter has finished that round; true if it has. For tools and
+  // tests: the hook itself never makes a thread wait for the reporter.
+  bool report_now(int timeout_ms) noexcept;
+  RecorderStats stats() const;
+
+ private:
+  struct Totals {
+    std::shared_ptr<const OpSignature> signature;
+    uint64_t calls = 0;
+    uint64_t sampled_calls = 0;
+    uint64_t sampled_ns = 0;
+  };
+  struct IdHash {
+    size_t operator()(const SignatureId& id) const noexcept { return static_cast<size_t>(id.lo); }
+  };
+  using TotalsMap = std::unordered_map<SignatureId, Totals, IdHash>;
+
+  ThreadCounters* counters() noexcept;
+  ThreadCounters* register_thread() noexcept;
+  void retire(ThreadCounters* t) noexcept;
+  friend struct ThreadExit;
+
+  // Under mu_: retired totals plus every live table, now (poisoned slots left out).
+  TotalsMap merge_locked() const;
+  void reporter_main(uint64_t generation);
+  void start_reporter_locked();
+  void build_and_offer_reports();
+  void shutdown() noexcept;   // atexit: final report, Goodbye, join
+
+  static void before_fork() noexcept;
+  static void after_fork_parent() noexcept;
+  static void after_fork_child() noexcept;
+  static void at_exit() noexcept;
+
+  const RecorderOptions options_;
+
+  // Bumped in a forked child: every thread's table from before the fork is abandoned.
+  std::atomic<uint64_t> generation_{1};
+
+  mutable std::mutex mu_;                 // everything below
+  // Replaced (the old ones leaked) in a forked child, where they may count waiters that are gone.
+  std::condition_variable* wake_;         // the reporter waits here for its interval or a request
+  std::condition_variable* round_done_;   // report_now(timeout) waits here
+  uint64_t rounds_ = 0;                   // report rounds the reporter has finished
+  bool in_round_ = false;                 // the reporter is between its wait and rounds_++
+  std::vector<ThreadCounters*> live_;
+  TotalsMap retired_;                     // counts of exited threads' tables
+  // One shared copy of each signature seen, so merges copy a signature once per process.
+  mutable std::unordered_map<SignatureId, std::shared_ptr<const OpSignature>, IdHash> known_;
+  uint64_t retired_unknown_ = 0;
+  uint64_t retired_overflow_ = 0;
+  uint64_t threads_ = 0;
+  uint64_t id_mismatches_ = 0;
+  bool reporter_started_ = false;
+  bool stop_ = false;
+  bool report_requested_ = false;
+  std::thread* reporter_ = nullptr;       // leaked in a forked child (that thread is not there)
+  int32_t pid_ = 0;
+  // Owned by the reporter thread while it runs; read under mu_ for stats. Leaked in a child.
+  DaemonClient* client_ = nullptr;
+  std::string client_error_;
+  uint64_t sequence_ = 0;
+  uint64_t reports_built_ = 0;
+  uint64_t reports_offered_ = 0;
+  std::unordered_map<SignatureId, uint64_t, IdHash> last_reported_calls_;
+};
+
+}  // namespace kforge::hook

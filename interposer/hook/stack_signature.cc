@@ -1,0 +1,249 @@
+#include "interposer/hook/stack_signature.h"
+
+#include <c10/core/TensorImpl.h>
+
+#include <string_view>
+#include <utility>
+#include <variant>
+#include <vector>
+
+namespace kforge::hook {
+
+namespace {
+
+// OpSignature::decode's limits: a signature the daemon could not decode is useless to report.
+constexpr size_t kMaxListLen = 256;
+constexpr size_t kMaxStringArg = 1024;
+
+struct TensorFacts {
+  DType dtype = DType::kFloat32;
+  DeviceType device = DeviceType::kCpu;
+  int device_index = -1;
+  const int64_t* sizes = nullptr;     // valid while the tensor lives (the call's duration)
+  const int64_t* strides = nullptr;
+  size_t rank = 0;
+  uint32_t alignment = 256;
+};
+
+bool to_dtype(c10::ScalarType t, DType* out) noexcept {
+  switch (t) {
+    case c10::ScalarType::Float: *out = DType::kFloat32; return true;
+    case c10::ScalarType::Double: *out = DType::kFloat64; return true;
+    case c10::ScalarType::Half: *out = DType::kFloat16; return true;
+    case c10::ScalarType::BFloat16: *out = DType::kBFloat16; return true;
+    case c10::ScalarType::Char: *out = DType::kInt8; return true;
+    case c10::ScalarType::Byte: *out = DType::kUInt8; return true;
+    case c10::ScalarType::Short: *out = DType::kInt16; return true;
+    case c10::ScalarType::Int: *out = DType::kInt32; return true;
+    case c10::ScalarType::Long: *out = DType::kInt64; return true;
+    case c10::ScalarType::Bool: *out = DType::kBool; return true;
+    case c10::ScalarType::ComplexFloat: *out = DType::kComplex64; return true;
+    case c10::ScalarType::ComplexDouble: *out = DType::kComplex128; return true;
+    case c10::ScalarType::Float8_e4m3fn: *out = DType::kFloat8E4M3FN; return true;
+    case c10::ScalarType::Float8_e5m2: *out = DType::kFloat8E5M2; return true;
+    default: return false;
+  }
+}
+
+// A defined tensor's metadata, read from the TensorImpl without touching its refcount. False for
+// tensors a signature cannot describe. May throw (torch's checks); callers catch.
+bool tensor_facts(const c10::TensorImpl& impl, TensorFacts& f) {
+  // Strided dense tensors only; symbolic shapes and storage-less tensors have no concrete layout.
+  if (impl.layout() != c10::kStrided || impl.has_symbolic_sizes_strides() || !impl.has_storage()) {
+    return false;
+  }
+  if (!to_dtype(impl.dtype().toScalarType(), &f.dtype)) return false;
+  const c10::Device device = impl.device();
+  if (device.is_cpu()) {
+    f.device = DeviceType::kCpu;
+  } else if (device.is_cuda()) {
+    f.device = DeviceType::kCuda;
+  } else {
+    return false;
+  }
+  f.device_index = device.index();
+  const c10::IntArrayRef sizes = impl.sizes();
+  const c10::IntArrayRef strides = impl.strides();
+  if (sizes.size() > kMaxTensorRank || strides.size() != sizes.size()) return false;
+  f.sizes = sizes.data();
+  f.strides = strides.data();
+  f.rank = sizes.size();
+  // data() includes the storage offset, and is null for a tensor with no elements.
+  f.alignment = pointer_alignment(impl.data());
+  return true;
+}
+
+bool tensor_facts(const at::Tensor& t, TensorFacts& f) {
+  return t.defined() && tensor_facts(*t.unsafeGetTensorImpl(), f);
+}
+
+// Note [One classification, two encoders]
+// visit_call() decides what each argument is and hands it to a sink: WriterSink writes the
+// canonical bytes (fast path), BuilderSink builds the OpSignature (slow path). Because the
+// decisions are shared, a disagreement between the two ids can only come from the encoders,
+// which the recorder checks at every first sight of a signature.
+template <typename Sink>
+bool visit_arg(const c10::IValue& v, Sink& sink, int& cuda_index) {
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    if (!t.defined()) {
+      sink.none();
+      return true;
+    }
+    TensorFacts f;
+    if (!tensor_facts(t, f)) return false;
+    if (cuda_index < 0 && f.device == DeviceType::kCuda) cuda_index = f.device_index;
+    sink.tensor(f);
+    return true;
+  }
+  if (v.isNone()) {
+    sink.none();
+    return true;
+  }
+  if (v.isBool()) {
+    sink.boolean(v.toBool());
+    return true;
+  }
+  if (v.isInt()) {
+    sink.integer(v.toInt());
+    return true;
+  }
+  if (v.isDouble()) {
+    sink.real(v.toDouble());
+    return true;
+  }
+  if (v.isString()) {
+    const std::string_view s = v.toStringView();
+    if (s.size() > kMaxStringArg) return false;
+    sink.string(s);
+    return true;
+  }
+  if (v.isList()) {
+    const c10::ArrayRef<c10::IValue> list = v.toListRef();
+    const size_t n = list.size();
+    if (n > kMaxListLen) return false;
+    // An empty list says what it is only through its element type (a rarer, slower check).
+    const bool ints = n == 0 ? v.isIntList() : list[0].isInt();
+    const bool tensors = !ints && (n == 0 ? v.isTensorList() : list[0].isTensor());
+    if (ints) {
+      sink.int_list(static_cast<uint32_t>(n));
+      for (const c10::IValue& e : list) {
+        if (!e.isInt()) return false;
+        sink.int_list_item(e.toInt());
+      }
+      return true;
+    }
+    if (tensors) {
+      sink.tensor_list(static_cast<uint32_t>(n));
+      for (const c10::IValue& e : list) {
+        TensorFacts f;
+        if (!e.isTensor() || !tensor_facts(e.toTensor(), f)) return false;
+        if (cuda_index < 0 && f.device == DeviceType::kCuda) cuda_index = f.device_index;
+        sink.tensor_list_item(f);
+      }
+      return true;
+    }
+    return false;
+  }
+  return false;   // complex and symbolic scalars, dicts, objects, ...
+}
+
+// The target arch for the call, "" when unknown.
+template <typename Sink>
+std::string_view visit_call(const OpIdentity& op, const c10::IValue* args, TargetArch& arch, Sink& sink) {
+  int cuda_index = -1;
+  for (uint32_t i = 0; i < op.num_arguments; ++i) {
+    if (!visit_arg(args[i], sink, cuda_index)) return {};
+  }
+  if (op.backend == Backend::kCpu) return arch.cpu();
+  return arch.cuda(cuda_index);
+}
+
+struct WriterSink {
+  SignatureWriter& w;
+  void none() { w.none(); }
+  void tensor(const TensorFacts& f) { w.tensor(f.dtype, f.device, f.sizes, f.strides, f.rank, f.alignment); }
+  void tensor_list(uint32_t n) { w.tensor_list(n); }
+  void tensor_list_item(const TensorFacts& f) {
+    w.tensor_list_item(f.dtype, f.device, f.sizes, f.strides, f.rank, f.alignment);
+  }
+  void boolean(bool b) { w.boolean(b); }
+  void integer(int64_t i) { w.integer(i); }
+  void real(double d) { w.real(d); }
+  void string(std::string_view s) { w.string(s); }
+  void int_list(uint32_t n) { w.int_list(n); }
+  void int_list_item(int64_t i) { w.int_list_item(i); }
+};
+
+struct BuilderSink {
+  std::vector<Arg>& args;
+
+  static TensorMeta meta(const TensorFacts& f) {
+    TensorMeta m;
+    m.dtype = f.dtype;
+    m.device = f.device;
+    m.sizes.assign(f.sizes, f.sizes + f.rank);
+    m.strides.assign(f.strides, f.strides + f.rank);
+    m.alignment = f.alignment;
+    return m;
+  }
+  void none() { args.push_back(Arg::none()); }
+  void tensor(const TensorFacts& f) { args.push_back(Arg::tensor(meta(f))); }
+  void tensor_list(uint32_t n) {
+    std::vector<TensorMeta> v;
+    v.reserve(n);
+    args.push_back(Arg::tensor_list(std::move(v)));
+  }
+  void tensor_list_item(const TensorFacts& f) {
+    std::get<std::vector<TensorMeta>>(args.back().value).push_back(meta(f));
+  }
+  void boolean(bool b) { args.push_back(Arg::boolean(b)); }
+  void integer(int64_t i) { args.push_back(Arg::integer(i)); }
+  void real(double d) { args.push_back(Arg::real(d)); }
+  void string(std::string_view s) { args.push_back(Arg::string(std::string(s))); }
+  void int_list(uint32_t n) {
+    std::vector<int64_t> v;
+    v.reserve(n);
+    args.push_back(Arg::int_list(std::move(v)));
+  }
+  void int_list_item(int64_t i) { std::get<std::vector<int64_t>>(args.back().value).push_back(i); }
+};
+
+}  // namespace
+
+bool write_stack_signature(const OpIdentity& op, const c10::IValue* args, TargetArch& arch,
+                           SignatureWriter& out) noexcept {
+  try {
+    out.begin(op.name, op.overload, op.num_arguments);
+    WriterSink sink{out};
+    const std::string_view target_arch = visit_call(op, args, arch, sink);
+    if (target_arch.empty()) return false;
+    out.target(op.backend, target_arch);
+    return out.ok();
+  } catch (...) {
+    // A torch check on an exotic tensor: not a signature we can describe.
+    return false;
+  }
+}
+
+std::unique_ptr<OpSignature> build_stack_signature(const OpIdentity& op, const c10::IValue* args,
+                                                   TargetArch& arch) {
+  auto sig = std::make_unique<OpSignature>();
+  sig->op = op.name;
+  sig->overload = op.overload;
+  sig->args.reserve(op.num_arguments);
+  BuilderSink sink{sig->args};
+  std::string_view target_arch;
+  try {
+    target_arch = visit_call(op, args, arch, sink);
+  } catch (const std::bad_alloc&) {
+    throw;
+  } catch (...) {
+    return nullptr;
+  }
+  if (target_arch.empty()) return nullptr;
+  sig->target = Target{op.backend, std::string(target_arch)};
+  return sig;
+}
+
+}  // namespace kforge::hook

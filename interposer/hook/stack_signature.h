@@ -1,0 +1,47 @@
+// The signature of an intercepted call, read from the dispatcher's IValue stack in two forms:
+//   write_stack_signature  the fast path: canonical bytes into a SignatureWriter on the caller's
+//                          stack, no heap allocation; its id() is the SignatureId.
+//   build_stack_signature  the slow path (once per thread and signature): the same signature as
+//                          an OpSignature value, for reports. Its id() must equal the fast one;
+//                          the recorder checks that on every first sight.
+// Both read the arguments through one classification (stack_signature.cc), so they can only
+// disagree in the encoding, which is what the recorder's check and the tests compare.
+//
+// What a call's signature holds (OpSignature's vocabulary): a tensor is its dtype, device type,
+// sizes, strides and the alignment of its data pointer; an undefined tensor and None are None;
+// int, float, bool, string and int-list scalars are their values; a list of tensors is a tensor
+// list. Anything else (a dtype kforge has no name for, a device other than CPU/CUDA, a sparse or
+// symbolic-shape tensor, rank above 16, lists or strings over the decoder's limits, complex or
+// symbolic scalars) makes the call "unknown": it falls through to PyTorch, uncounted by signature.
+#pragma once
+
+#include <ATen/core/ivalue.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "interposer/hook/signature_writer.h"
+#include "interposer/hook/target_arch.h"
+#include "runtime/op_signature.h"
+
+namespace kforge::hook {
+
+// The operator half of a signature, fixed at registration.
+struct OpIdentity {
+  std::string name;          // "aten::add"
+  std::string overload;      // "Tensor"
+  uint32_t num_arguments = 0;
+  Backend backend = Backend::kCpu;
+};
+
+// `args` are the call's num_arguments values (the top of the stack). False: unknown signature
+// (the writer's content is then meaningless). Never throws.
+bool write_stack_signature(const OpIdentity& op, const c10::IValue* args, TargetArch& arch,
+                           SignatureWriter& out) noexcept;
+
+// Null when the signature is unknown. May throw std::bad_alloc.
+std::unique_ptr<OpSignature> build_stack_signature(const OpIdentity& op, const c10::IValue* args,
+                                                   TargetArch& arch);
+
+}  // namespace kforge::hook

@@ -24,7 +24,7 @@ extern "C" __global__ void row_stats(const float* x, float* stats, int cols) {
   for (int c = threadIdx.x; c < cols; c += blockDim.x) stage[c] = row[c];
   __syncthreads();
   if (threadIdx.x == 0) {
-    float m = -INFINITY, s = 0.f;
+    float m = __int_as_float(0xff800000), s = 0.f;   // -inf: NVRTC has no math.h
     for (int c = 0; c < cols; ++c) m = fmaxf(m, stage[c]);
     for (int c = 0; c < cols; ++c) s += expf(stage[c] - m);
     stats[2 * blockIdx.x] = m;

@@ -16,7 +16,7 @@ namespace kforge {
 //   [1 (encoding version), op, overload, [arg...], [backend, arch]]
 // and each arg is [kind, payload...]:
 //   none        [0]
-//   tensor      [1, dtype, device, [sizes...], [strides...], alignment]
+//   tensor      [1, dtype, device, [sizes...], [strides...], alignment (1..16, a power of 2)]
 //   tensor list [2, [[dtype, device, [sizes...], [strides...], alignment]...]]
 //   bool        [3, b]        int     [4, i]       float  [5, f64]
 //   string      [6, s]        int list [7, [i...]]
@@ -80,7 +80,7 @@ StatusOr<TensorMeta> read_tensor_body(const codec::Reader& r, size_t first) {
     if (t.sizes[d] < 0) return r.field(first + 2, "sizes").at(d).error("negative size");
   }
   if (t.numel() < 0) return r.error("tensor's element count overflows int64");
-  KFORGE_ASSIGN_OR_RETURN(int64_t align, r.field(first + 4, "alignment").i64_in(1, 256));
+  KFORGE_ASSIGN_OR_RETURN(int64_t align, r.field(first + 4, "alignment").i64_in(1, kMaxAlignment));
   if (!std::has_single_bit(static_cast<uint64_t>(align))) return r.field(first + 4, "alignment").error("alignment is not a power of two");
   t.alignment = static_cast<uint32_t>(align);
   return t;

@@ -45,14 +45,20 @@ StatusOr<Backend> backend_from_name(std::string_view name);
 // Upper bound on tensor rank in a signature (torch allows 64 dims, which nothing real uses).
 inline constexpr size_t kMaxTensorRank = 16;
 
+// Cap on TensorMeta::alignment. 16 bytes is the widest access a kernel can need from a base
+// pointer (16-byte vector loads, TMA's global-address rule); a larger cap would only split one
+// shape into several keys by where the allocator happened to put a tensor (the CPU allocator
+// returns 64-, 128- and 256-byte aligned blocks at random).
+inline constexpr uint32_t kMaxAlignment = 16;
+
 struct TensorMeta {
   DType dtype = DType::kFloat32;
   DeviceType device = DeviceType::kCpu;
   std::vector<int64_t> sizes;
   std::vector<int64_t> strides;   // in elements, as torch reports them
-  // Largest power of two (bytes, capped at 256) that divides the data pointer: kernels that use
-  // vector loads are only valid for some alignments, so it is part of the key.
-  uint32_t alignment = 256;
+  // Largest power of two (bytes, capped at kMaxAlignment) that divides the data pointer: kernels
+  // that use vector loads are only valid for some alignments, so it is part of the key.
+  uint32_t alignment = kMaxAlignment;
 
   int64_t numel() const noexcept;
   bool is_contiguous() const noexcept;

@@ -34,13 +34,13 @@ namespace kforge::hook {
 // by signature. 1 KiB holds every catalog operator with rank-16 tensors.
 inline constexpr size_t kSignatureBufferBytes = 1024;
 
-// Largest power of two, at most 256, that divides the address (TensorMeta::alignment). A null
-// pointer (an empty tensor) is divisible by everything: 256.
+// Largest power of two, at most kMaxAlignment (16), that divides the address
+// (TensorMeta::alignment). A null pointer (an empty tensor) is divisible by everything: 16.
 inline uint32_t pointer_alignment(const void* p) noexcept {
   const auto a = reinterpret_cast<uintptr_t>(p);
-  if (a == 0) return 256;
+  if (a == 0) return kMaxAlignment;
   const int tz = std::countr_zero(a);
-  return tz >= 8 ? 256u : (1u << tz);
+  return tz >= 4 ? kMaxAlignment : (1u << tz);
 }
 
 class SignatureWriter {

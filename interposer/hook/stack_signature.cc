@@ -22,7 +22,7 @@ struct TensorFacts {
   const int64_t* sizes = nullptr;     // valid while the tensor lives (the call's duration)
   const int64_t* strides = nullptr;
   size_t rank = 0;
-  uint32_t alignment = 256;
+  uint32_t alignment = kMaxAlignment;
 };
 
 bool to_dtype(c10::ScalarType t, DType* out) noexcept {

@@ -70,7 +70,7 @@ void require_same_as_runtime(const OpSignature& sig) {
   CHECK(w.id() == sig.id());
 }
 
-TensorMeta tensor(DType dt, std::vector<int64_t> sizes, uint32_t alignment = 256,
+TensorMeta tensor(DType dt, std::vector<int64_t> sizes, uint32_t alignment = 16,
                   DeviceType dev = DeviceType::kCpu) {
   TensorMeta t;
   t.dtype = dt;
@@ -108,7 +108,7 @@ TEST_CASE("SignatureWriter: the catalog's call shapes encode exactly as OpSignat
   require_same_as_runtime({"aten::_softmax", "", {Arg::tensor(tensor(DType::kFloat32, {8, 128})), Arg::integer(-1), Arg::boolean(false)}, cpu});
   require_same_as_runtime({"aten::native_layer_norm", "",
                            {Arg::tensor(tensor(DType::kBFloat16, {4, 77, 768}, 16, DeviceType::kCuda)), Arg::int_list({768}),
-                            Arg::tensor(tensor(DType::kBFloat16, {768}, 256, DeviceType::kCuda)), Arg::none(), Arg::real(1e-5)},
+                            Arg::tensor(tensor(DType::kBFloat16, {768}, 16, DeviceType::kCuda)), Arg::none(), Arg::real(1e-5)},
                            gpu});
   require_same_as_runtime({"aten::native_group_norm", "",
                            {Arg::tensor(tensor(DType::kFloat32, {2, 64, 56, 56})), Arg::tensor(tensor(DType::kFloat32, {64})),
@@ -152,7 +152,7 @@ TEST_CASE("SignatureWriter: strings of every length class, lists, None and align
     require_same_as_runtime({"aten::x", std::string(n % 40, 'o'), {Arg::string(std::string(n, 's'))}, {Backend::kCuda, "sm_100"}});
   }
   require_same_as_runtime({"aten::cat", "",
-                           {Arg::tensor_list({tensor(DType::kBool, {2, 3}, 2), tensor(DType::kComplex128, {0}, 256),
+                           {Arg::tensor_list({tensor(DType::kBool, {2, 3}, 2), tensor(DType::kComplex128, {0}, 16),
                                               tensor(DType::kFloat8E5M2, {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 16}, 1)}),
                             Arg::integer(0), Arg::tensor_list({}), Arg::int_list({}), Arg::none(), Arg::boolean(true)},
                            {Backend::kCpu, "aarch64"}});
@@ -224,13 +224,15 @@ TEST_CASE("SignatureWriter: a signature longer than the buffer is refused, never
   CHECK(w.bytes() == small.encode());
 }
 
-TEST_CASE("pointer_alignment: the largest power of two up to 256 that divides the address") {
+TEST_CASE("pointer_alignment: the largest power of two up to 16 that divides the address") {
   using hook::pointer_alignment;
   auto at = [](uintptr_t a) { return reinterpret_cast<const void*>(a); };
-  CHECK(pointer_alignment(nullptr) == 256);   // an empty tensor's data pointer
-  CHECK(pointer_alignment(at(0x1000)) == 256);
-  CHECK(pointer_alignment(at(0x7f0000000100)) == 256);
-  CHECK(pointer_alignment(at(0x7f0000000080)) == 128);
+  CHECK(pointer_alignment(nullptr) == 16);   // an empty tensor's data pointer
+  CHECK(pointer_alignment(at(0x1000)) == 16);
+  CHECK(pointer_alignment(at(0x7f0000000100)) == 16);
+  CHECK(pointer_alignment(at(0x7f0000000080)) == 16);   // 128-, 64- and 16-aligned are one key
+  CHECK(pointer_alignment(at(0x7f0000000010)) == 16);
+  CHECK(pointer_alignment(at(0x7f0000000008)) == 8);
   CHECK(pointer_alignment(at(0x7f0000000004)) == 4);
   CHECK(pointer_alignment(at(0x7f0000000001)) == 1);
   CHECK(pointer_alignment(at(0x7f0000000006)) == 2);

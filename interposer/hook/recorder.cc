@@ -367,15 +367,30 @@ void Recorder::reporter_main(uint64_t generation) {
 
 void Recorder::build_and_offer_reports() {
   std::vector<wire::HotEntry> changed;
+  std::vector<std::shared_ptr<const OpSignature>> fresh;
   DaemonClient* client = nullptr;
   int32_t pid = 0;
   try {
     std::lock_guard<std::mutex> lock(mu_);
     client = client_;
     pid = pid_;
+    // A report the client dropped (no daemon connected yet, or a slow one) carried counts that
+    // only appear again when they change. Counts are cumulative, so after any drop the next round
+    // reports every signature again: a daemon that connects late still learns everything.
+    if (client != nullptr) {
+      const DaemonClient::Counters c = client->counters();
+      const uint64_t drops = c.dropped_queue_full + c.dropped_unsendable;
+      if (drops != drops_seen_ || resend_all_) {
+        drops_seen_ = drops;
+        resend_all_ = false;
+        for (auto& [id, last] : last_reported_calls_) last = UINT64_MAX;
+      }
+    }
     TotalsMap m = merge_locked();
     for (const auto& [id, tot] : m) {
-      uint64_t& last = last_reported_calls_[id];
+      auto [it, inserted] = last_reported_calls_.try_emplace(id, 0);
+      if (inserted) fresh.push_back(tot.signature);
+      uint64_t& last = it->second;
       if (tot.calls == last) continue;
       last = tot.calls;
       changed.push_back(wire::HotEntry{*tot.signature, tot.calls, tot.sampled_calls, tot.sampled_ns, {}});
@@ -402,6 +417,16 @@ void Recorder::build_and_offer_reports() {
     if (client->offer(std::move(report))) {
       std::lock_guard<std::mutex> lock(mu_);
       ++reports_offered_;
+    } else {
+      std::lock_guard<std::mutex> lock(mu_);
+      resend_all_ = true;
+    }
+  }
+  if (options_.on_round) {
+    try {
+      options_.on_round(fresh);
+    } catch (...) {
+      // on_round promises not to throw; nothing to do if it did.
     }
   }
 }

@@ -24,6 +24,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -62,6 +63,11 @@ struct RecorderOptions {
   uint32_t sample_rate = 64;       // time one timeable call in this many
   uint32_t report_interval_ms = 1000;
   wire::Hello hello;               // pid is filled in per process (and again after fork)
+  // Called on the reporter thread at the end of every round (also rounds with nothing new), with
+  // the signatures this process's reporter had not seen before (after a fork: every signature
+  // again). It may do I/O: it is how the loader (swapper.h) runs off the calling threads. Must
+  // not throw.
+  std::function<void(const std::vector<std::shared_ptr<const OpSignature>>& new_signatures)> on_round;
 };
 
 // A copy of the totals, for kforge_hook_stats_json and tests.
@@ -182,6 +188,8 @@ class Recorder {
   uint64_t reports_built_ = 0;
   uint64_t reports_offered_ = 0;
   std::unordered_map<SignatureId, uint64_t, IdHash> last_reported_calls_;
+  uint64_t drops_seen_ = 0;          // the client's drop count at the last round (guarded by mu_)
+  bool resend_all_ = false;          // an offer was refused: report everything next round
 };
 
 }  // namespace kforge::hook

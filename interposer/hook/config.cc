@@ -128,6 +128,7 @@ std::string HookConfig::to_string() const {
   s += " endpoint=" + daemon_endpoint;
   s += " cache_dir=" + (cache_dir.empty() ? std::string("(default)") : cache_dir);
   s += " sample_rate=" + std::to_string(sample_rate);
+  if (mode != HookMode::kObserve) s += " shadow_calls=" + std::to_string(shadow_calls);
   s += " report_interval_ms=" + std::to_string(report_interval_ms);
   s += " ops=" + (!ops_restricted ? std::string("(all)") : "[" + join(allow_ops) + "]");
   s += " deny_ops=" + (deny_ops.empty() ? std::string("(none)") : join(deny_ops));
@@ -160,14 +161,14 @@ HookConfig parse_config(const EnvLookup& env) {
       c.requested_mode = HookMode::kObserve;
     } else if (s == "shadow" || s == "active") {
       c.requested_mode = s == "shadow" ? HookMode::kShadow : HookMode::kActive;
-      w.push_back("KFORGE_MODE=" + std::string(s) + " is not yet implemented, observing");
     } else {
       w.push_back(bad_value("KFORGE_MODE", *m, "observe, shadow or active", "observe"));
     }
   }
-  c.mode = HookMode::kObserve;
+  c.mode = c.requested_mode;
 
   c.sample_rate = read_uint(env, "KFORGE_SAMPLE_RATE", 1, 1000000, 64, w);
+  c.shadow_calls = read_uint(env, "KFORGE_SHADOW_CALLS", 1, 1000000, 20, w);
   c.report_interval_ms = read_uint(env, "KFORGE_REPORT_INTERVAL_MS", 10, 3600000, 1000, w);
   c.allow_ops = read_op_list(env, "KFORGE_OPS", w);
   c.ops_restricted = !trim(env("KFORGE_OPS").value_or("")).empty();

@@ -8,8 +8,13 @@
 //   KFORGE_DAEMON_ENDPOINT      ipc://... or tcp://...; default ipc://$XDG_RUNTIME_DIR/kforge/
 //                               daemon.sock, else ipc:///tmp/kforge-<uid>/daemon.sock
 //   KFORGE_CACHE_DIR            recorded as given (the cache library resolves the default)
-//   KFORGE_MODE                 observe (default) | shadow | active; only observe exists so far:
-//                               the others observe, with one warning
+//   KFORGE_MODE                 observe (default) | shadow | active.
+//                               observe: nothing is ever loaded. shadow: cache entries are loaded
+//                               and run beside PyTorch's kernel on every call, PyTorch's result is
+//                               returned. active: after KFORGE_SHADOW_CALLS clean shadow calls the
+//                               entry replaces PyTorch's kernel.
+//   KFORGE_SHADOW_CALLS         clean shadow calls before an entry's trial passes (1..1000000,
+//                               default 20)
 //   KFORGE_SAMPLE_RATE          time one call in N (1..1000000, default 64)
 //   KFORGE_REPORT_INTERVAL_MS   how often counters go to the daemon (10..3600000, default 1000)
 //   KFORGE_OPS                  comma-separated allow list ("aten::add.Tensor", "add", "_softmax");
@@ -37,8 +42,9 @@ struct HookConfig {
   std::string daemon_endpoint;
   std::string cache_dir;                 // KFORGE_CACHE_DIR as given; empty if unset
   HookMode requested_mode = HookMode::kObserve;
-  HookMode mode = HookMode::kObserve;    // what runs: observe until the others exist
+  HookMode mode = HookMode::kObserve;    // what runs (= requested_mode)
   uint32_t sample_rate = 64;
+  uint32_t shadow_calls = 20;
   uint32_t report_interval_ms = 1000;
   // KFORGE_OPS was given: only allow_ops are intercepted (none, if no entry named a catalog op).
   bool ops_restricted = false;

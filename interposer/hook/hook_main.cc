@@ -6,7 +6,10 @@
 // line and leaves PyTorch's kernels in place.
 //
 // C entry points (for tests and tools, through ctypes/dlsym):
-//   const char* kforge_hook_stats_json(void);   counts per signature, reports, registrations
+//   const char* kforge_hook_stats_json(void);   counts per signature (with its swap state: observe,
+//                                                shadow, active, disabled, and shadow/active/
+//                                                fallback counters), reports, registrations, and
+//                                                "swap": the loader's cache and entries
 //   int kforge_hook_report_now(int timeout_ms);  asks the reporter for a report now and, with
 //                                                timeout_ms > 0, waits until it was built and
 //                                                offered; 1 if it was, else 0
@@ -24,6 +27,7 @@
 #include "interposer/hook/interceptor.h"
 #include "interposer/hook/log.h"
 #include "interposer/hook/recorder.h"
+#include "interposer/hook/swapper.h"
 #include "interposer/hook/target_arch.h"
 #include "runtime/cuda_driver.h"
 #include "runtime/environment.h"
@@ -39,6 +43,7 @@ namespace {
 struct Hook {
   HookConfig config;
   Recorder* recorder = nullptr;
+  Swapper* swapper = nullptr;
   TargetArch* arch = nullptr;
   RegistrationSummary registration;
 };
@@ -112,7 +117,27 @@ void start() noexcept {
     StatusOr<CacheDir::Resolved> cache = CacheDir::resolve_path(process_env());
     if (cache.ok() && cache->path.size() <= wire::kMaxPathBytes) options.hello.cache_dir = cache->path;
     options.hello.devices = devices(cpu);
+
+    // The loader runs on the reporter thread (swapper.h); observe mode never opens the cache.
+    SwapperOptions swap;
+    swap.mode = config.mode;
+    swap.shadow_calls = config.shadow_calls;
+    swap.log = config.log;
+    swap.host_env = cpu;
+    if (cache.ok()) {
+      swap.cache_root = cache->path;
+    } else {
+      swap.cache_error = cache.status().message();
+    }
+    hook->swapper = new Swapper(std::move(swap));
+    Swapper* swapper = hook->swapper;
+    options.on_round = [swapper](const std::vector<std::shared_ptr<const OpSignature>>& fresh) {
+      swapper->on_round(fresh);
+    };
     hook->recorder = new Recorder(std::move(options));
+    Recorder* recorder = hook->recorder;
+    swapper->set_wake([recorder] { recorder->report_now(0); });
+    if (config.mode != HookMode::kObserve) swapper->install_process_handlers();
     hook->recorder->start();
 
     hook->registration = register_catalog(config, *hook->recorder, *hook->arch);
@@ -145,6 +170,7 @@ std::string stats_json() {
   j["registered"] = hook->registration.registered;
   j["skipped"] = hook->registration.skipped;
   const RecorderStats st = hook->recorder->stats();
+  const SwapStats swap = hook->swapper->stats();
   nlohmann::json sigs = nlohmann::json::array();
   for (const RecorderStats::Signature& s : st.signatures) {
     const std::string encoding = s.signature.encode();
@@ -164,7 +190,36 @@ std::string stats_json() {
                     {"calls", s.calls},
                     {"sampled_calls", s.sampled_calls},
                     {"sampled_ns", s.sampled_ns}});
+    nlohmann::json& j_sig = sigs.back();
+    j_sig["state"] = "observe";
+    for (const SwapStats::Entry& e : swap.entries) {
+      if (!(e.id == s.id)) continue;
+      j_sig["state"] = e.state;
+      j_sig["entry"] = e.key;
+      j_sig["reason"] = e.reason;
+      j_sig["shadow_calls"] = e.shadow_calls;
+      j_sig["clean_shadow_calls"] = e.clean_shadow_calls;
+      j_sig["active_calls"] = e.active_calls;
+      j_sig["fallbacks"] = e.fallbacks;
+    }
   }
+  nlohmann::json entries = nlohmann::json::array();
+  for (const SwapStats::Entry& e : swap.entries) {
+    entries.push_back({{"id", e.id.hex()},
+                       {"entry", e.key},
+                       {"state", e.state},
+                       {"reason", e.reason},
+                       {"shadow_calls", e.shadow_calls},
+                       {"clean_shadow_calls", e.clean_shadow_calls},
+                       {"active_calls", e.active_calls},
+                       {"fallbacks", e.fallbacks}});
+  }
+  j["swap"] = {{"enabled", swap.enabled},
+               {"cache_dir", swap.cache_dir},
+               {"cache_error", swap.cache_error},
+               {"markers_quarantined", swap.markers_quarantined},
+               {"quarantined", swap.quarantined},
+               {"entries", std::move(entries)}};
   j["signatures"] = std::move(sigs);
   j["unknown_calls"] = st.unknown_calls;
   j["overflow_calls"] = st.overflow_calls;

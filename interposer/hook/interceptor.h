@@ -10,8 +10,11 @@
 // dispatching threads, so kforge never deregisters (later swaps happen in ReplacementTable).
 //
 // The interceptor (Note [Interceptor fast path] in interceptor.cc) computes the call's signature
-// id without heap allocation, looks it up in ReplacementTable, counts the call in the Recorder and
-// calls the original kernel with the same stack and dispatch key set. An error in kforge's code
+// id without heap allocation, looks it up in ReplacementTable, counts the call in the Recorder and,
+// on a miss, calls the original kernel with the same stack and dispatch key set. On a hit (CPU
+// only; published by the Swapper, swapper.h) it runs the entry in shadow (original first, its
+// result returned, then the entry compared against a float64 reference: Note [Shadow comparison])
+// or active (the entry alone, falling back to the original on any error) state. An error in kforge's code
 // disables that operator (one log line) and it falls through from then on; an exception from the
 // original kernel reaches the caller unchanged, as it would without kforge.
 // This header is torch-free; interceptor.cc is where torch's dispatcher headers are included.

@@ -6,11 +6,12 @@
 //
 //   const ReplacementTable* t = ReplacementTable::current();
 //   if (const Replacement* r = t->find(id)) { ... }   // observe mode: the table is empty
-//   ReplacementTable::publish(ReplacementTable::build({{id, replacement}}));   // background thread
+//   ReplacementTable::publish(ReplacementTable::build({{id, replacement}}));   // Swapper only
 #pragma once
 
 #include <atomic>
 #include <bit>
+#include <cstdint>
 #include <cstddef>
 #include <memory>
 #include <utility>
@@ -20,9 +21,44 @@
 
 namespace kforge::hook {
 
-// What a hit runs. Empty until shadow/active modes exist: they will add the loaded kernel and its
-// bound launch plan here.
-struct Replacement {};
+}  // namespace kforge::hook
+
+namespace kforge {
+struct KernelSpec;
+struct ResolvedLaunchPlan;
+class CpuModule;
+}  // namespace kforge
+
+namespace kforge::hook {
+
+class Swapper;
+
+// Where an entry is in its life in this process (Note [Swap states] in swapper.h).
+enum class SwapState : uint8_t { kShadow = 0, kActive = 1 };
+
+// Counters of one loaded entry, shared by every Replacement made for it (shadow, then active).
+// Bumped by calling threads with relaxed read-modify-writes: only hits pay for them.
+struct SwapCounters {
+  std::atomic<uint64_t> shadow_calls{0};
+  std::atomic<uint64_t> active_calls{0};
+  std::atomic<uint64_t> fallbacks{0};        // active calls that fell back to PyTorch's kernel
+  std::atomic<uint32_t> clean_shadow_calls{0};
+};
+
+// What a hit runs: a loaded CPU entry, its plan resolved for this signature. Immutable once
+// published (only the counters change); never freed, like the tables that point at it.
+struct Replacement {
+  SignatureId id;                     // the signature
+  SignatureId key;                    // the cache entry (EntryKey)
+  SwapState state = SwapState::kShadow;
+  uint32_t shadow_target = 20;        // clean shadow calls that end the trial
+  bool activate_after_shadow = true;  // KFORGE_MODE=active; shadow mode keeps shadowing
+  const KernelSpec* spec = nullptr;
+  const ResolvedLaunchPlan* plan = nullptr;
+  const CpuModule* module = nullptr;
+  SwapCounters* counters = nullptr;
+  Swapper* owner = nullptr;
+};
 
 class ReplacementTable {
  public:

@@ -1,0 +1,385 @@
+#include "interposer/hook/swapper.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include "interposer/hook/log.h"
+#include "runtime/cpu_backend.h"
+#include "runtime/kernel_spec.h"
+
+namespace kforge::hook {
+
+namespace {
+
+std::atomic<Swapper*> g_swapper{nullptr};
+
+// Note [Environment rule] in swapper.h: every field but the compiler.
+bool environment_matches(const Environment& host, Environment entry) {
+  entry.compiler = host.compiler;
+  return entry == host;
+}
+
+bool pid_alive(int32_t pid) {
+  if (pid <= 0) return false;
+  if (::kill(pid, 0) == 0) return true;
+  return errno == EPERM;
+}
+
+}  // namespace
+
+Swapper::Swapper(SwapperOptions options) : options_(std::move(options)) {}
+
+void Swapper::install_process_handlers() {
+  g_swapper.store(this, std::memory_order_release);
+  ::pthread_atfork(&Swapper::before_fork, &Swapper::after_fork, &Swapper::after_fork);
+  std::atexit(&Swapper::at_exit);
+}
+
+void Swapper::before_fork() noexcept {
+  if (Swapper* s = g_swapper.load(std::memory_order_acquire)) s->mu_.lock();
+}
+
+void Swapper::after_fork() noexcept {
+  if (Swapper* s = g_swapper.load(std::memory_order_acquire)) s->mu_.unlock();
+}
+
+// A normal exit during a trial is not a crash: remove this process's markers.
+void Swapper::at_exit() noexcept {
+  Swapper* s = g_swapper.load(std::memory_order_acquire);
+  if (s == nullptr) return;
+  std::vector<SignatureId> mine;
+  try {
+    std::lock_guard<std::mutex> lock(s->mu_);
+    const int32_t pid = static_cast<int32_t>(::getpid());
+    for (auto it = s->open_trials_.begin(); it != s->open_trials_.end();) {
+      if (it->second == pid) {
+        mine.push_back(it->first);
+        it = s->open_trials_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  } catch (...) {
+    return;
+  }
+  for (const SignatureId& k : mine) s->remove_marker(k);
+}
+
+void Swapper::wake() noexcept {
+  try {
+    if (wake_) wake_();
+  } catch (...) {
+  }
+}
+
+void Swapper::publish_locked() {
+  std::vector<std::pair<SignatureId, const Replacement*>> entries;
+  for (const auto& [id, rec] : records_) {
+    if (rec.current != nullptr) entries.emplace_back(id, rec.current);
+  }
+  ReplacementTable::publish(ReplacementTable::build(std::move(entries)));
+}
+
+void Swapper::shadow_clean(const Replacement& r) noexcept {
+  const uint32_t n = r.counters->clean_shadow_calls.fetch_add(1, std::memory_order_relaxed) + 1;
+  if (n != r.shadow_target) return;   // exactly one call reaches the target
+  try {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = records_.find(r.id);
+      if (it == records_.end() || it->second.current != &r) return;   // disabled meanwhile
+      Record& rec = it->second;
+      events_.push_back({Event::Kind::kTrialPassed, rec.key, rec.label, {}});
+      if (r.activate_after_shadow) {
+        auto* active = new Replacement(r);   // never freed
+        active->state = SwapState::kActive;
+        rec.current = active;
+        rec.state = "active";
+        publish_locked();
+      }
+    }
+    wake();
+  } catch (...) {
+    // Out of memory: the entry stays in shadow, which is safe.
+  }
+}
+
+void Swapper::fail(const Replacement& r, std::string reason) noexcept {
+  try {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = records_.find(r.id);
+      if (it == records_.end() || it->second.current == nullptr) return;   // already disabled
+      Record& rec = it->second;
+      rec.current = nullptr;
+      rec.state = "disabled";
+      rec.reason = reason;
+      publish_locked();
+      events_.push_back({Event::Kind::kQuarantine, rec.key, rec.label, std::move(reason)});
+    }
+    wake();
+  } catch (...) {
+    // publish_locked allocates; if it could not, try the cheapest way out: an empty table.
+    ReplacementTable::publish(ReplacementTable::build({}));
+  }
+}
+
+SwapStats Swapper::stats() const {
+  SwapStats st;
+  st.enabled = options_.mode != HookMode::kObserve;
+  st.cache_dir = options_.cache_root;
+  std::lock_guard<std::mutex> lock(mu_);
+  st.cache_error = options_.cache_error.empty() ? store_error_ : options_.cache_error;
+  st.markers_quarantined = markers_quarantined_;
+  st.quarantined = quarantined_;
+  for (const auto& [id, rec] : records_) {
+    SwapStats::Entry e;
+    e.id = id;
+    e.key = rec.key.hex();
+    e.state = rec.state;
+    e.reason = rec.reason;
+    e.shadow_calls = rec.counters->shadow_calls.load(std::memory_order_relaxed);
+    e.active_calls = rec.counters->active_calls.load(std::memory_order_relaxed);
+    e.fallbacks = rec.counters->fallbacks.load(std::memory_order_relaxed);
+    e.clean_shadow_calls = rec.counters->clean_shadow_calls.load(std::memory_order_relaxed);
+    st.entries.push_back(std::move(e));
+  }
+  return st;
+}
+
+// ---- the reporter thread's side -----------------------------------------------------------------
+
+bool Swapper::ensure_store() {
+  if (store_) return true;
+  if (store_tried_) return false;
+  store_tried_ = true;
+  std::string error = options_.cache_error;
+  if (error.empty()) {
+    StatusOr<Store> s = Store::open(options_.cache_root);
+    if (s.ok()) {
+      store_.emplace(std::move(*s));
+      recover_markers();
+      return true;
+    }
+    error = s.status().message();
+  }
+  log_line("cannot open the kernel cache (" + error + "); no kernels are swapped in this process");
+  std::lock_guard<std::mutex> lock(mu_);
+  store_error_ = error;
+  return false;
+}
+
+std::string Swapper::marker_path(const SignatureId& key) const {
+  return store_->root() + "/trial/" + key.hex();
+}
+
+bool Swapper::write_marker(const SignatureId& key, std::string& error) {
+  const std::string dir = store_->root() + "/trial";
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    error = "cannot create " + dir + ": " + std::strerror(errno);
+    return false;
+  }
+  const std::string path = marker_path(key);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    error = "cannot write " + path + ": " + std::strerror(errno);
+    return false;
+  }
+  const std::string pid = std::to_string(::getpid()) + "\n";
+  const bool ok = ::write(fd, pid.data(), pid.size()) == static_cast<ssize_t>(pid.size());
+  const int err = errno;
+  ::fsync(fd);
+  ::close(fd);
+  if (!ok) {
+    ::unlink(path.c_str());
+    error = "cannot write " + path + ": " + std::strerror(err);
+    return false;
+  }
+  return true;
+}
+
+void Swapper::remove_marker(const SignatureId& key) {
+  if (!store_) return;
+  ::unlink(marker_path(key).c_str());
+}
+
+void Swapper::recover_markers() {
+  const std::string dir = store_->root() + "/trial";
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return;
+  std::vector<std::string> names;
+  while (const dirent* e = ::readdir(d)) {
+    std::string name = e->d_name;
+    if (name != "." && name != "..") names.push_back(std::move(name));
+  }
+  ::closedir(d);
+  for (const std::string& name : names) {
+    StatusOr<SignatureId> key = SignatureId::from_hex(name);
+    if (!key.ok()) continue;   // not ours: leave it
+    const std::string path = dir + "/" + name;
+    int32_t pid = 0;
+    if (const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC); fd >= 0) {
+      char buf[32] = {};
+      const ssize_t n = ::read(fd, buf, sizeof buf - 1);
+      ::close(fd);
+      if (n > 0) pid = static_cast<int32_t>(std::atol(buf));
+    }
+    if (pid != static_cast<int32_t>(::getpid()) && pid_alive(pid)) continue;   // in its own trial
+    StatusOr<StoredEntry> entry = store_->load(*key);
+    if (entry.ok()) {
+      const Status s = store_->set_state(*key, EntryState::kQuarantined, "process died during trial");
+      if (s.ok()) {
+        log_line("entry " + key->hex() + " for " + entry->signature.to_string() +
+                 " quarantined: a process (pid " + std::to_string(pid) + ") died during its trial");
+        std::lock_guard<std::mutex> lock(mu_);
+        ++markers_quarantined_;
+      } else {
+        log_line("entry " + key->hex() + ": a process died during its trial, but quarantining it failed: " +
+                 s.message());
+        continue;   // keep the marker: the next process tries again
+      }
+    }
+    ::unlink(path.c_str());
+  }
+}
+
+void Swapper::process_events() {
+  std::vector<Event> events;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    events.swap(events_);
+  }
+  for (const Event& e : events) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      open_trials_.erase(e.key);
+    }
+    if (e.kind == Event::Kind::kTrialPassed) {
+      remove_marker(e.key);
+      if (options_.log) {
+        log_line("entry " + e.key.hex() + " for " + e.label + " passed its trial (" +
+                 std::to_string(options_.shadow_calls) + " clean shadow calls)" +
+                 (options_.mode == HookMode::kActive ? "; it is active" : "; it stays in shadow (KFORGE_MODE=shadow)"));
+      }
+      continue;
+    }
+    const Status s = store_ ? store_->set_state(e.key, EntryState::kQuarantined, e.reason)
+                            : Status(unavailable("no cache"));
+    remove_marker(e.key);
+    if (s.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++quarantined_;
+    }
+    log_line("entry " + e.key.hex() + " for " + e.label + " disabled: " + e.reason +
+             (s.ok() ? "; quarantined in the cache" : "; quarantining it failed: " + s.message()) +
+             "; PyTorch's kernel runs");
+  }
+}
+
+std::optional<StoredEntry> Swapper::find_entry(const OpSignature& sig) {
+  StatusOr<std::vector<EntryKey>> keys = store_->list();
+  if (!keys.ok()) return std::nullopt;
+  for (const EntryKey& k : *keys) {
+    if (!scanned_keys_.insert(k).second) continue;
+    StatusOr<StoredEntry> e = store_->load(k);
+    if (e.ok()) keys_by_signature_.emplace(e->signature.id(), k);
+  }
+  const SignatureId id = sig.id();
+  std::vector<EntryKey> candidates;
+  for (auto [it, end] = keys_by_signature_.equal_range(id); it != end; ++it) candidates.push_back(it->second);
+  std::sort(candidates.begin(), candidates.end());
+  for (const EntryKey& k : candidates) {
+    StatusOr<StoredEntry> e = store_->load(k);   // again: its state may have changed
+    if (!e.ok()) continue;
+    if (!(e->signature == sig) || e->environment.backend != Backend::kCpu || e->spec.backend != Backend::kCpu ||
+        !e->status.usable() || !environment_matches(options_.host_env, e->environment)) {
+      continue;
+    }
+    return std::move(*e);
+  }
+  return std::nullopt;
+}
+
+void Swapper::consider(const OpSignature& sig) {
+  if (sig.target.backend != Backend::kCpu) return;   // CPU only for now
+  std::optional<StoredEntry> entry = find_entry(sig);
+  if (!entry) return;
+  const std::string label = sig.to_string();
+  const std::string where = "entry " + entry->key.hex() + " for " + label;
+  auto give_up = [&](const std::string& why) { log_line(where + " not used: " + why); };
+
+  const BlobRef* so = nullptr;
+  for (const BlobRef& b : entry->blobs) {
+    if (b.name == "so") so = &b;
+  }
+  if (so == nullptr) return give_up("it has no blob named \"so\"");
+  StatusOr<std::string> image = store_->read_blob(*so);
+  if (!image.ok()) return give_up(image.status().message());
+  StatusOr<CpuModule> module = CpuModule::load_image(*image, "kforge-" + entry->key.hex());
+  if (!module.ok()) return give_up(module.status().message());
+  auto* mod = new CpuModule(std::move(*module));   // never freed: code may still run
+  for (const std::string& ep : entry->spec.entry_points) {
+    if (StatusOr<kforge_cpu_entry> fn = mod->entry(ep); !fn.ok()) return give_up(fn.status().message());
+  }
+  StatusOr<ResolvedLaunchPlan> plan = entry->spec.resolve(sig);
+  if (!plan.ok()) return give_up("its launch plan does not resolve: " + plan.status().message());
+
+  std::string marker_error;
+  if (!write_marker(entry->key, marker_error)) return give_up(marker_error);
+
+  auto* r = new Replacement();
+  r->id = sig.id();
+  r->key = entry->key;
+  r->state = SwapState::kShadow;
+  r->shadow_target = options_.shadow_calls;
+  r->activate_after_shadow = options_.mode == HookMode::kActive;
+  r->spec = new KernelSpec(std::move(entry->spec));
+  r->plan = new ResolvedLaunchPlan(std::move(*plan));
+  r->module = mod;
+  r->counters = new SwapCounters();
+  r->owner = this;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_trials_[entry->key] = static_cast<int32_t>(::getpid());
+    Record& rec = records_[r->id];
+    rec.current = r;
+    rec.counters = r->counters;
+    rec.key = entry->key;
+    rec.label = label;
+    rec.state = "shadow";
+    rec.reason.clear();
+    publish_locked();
+  }
+  (void)store_->touch(entry->key);   // for gc's least-recently-used order; failure is harmless
+  if (options_.log) {
+    log_line(where + " loaded; shadow for " + std::to_string(options_.shadow_calls) + " calls");
+  }
+}
+
+void Swapper::on_round(const std::vector<std::shared_ptr<const OpSignature>>& new_signatures) noexcept {
+  if (options_.mode == HookMode::kObserve) return;   // observe never opens the cache
+  try {
+    if (!ensure_store()) return;
+    process_events();
+    for (const std::shared_ptr<const OpSignature>& sig : new_signatures) {
+      if (!sig || !looked_up_.insert(sig->id()).second) continue;
+      consider(*sig);
+    }
+    process_events();
+  } catch (const std::exception& e) {
+    log_line(std::string("loader error: ") + e.what());
+  } catch (...) {
+    log_line("loader error");
+  }
+}
+
+}  // namespace kforge::hook

@@ -1,0 +1,372 @@
+"""Hot swap on the CPU backend: the hook loads a cache entry, shadows it, activates or quarantines it.
+
+The cache entry is made here: a hand-written CPU softmax kernel (runtime/cpu_kernel_abi.h: one
+block per row, float32, last dim, contiguous) compiled with the system compiler, and published
+by a small C++ program compiled at test time against the build's cache and runtime libraries. The
+signature it is published for is the exact one the hook reports in observe mode (its canonical
+encoding, from kforge_hook_stats_json), so the test never re-derives the hook's encoding.
+
+Each scenario runs in fresh subprocesses with the hook loaded through ctypes after `import torch`
+(as in test_hook_observe.py); the parent compares the children's outputs with plain PyTorch.
+Processes synchronize with kforge_hook_report_now (a loader round) and their exit, never sleeps.
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+import pytest
+import torch
+
+TORCH_MM = ".".join(torch.__version__.split("+")[0].split(".")[:2])
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+PRELUDE = textwrap.dedent(
+    """
+    import ctypes, json, os, sys
+    import torch
+    HOOK = os.environ.get("KFORGE_TEST_HOOK")
+    lib = ctypes.CDLL(HOOK)
+    lib.kforge_hook_stats_json.restype = ctypes.c_char_p
+    lib.kforge_hook_report_now.argtypes = [ctypes.c_int]
+    def stats():
+        return json.loads(lib.kforge_hook_stats_json())
+    def softmax_sig(s):
+        return [x for x in s["signatures"] if x["op"] == "aten::_softmax"]
+    def emit(obj):
+        print("RESULT " + json.dumps(obj), flush=True)
+    """
+)
+
+KERNEL = r"""
+#include <cmath>
+#include <cstdint>
+#include "runtime/cpu_kernel_abi.h"
+#ifndef KFORGE_TEST_SCALE
+#define KFORGE_TEST_SCALE 1.0
+#endif
+// One block per row of a contiguous float32 matrix; softmax over the last dimension, accumulated
+// in double.
+extern "C" void softmax_rows(const kforge_cpu_block* b, void* const* params) {
+  const float* x = *(const float* const*)params[0];
+  float* y = *(float* const*)params[1];
+  const int64_t cols = *(const int64_t*)params[2];
+  const float* xr = x + (int64_t)b->block_idx[0] * cols;
+  float* yr = y + (int64_t)b->block_idx[0] * cols;
+  double m = -INFINITY;
+  for (int64_t c = 0; c < cols; ++c) m = xr[c] > m ? xr[c] : m;
+  double s = 0;
+  for (int64_t c = 0; c < cols; ++c) s += std::exp((double)xr[c] - m);
+  for (int64_t c = 0; c < cols; ++c) yr[c] = (float)(std::exp((double)xr[c] - m) / s * KFORGE_TEST_SCALE);
+}
+"""
+
+PUBLISHER = r"""
+// publish CACHE_DIR SIGNATURE_HEX SO_PATH SOURCE_PATH TORCH_VERSION: prints the entry key.
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include "cache/store.h"
+#include "runtime/environment.h"
+using namespace kforge;
+static std::string slurp(const char* p) { std::ifstream in(p, std::ios::binary); std::stringstream s; s << in.rdbuf(); return s.str(); }
+int main(int argc, char** argv) {
+  if (argc != 6) return 2;
+  std::string hex = argv[2], bytes;
+  for (size_t i = 0; i + 1 < hex.size(); i += 2) bytes += (char)std::stoi(hex.substr(i, 2), nullptr, 16);
+  StatusOr<OpSignature> sig = OpSignature::decode(bytes);
+  if (!sig.ok()) { std::fprintf(stderr, "signature: %s\n", sig.status().message().c_str()); return 1; }
+  CacheEntry e;
+  e.signature = *sig;
+  e.environment = cpu_host_environment(argv[5]);
+  e.environment.compiler = "c++ (kforge test)";
+  e.spec.backend = Backend::kCpu;
+  e.spec.language = SourceLanguage::kCpp;
+  e.spec.source = slurp(argv[4]);
+  e.spec.entry_points = {"softmax_rows"};
+  e.spec.compile_options = {"-O2"};
+  e.spec.plan.outputs = {OutputSpec::like(0)};
+  Launch l;
+  l.entry = "softmax_rows";
+  l.grid = {"numel0 / size0_1", "1", "1"};
+  l.args = {ArgBinding::input(0), ArgBinding::output(0), ArgBinding::size("size0_1", ValueType::kInt64)};
+  e.spec.plan.launches = {l};
+  if (Status s = e.spec.validate(); !s.ok()) { std::fprintf(stderr, "spec: %s\n", s.message().c_str()); return 1; }
+  e.blobs.push_back({"so", slurp(argv[3])});
+  e.verification.trials = 5;
+  e.verification.passed = true;
+  e.provenance.proposer = "test:hand-written";
+  StatusOr<Store> store = Store::open(argv[1]);
+  if (!store.ok()) { std::fprintf(stderr, "store: %s\n", store.status().message().c_str()); return 1; }
+  StatusOr<EntryKey> key = store->publish(e);
+  if (!key.ok()) { std::fprintf(stderr, "publish: %s\n", key.status().message().c_str()); return 1; }
+  std::printf("%s\n", key->hex().c_str());
+  return 0;
+}
+"""
+
+# The model: softmax over the last dim of float32 [64, 1000] contiguous tensors. The first call
+# lets the hook see the signature; report_now runs a loader round (the entry is loaded then); the
+# next CALLS calls go through shadow/active. Inputs and outputs are saved for the parent.
+MODEL = """
+torch.manual_seed(0)
+xs = [torch.randn(64, 1000) * (1 + i % 3) for i in range(CALLS + 1)]
+ys = [torch.softmax(xs[0], -1)]
+lib.kforge_hook_report_now(20000)
+marker_during = None
+s0 = stats()
+for i, x in enumerate(xs[1:]):
+    ys.append(torch.softmax(x, -1))
+    if i == 0 and s0["swap"]["cache_dir"]:
+        d = os.path.join(s0["swap"]["cache_dir"], "trial")
+        marker_during = sorted(os.listdir(d)) if os.path.isdir(d) else []
+lib.kforge_hook_report_now(20000)   # quarantines and marker removals happen on this round
+torch.save({"xs": xs, "ys": ys}, os.environ["KFORGE_TEST_OUT"])
+emit({"stats": stats(), "after_load": s0, "marker_during": marker_during})
+"""
+
+
+def softmax_sig(s):
+    return [x for x in s["signatures"] if x["op"] == "aten::_softmax"]
+
+
+def child_env(hook, **extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KFORGE_") and k != "LD_PRELOAD"}
+    env["KFORGE_DAEMON_ENDPOINT"] = f"ipc://{tempfile.gettempdir()}/kforge-test-nobody-{os.getpid()}.sock"
+    env["KFORGE_TEST_HOOK"] = str(hook)
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def run_child(body, env, timeout=240, expect_rc=0):
+    proc = subprocess.run([sys.executable, "-c", PRELUDE + textwrap.dedent(body)], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == expect_rc, proc.stdout + proc.stderr
+    results = [line[len("RESULT "):] for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    return (json.loads(results[-1]) if results else None), proc.stderr
+
+
+@pytest.fixture(scope="module")
+def hook_path(build_dir):
+    p = build_dir / "interposer" / "hook" / f"libkforge_hook-torch{TORCH_MM}.so"
+    if not p.exists():
+        pytest.fail(f"no hook at {p}: build the kforge_hook target")
+    return p
+
+
+@pytest.fixture(scope="module")
+def tools(build_dir, tmp_path_factory):
+    """Compiles the publisher and both kernels (the right one, and one that is 1% off)."""
+    cxx = shutil.which("c++") or shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    for lib in (build_dir / "cache" / "libkforge_cache.a", build_dir / "runtime" / "libkforge_runtime.so"):
+        if not lib.exists():
+            pytest.skip(f"{lib} missing (not a build tree)")
+    d = tmp_path_factory.mktemp("swap-tools")
+    (d / "kernel.cc").write_text(KERNEL)
+    (d / "publish.cc").write_text(PUBLISHER)
+    for name, flags in (("good", []), ("wrong", ["-DKFORGE_TEST_SCALE=1.01"])):
+        subprocess.run([cxx, "-shared", "-fPIC", "-O2", f"-I{ROOT}", *flags, "-o", str(d / f"{name}.so"),
+                        str(d / "kernel.cc")], check=True, capture_output=True, text=True)
+    r = subprocess.run(
+        [cxx, "-std=c++20", "-O1", f"-I{ROOT}", f"-I{build_dir}/generated", "-I/usr/local/cuda/include",
+         f"-I{build_dir}/cache/fbs", "-o", str(d / "publish"), str(d / "publish.cc"),
+         str(build_dir / "cache" / "libkforge_cache.a"), str(build_dir / "runtime" / "libkforge_runtime.so"),
+         f"-Wl,-rpath,{build_dir / 'runtime'}", "-lsodium", "-lzstd", "-ltbb"],
+        capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return d
+
+
+@pytest.fixture(scope="module")
+def softmax_signature(hook_path):
+    """The hook's own canonical encoding of softmax(float32[64,1000], -1), from an observe run."""
+    s, _ = run_child("""
+        x = torch.randn(64, 1000)
+        torch.softmax(x, -1)
+        emit(stats())
+    """, child_env(hook_path))
+    sigs = [x for x in s["signatures"] if x["op"] == "aten::_softmax"]
+    assert len(sigs) == 1, s["signatures"]
+    return sigs[0]
+
+
+def make_cache(tmp_path, tools, signature, kernel):
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    r = subprocess.run([str(tools / "publish"), str(cache), signature["encoding"], str(tools / f"{kernel}.so"),
+                        str(tools / "kernel.cc"), torch.__version__], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return cache, r.stdout.strip()
+
+
+def cache_show(build_dir, cache, key):
+    r = subprocess.run([str(build_dir / "tools" / "kforge"), "--cache-dir", str(cache), "cache", "show", key,
+                        "--json"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def run_model(hook_path, tmp_path, cache, calls, **env):
+    out = tmp_path / "out.pt"
+    res, err = run_child(MODEL.replace("CALLS", str(calls)),
+                         child_env(hook_path, KFORGE_CACHE_DIR=cache, KFORGE_TEST_OUT=out, **env))
+    data = torch.load(out)
+    return res, err, data["xs"], data["ys"]
+
+
+def criterion_ok(x, y):
+    """Note [Shadow comparison] against plain PyTorch in this (hook-free) process."""
+    plain = torch.softmax(x, -1)
+    ref = torch.softmax(x.double(), -1)
+    eps = torch.finfo(torch.float32).eps
+    err_c = (y.double() - ref).abs().max().item()
+    err_t = (plain.double() - ref).abs().max().item()
+    rel_c = ((y.double() - ref).norm() / ref.norm()).item()
+    rel_t = ((plain.double() - ref).norm() / ref.norm()).item()
+    return (y.dtype == plain.dtype and y.shape == plain.shape and y.stride() == plain.stride()
+            and err_c <= 2 * err_t + 8 * eps * ref.abs().max().item() and rel_c <= 2 * rel_t + 8 * eps)
+
+
+def test_good_entry_goes_shadow_then_active(hook_path, build_dir, tools, softmax_signature, tmp_path):
+    cache, key = make_cache(tmp_path, tools, softmax_signature, "good")
+    res, err, xs, ys = run_model(hook_path, tmp_path, cache, 40, KFORGE_MODE="active")
+    s = res["stats"]
+    assert s["mode"] == "active" and "not yet implemented" not in err, err
+    # Loaded by the round report_now asked for: shadow, with its trial marker written.
+    (loaded,) = softmax_sig(res["after_load"])
+    assert loaded["state"] == "shadow" and loaded["entry"] == key
+    assert res["marker_during"] == [key]
+    (sig,) = softmax_sig(s)
+    assert sig["id"] == softmax_signature["id"]
+    assert sig["state"] == "active", (sig, err)
+    assert sig["shadow_calls"] == 20 and sig["clean_shadow_calls"] == 20
+    assert sig["active_calls"] == 20 and sig["fallbacks"] == 0
+    assert sig["calls"] == 41
+    # Shadow calls return PyTorch's result exactly; every call meets the accuracy criterion.
+    for i, (x, y) in enumerate(zip(xs, ys)):
+        if i <= 20:
+            assert torch.equal(y, torch.softmax(x, -1)), i
+        assert criterion_ok(x, y), i
+    # The active calls really ran the replacement (double accumulation: not bitwise PyTorch's).
+    assert any(not torch.equal(y, torch.softmax(x, -1)) for x, y in zip(xs[21:], ys[21:]))
+    assert not os.listdir(cache / "trial"), "the marker is removed once the trial passed"
+    assert json.loads(cache_show(build_dir, cache, key))["state"] == "active"
+
+
+def test_wrong_entry_is_quarantined_after_one_shadow_call(hook_path, build_dir, tools, softmax_signature, tmp_path):
+    cache, key = make_cache(tmp_path, tools, softmax_signature, "wrong")
+    res, err, xs, ys = run_model(hook_path, tmp_path, cache, 30, KFORGE_MODE="active")
+    (sig,) = softmax_sig(res["stats"])
+    assert sig["state"] == "disabled", sig
+    assert sig["shadow_calls"] == 1 and sig["active_calls"] == 0 and sig["clean_shadow_calls"] == 0
+    assert "max abs error" in sig["reason"]
+    assert res["stats"]["swap"]["quarantined"] == 1
+    assert err.count(f"entry {key}") == 1 and "quarantined in the cache" in err, err
+    for i, (x, y) in enumerate(zip(xs, ys)):
+        assert torch.equal(y, torch.softmax(x, -1)), i
+    shown = json.loads(cache_show(build_dir, cache, key))
+    assert shown["state"] == "quarantined" and "shadow mismatch" in shown["reason"]
+    text = subprocess.run([str(build_dir / "tools" / "kforge"), "--cache-dir", str(cache), "cache", "show", key],
+                          capture_output=True, text=True, check=True).stdout
+    assert "quarantined (shadow mismatch" in text
+    assert not os.listdir(cache / "trial")
+
+
+def test_observe_mode_never_loads(hook_path, tools, softmax_signature, tmp_path):
+    cache, key = make_cache(tmp_path, tools, softmax_signature, "wrong")
+    res, err, xs, ys = run_model(hook_path, tmp_path, cache, 10, KFORGE_MODE="observe")
+    s = res["stats"]
+    (sig,) = softmax_sig(s)
+    assert s["mode"] == "observe" and sig["state"] == "observe" and "entry" not in sig
+    assert not s["swap"]["enabled"] and s["swap"]["entries"] == []
+    assert not (cache / "trial").exists()
+    for x, y in zip(xs, ys):
+        assert torch.equal(y, torch.softmax(x, -1))
+
+
+def test_shadow_mode_never_activates(hook_path, tools, softmax_signature, tmp_path):
+    cache, key = make_cache(tmp_path, tools, softmax_signature, "good")
+    res, err, xs, ys = run_model(hook_path, tmp_path, cache, 25, KFORGE_MODE="shadow", KFORGE_SHADOW_CALLS=5)
+    (sig,) = softmax_sig(res["stats"])
+    assert sig["state"] == "shadow" and sig["shadow_calls"] == 25 and sig["active_calls"] == 0
+    for x, y in zip(xs, ys):
+        assert torch.equal(y, torch.softmax(x, -1))
+    assert not os.listdir(cache / "trial"), "trial passed after 5 clean calls: marker removed"
+
+
+def test_process_killed_during_trial_quarantines_entry(hook_path, build_dir, tools, softmax_signature, tmp_path):
+    cache, key = make_cache(tmp_path, tools, softmax_signature, "good")
+    env = child_env(hook_path, KFORGE_CACHE_DIR=cache, KFORGE_MODE="active", KFORGE_SHADOW_CALLS=1000)
+    # A process that exits normally in the middle of its trial removes its marker: not a crash.
+    res, _ = run_child("""
+        x = torch.randn(64, 1000)
+        torch.softmax(x, -1)
+        lib.kforge_hook_report_now(20000)
+        torch.softmax(x, -1)
+        emit({"state": softmax_sig(stats())[0]["state"], "markers": os.listdir(os.environ["KFORGE_CACHE_DIR"] + "/trial")})
+    """, env)
+    assert res == {"state": "shadow", "markers": [key]}
+    assert os.listdir(cache / "trial") == []
+    # A process that dies (SIGKILL) while its entry is in shadow leaves its marker behind.
+    run_child("""
+        x = torch.randn(64, 1000)
+        torch.softmax(x, -1)
+        lib.kforge_hook_report_now(20000)
+        for _ in range(3):
+            torch.softmax(x, -1)
+        assert softmax_sig(stats())[0]["state"] == "shadow"
+        os.kill(os.getpid(), 9)
+    """, env, expect_rc=-signal.SIGKILL)
+    assert os.listdir(cache / "trial") == [key]
+    assert json.loads(cache_show(build_dir, cache, key))["state"] == "active"
+    # The next process quarantines that entry on its first loader round and never uses it.
+    res, err = run_child("""
+        x = torch.randn(64, 1000)
+        y = torch.softmax(x, -1)
+        lib.kforge_hook_report_now(20000)
+        y2 = torch.softmax(x, -1)
+        emit({"stats": stats(), "same": torch.equal(y, y2)})
+    """, env)
+    s = res["stats"]
+    assert s["swap"]["markers_quarantined"] == 1, err
+    assert softmax_sig(s)[0]["state"] == "observe"
+    assert "died during its trial" in err
+    assert not os.listdir(cache / "trial")
+    shown = json.loads(cache_show(build_dir, cache, key))
+    assert shown["state"] == "quarantined" and shown["reason"] == "process died during trial"
+
+
+def test_threads_share_one_trial(hook_path, tools, softmax_signature, tmp_path):
+    """Several threads calling through shadow into active: every call accounted for, all correct."""
+    cache, key = make_cache(tmp_path, tools, softmax_signature, "good")
+    out = tmp_path / "threads.pt"
+    res, err = run_child("""
+        import threading
+        torch.manual_seed(0)
+        x0 = torch.randn(64, 1000)
+        torch.softmax(x0, -1)
+        lib.kforge_hook_report_now(20000)
+        xs = [torch.randn(64, 1000) for _ in range(4)]
+        ys = [[] for _ in range(4)]
+        def work(i):
+            for _ in range(50):
+                ys[i].append(torch.softmax(xs[i], -1))
+        ts = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+        for t in ts: t.start()
+        for t in ts: t.join()
+        torch.save({"xs": xs, "ys": ys}, os.environ["KFORGE_TEST_OUT"])
+        emit(stats())
+    """, child_env(hook_path, KFORGE_CACHE_DIR=cache, KFORGE_MODE="active", KFORGE_TEST_OUT=out))
+    (sig,) = softmax_sig(res)
+    assert sig["state"] == "active" and sig["fallbacks"] == 0, (sig, err)
+    assert sig["shadow_calls"] >= 20 and sig["shadow_calls"] + sig["active_calls"] == 200
+    assert sig["calls"] == 201
+    data = torch.load(out)
+    for x, ys in zip(data["xs"], data["ys"]):
+        assert len(ys) == 50 and all(criterion_ok(x, y) for y in ys)

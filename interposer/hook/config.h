@@ -65,6 +65,13 @@ struct HookConfig {
 
 HookConfig parse_config(const EnvLookup& env);
 
+// For an ipc:// endpoint, makes sure the socket's directory is this user's and private before the
+// hook connects: creates it (0700) if missing, and refuses a symlink, another owner, or any group/
+// other permission, naming the path and the problem. Otherwise a local user who created, say,
+// /tmp/kforge-<uid> first would receive this process's reports (and, later, captured inputs).
+// tcp:// endpoints are not checked here (they need CURVE keys; see DESIGN.md).
+Status secure_ipc_directory(std::string_view endpoint);
+
 // The default endpoint for the given XDG_RUNTIME_DIR (empty: unset) and uid.
 std::string default_daemon_endpoint(std::string_view xdg_runtime_dir, unsigned uid);
 

@@ -8,6 +8,7 @@
 #include <cstdlib>
 
 #include "interposer/daemon_client.h"
+#include "interposer/hook/config.h"
 #include "interposer/hook/log.h"
 
 namespace kforge::hook {
@@ -324,7 +325,10 @@ void Recorder::reporter_main(uint64_t generation) {
   wire::Hello hello = options_.hello;
   hello.pid = static_cast<int32_t>(::getpid());
   o.hello = std::move(hello);
-  StatusOr<std::unique_ptr<DaemonClient>> client = DaemonClient::start(std::move(o));
+  // Never connect into a socket directory someone else could have planted (config.h).
+  const Status safe = secure_ipc_directory(o.endpoint);
+  StatusOr<std::unique_ptr<DaemonClient>> client =
+      safe.ok() ? DaemonClient::start(std::move(o)) : StatusOr<std::unique_ptr<DaemonClient>>(safe);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (generation != generation_.load(std::memory_order_relaxed)) return;

@@ -8,6 +8,11 @@
 // configuration and its per-thread recorder, are specified at the end.
 #include <catch2/catch.hpp>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+
 #include <bit>
 #include <cmath>
 #include <limits>
@@ -421,4 +426,40 @@ TEST_CASE("Recorder: a thread's full table counts further new signatures as over
   CHECK(after.overflow_calls - before.overflow_calls == 400 - 384);
   CHECK(after.signatures.size() - before.signatures.size() == 384);
   CHECK(after.threads - before.threads == 1);
+}
+
+TEST_CASE("secure_ipc_directory: the hook connects only into a private socket directory of its own") {
+  using hook::secure_ipc_directory;
+  char tmpl[] = "/tmp/kforge-ipc-test-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl) != nullptr);
+  const std::string base = tmpl;
+  // Missing: created, 0700.
+  CHECK(secure_ipc_directory("ipc://" + base + "/new/daemon.sock").ok());
+  struct stat st {};
+  REQUIRE(::stat((base + "/new").c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0700);
+  // Group/other permissions: refused with the fix.
+  REQUIRE(::mkdir((base + "/open").c_str(), 0755) == 0);
+  REQUIRE(::chmod((base + "/open").c_str(), 0755) == 0);
+  Status open = secure_ipc_directory("ipc://" + base + "/open/daemon.sock");
+  REQUIRE_FALSE(open.ok());
+  CHECK_THAT(open.message(), Catch::Contains("has mode 0755 (must be 0700)"));
+  // A symlink, even to a good directory: refused.
+  REQUIRE(::symlink((base + "/new").c_str(), (base + "/link").c_str()) == 0);
+  Status link = secure_ipc_directory("ipc://" + base + "/link/daemon.sock");
+  REQUIRE_FALSE(link.ok());
+  CHECK_THAT(link.message(), Catch::Contains("symbolic link"));
+  // Another owner (only root can hand a directory over).
+  if (::geteuid() == 0) {
+    REQUIRE(::mkdir((base + "/theirs").c_str(), 0700) == 0);
+    REQUIRE(::chown((base + "/theirs").c_str(), 65534, 65534) == 0);
+    Status theirs = secure_ipc_directory("ipc://" + base + "/theirs/daemon.sock");
+    REQUIRE_FALSE(theirs.ok());
+    CHECK_THAT(theirs.message(), Catch::Contains("owned by uid 65534"));
+  }
+  // Not ipc: not this check's business; relative ipc paths are refused.
+  CHECK(secure_ipc_directory("tcp://127.0.0.1:5555").ok());
+  CHECK_FALSE(secure_ipc_directory("ipc://relative/daemon.sock").ok());
+  std::string cmd = "rm -rf " + base;
+  REQUIRE(std::system(cmd.c_str()) == 0);
 }

@@ -67,7 +67,8 @@ def child_env(hook=None, **extra):
     # The hook reads KFORGE_*: none of the caller's may leak into a child.
     env = {k: v for k, v in os.environ.items() if not k.startswith("KFORGE_") and k != "LD_PRELOAD"}
     # Nobody serves this endpoint unless a test says otherwise: the hook never talks to a real daemon.
-    env["KFORGE_DAEMON_ENDPOINT"] = f"ipc://{tempfile.gettempdir()}/kforge-test-nobody-{os.getpid()}.sock"
+    # A private (0700) directory nobody serves: the hook refuses socket directories others can write.
+    env["KFORGE_DAEMON_ENDPOINT"] = f"ipc://{tempfile.mkdtemp(prefix='kforge-nobody-')}/daemon.sock"
     if hook is not None:
         env["KFORGE_TEST_HOOK"] = str(hook)
     env.update({k: str(v) for k, v in extra.items()})

@@ -136,7 +136,8 @@ def softmax_sig(s):
 
 def child_env(hook, **extra):
     env = {k: v for k, v in os.environ.items() if not k.startswith("KFORGE_") and k != "LD_PRELOAD"}
-    env["KFORGE_DAEMON_ENDPOINT"] = f"ipc://{tempfile.gettempdir()}/kforge-test-nobody-{os.getpid()}.sock"
+    # A private (0700) directory nobody serves: the hook refuses socket directories others can write.
+    env["KFORGE_DAEMON_ENDPOINT"] = f"ipc://{tempfile.mkdtemp(prefix='kforge-nobody-')}/daemon.sock"
     env["KFORGE_TEST_HOOK"] = str(hook)
     env.update({k: str(v) for k, v in extra.items()})
     return env

@@ -11,14 +11,11 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "runtime/shared_library.h"
+
 namespace kforge {
 
 namespace {
-
-std::string dl_error() {
-  const char* e = dlerror();
-  return e != nullptr ? e : "unknown dlopen error";
-}
 
 struct FreeDeleter {
   void operator()(void* p) const noexcept { std::free(p); }
@@ -67,7 +64,7 @@ StatusOr<CpuModule> CpuModule::load_image(std::string_view image, std::string_vi
   void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
     ::close(fd);
-    return invalid_argument(label + ": dlopen failed: " + dl_error());
+    return invalid_argument(label + ": dlopen failed: " + dl_error_text());
   }
   // The fd stays open for as long as the module lives (forever): glibc finds already-loaded
   // objects by path name, so if the number were reused for the next image, dlopen of the same
@@ -78,7 +75,7 @@ StatusOr<CpuModule> CpuModule::load_image(std::string_view image, std::string_vi
 StatusOr<CpuModule> CpuModule::load_file(const std::string& path) {
   dlerror();
   void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (handle == nullptr) return invalid_argument("cpu module " + path + ": dlopen failed: " + dl_error());
+  if (handle == nullptr) return invalid_argument("cpu module " + path + ": dlopen failed: " + dl_error_text());
   return CpuModule(handle, path);
 }
 

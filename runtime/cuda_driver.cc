@@ -1,11 +1,12 @@
 #include "runtime/cuda_driver.h"
 
 #include <dlfcn.h>
-#include <link.h>
 
 #include <cstdlib>
 #include <type_traits>
 #include <utility>
+
+#include "runtime/shared_library.h"
 
 namespace kforge {
 namespace {
@@ -25,29 +26,6 @@ namespace {
 KFORGE_CUDA_DRIVER_REQUIRED(KFORGE_CU_CHECK_ABI)
 KFORGE_CUDA_DRIVER_OPTIONAL(KFORGE_CU_CHECK_ABI)
 #undef KFORGE_CU_CHECK_ABI
-
-std::string dl_error_text() {
-  const char* e = dlerror();
-  return e != nullptr ? std::string(e) : std::string("unknown dlopen error");
-}
-
-// dlerror() usually starts with the path already; avoid saying it twice.
-std::string dl_failure(const std::string& path) {
-  std::string error = dl_error_text();
-  if (error.rfind(path + ": ", 0) == 0) return error;
-  return path + ": " + error;
-}
-
-// The loader's own idea of the file behind a handle, so `kforge env` shows the real path even when
-// we asked for a bare soname.
-std::string resolved_path(void* handle, const std::string& requested) {
-  struct link_map* map = nullptr;
-  if (dlinfo(handle, RTLD_DI_LINKMAP, &map) == 0 && map != nullptr && map->l_name != nullptr &&
-      map->l_name[0] != '\0') {
-    return map->l_name;
-  }
-  return requested;
-}
 
 template <typename Fn>
 void assign_entry_point(Fn& member, void* address) {
@@ -167,7 +145,7 @@ StatusOr<std::unique_ptr<CudaDriver>> CudaDriver::from_handle(void* handle,
                                                               const std::string& path) {
   std::unique_ptr<CudaDriver> driver(new CudaDriver());
   driver->handle_ = handle;
-  driver->library_path_ = resolved_path(handle, path);
+  driver->library_path_ = loaded_library_path(handle, path);
   KFORGE_RETURN_IF_ERROR(driver->resolve_entry_points());
 
   // The toolkit's link stub (lib64/stubs/libcuda.so, often on LD_LIBRARY_PATH of build hosts)

@@ -1,11 +1,12 @@
 #include "runtime/nvrtc.h"
 
 #include <dlfcn.h>
-#include <link.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <utility>
+
+#include "runtime/shared_library.h"
 
 namespace kforge {
 namespace {
@@ -18,27 +19,6 @@ struct Candidate {
   bool only_if_loaded = false;  // RTLD_NOLOAD: use it only if the process already has it
 };
 
-std::string dl_error_text() {
-  const char* e = dlerror();
-  return e != nullptr ? std::string(e) : std::string("unknown dlopen error");
-}
-
-// dlerror() usually starts with the path already; avoid saying it twice.
-std::string dl_failure(const std::string& path) {
-  std::string error = dl_error_text();
-  if (error.rfind(path + ": ", 0) == 0) return error;
-  return path + ": " + error;
-}
-
-std::string resolved_path(void* handle, const std::string& requested) {
-  struct link_map* map = nullptr;
-  if (dlinfo(handle, RTLD_DI_LINKMAP, &map) == 0 && map != nullptr && map->l_name != nullptr &&
-      map->l_name[0] != '\0') {
-    return map->l_name;
-  }
-  return requested;
-}
-
 // PyTorch's wheels ship NVRTC in sibling NVIDIA wheels and load it through RUNPATH entries of
 // their own libraries, so neither the loader's default path nor CUDA_HOME finds it. Torch lives at
 // <site-packages>/torch/lib/; the NVIDIA wheels at <site-packages>/nvidia/.
@@ -46,7 +26,7 @@ std::string torch_site_packages() {
   for (const char* lib : {"libtorch_cuda.so", "libtorch.so"}) {
     void* handle = dlopen(lib, RTLD_NOLOAD | RTLD_NOW | RTLD_LOCAL);
     if (handle == nullptr) continue;
-    const std::string path = resolved_path(handle, "");
+    const std::string path = loaded_library_path(handle, "");
     // Only drops the reference RTLD_NOLOAD just took; torch keeps its own.
     dlclose(handle);
     if (path.empty() || path.front() != '/') continue;
@@ -179,7 +159,7 @@ StatusOr<std::unique_ptr<Nvrtc>> Nvrtc::load_from(const std::string& path) {
 StatusOr<std::unique_ptr<Nvrtc>> Nvrtc::from_handle(void* handle, const std::string& path) {
   std::unique_ptr<Nvrtc> nvrtc(new Nvrtc());
   nvrtc->handle_ = handle;
-  nvrtc->library_path_ = resolved_path(handle, path);
+  nvrtc->library_path_ = loaded_library_path(handle, path);
   std::string missing;
 #define KFORGE_NVRTC_RESOLVE_REQUIRED(name)           \
   if (void* p = dlsym(handle, #name); p != nullptr) { \

@@ -1,0 +1,42 @@
+// InterceptedOp: what one interceptor (one catalog operator at one dispatch key) knows, made at
+// registration (interceptor.cc) and never freed: the dispatcher may call the interceptor until the
+// process ends. Shared by the fast path (interceptor.cc) and the replacement path (swap_call.cc).
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "interposer/hook/log.h"
+#include "interposer/hook/recorder.h"
+#include "interposer/hook/stack_signature.h"
+#include "interposer/hook/target_arch.h"
+
+namespace kforge::hook {
+
+struct InterceptedOp {
+  InterceptedOp(OpIdentity id, std::string label, c10::SafeKernelFunction orig, Recorder* rec,
+                TargetArch* target_arch, uint32_t returns, bool tensor_returns)
+      : identity(std::move(id)), name(std::move(label)), original(std::move(orig)), recorder(rec),
+        arch(target_arch), num_returns(returns), returns_tensors(tensor_returns) {}
+
+  const OpIdentity identity;
+  const std::string name;                  // "aten::add.Tensor@CPU", for logs
+  const c10::SafeKernelFunction original;
+  Recorder* const recorder;
+  TargetArch* const arch;
+  const uint32_t num_returns;              // from the schema
+  const bool returns_tensors;              // every return is a Tensor (what replacements can make)
+  std::atomic<bool> enabled{true};         // false: kforge code failed here; pass straight through
+
+  void disable(std::string_view why) noexcept {
+    if (enabled.exchange(false, std::memory_order_relaxed)) {
+      log_line(std::string(why) + "; " + name + " is no longer intercepted (PyTorch's kernel runs)");
+    }
+  }
+};
+
+}  // namespace kforge::hook

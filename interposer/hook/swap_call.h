@@ -1,0 +1,27 @@
+// The replacement path: what an intercepted call does when ReplacementTable has an entry for its
+// signature (Note [Swap states] in swapper.h). Shadow state runs PyTorch's kernel (whose outputs
+// the caller gets), then the entry on the same inputs, and compares them against a float64
+// reference (Note [Shadow comparison] in swap_call.cc); active state runs the entry alone and falls
+// back to PyTorch's kernel on any error.
+//
+//   if (r != nullptr && !in_swap_call()) run_replacement(op, *r, handle, keys, stack);
+#pragma once
+
+#include <ATen/core/stack.h>
+
+#include "interposer/hook/intercepted_op.h"
+#include "interposer/hook/replacement_table.h"
+
+namespace kforge::hook {
+
+// True while kforge's own shadow/active code runs on this thread: an intercepted call made from
+// there goes straight to PyTorch's kernel.
+bool in_swap_call() noexcept;
+
+// `stack` holds the op's arguments on top, as the dispatcher passed them; on return it holds the
+// op's outputs, as the original kernel would leave them. An exception from PyTorch's own kernel in
+// shadow state reaches the caller, as without kforge; kforge's own failures never do.
+void run_replacement(const InterceptedOp& op, const Replacement& r, const c10::OperatorHandle& handle,
+                     c10::DispatchKeySet keys, torch::jit::Stack* stack);
+
+}  // namespace kforge::hook

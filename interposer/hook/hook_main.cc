@@ -143,7 +143,10 @@ void start() noexcept {
     hook->registration = register_catalog(config, *hook->recorder, *hook->arch);
     if (config.log) {
       std::string reg;
-      for (const std::string& r : hook->registration.registered) reg += (reg.empty() ? "" : ", ") + r;
+      const RegistrationSummary& rs = hook->registration;
+      for (size_t i = 0; i < rs.registered.size(); ++i) {
+        reg += (reg.empty() ? "" : ", ") + rs.registered[i] + " (" + rs.how[i] + ")";
+      }
       log_line("intercepting " + (reg.empty() ? std::string("nothing") : reg));
       for (const std::string& s : hook->registration.skipped) log_line("not intercepting " + s);
     } else if (hook->registration.registered.empty()) {
@@ -168,6 +171,11 @@ std::string stats_json() {
   j["mode"] = std::string(hook_mode_name(hook->config.mode));
   j["config"] = hook->config.to_string();
   j["registered"] = hook->registration.registered;
+  nlohmann::json how = nlohmann::json::object();
+  for (size_t i = 0; i < hook->registration.registered.size(); ++i) {
+    how[hook->registration.registered[i]] = hook->registration.how[i];
+  }
+  j["interceptors"] = how;
   j["skipped"] = hook->registration.skipped;
   const RecorderStats st = hook->recorder->stats();
   const SwapStats swap = hook->swapper->stats();

@@ -18,14 +18,15 @@
 namespace kforge::hook {
 
 struct InterceptedOp {
-  InterceptedOp(OpIdentity id, std::string label, c10::SafeKernelFunction orig, Recorder* rec,
-                TargetArch* target_arch, uint32_t returns, bool tensor_returns)
-      : identity(std::move(id)), name(std::move(label)), original(std::move(orig)), recorder(rec),
-        arch(target_arch), num_returns(returns), returns_tensors(tensor_returns) {}
+  InterceptedOp(OpIdentity id, std::string label, c10::OperatorHandle op_handle, c10::SafeKernelFunction orig,
+                Recorder* rec, TargetArch* target_arch, uint32_t returns, bool tensor_returns)
+      : identity(std::move(id)), name(std::move(label)), handle(std::move(op_handle)), original(std::move(orig)),
+        recorder(rec), arch(target_arch), num_returns(returns), returns_tensors(tensor_returns) {}
 
   const OpIdentity identity;
   const std::string name;                  // "aten::add.Tensor@CPU", for logs
-  const c10::SafeKernelFunction original;
+  const c10::OperatorHandle handle;        // the operator (valid for the life of the process)
+  const c10::SafeKernelFunction original;  // PyTorch's kernel at this key, captured before ours
   Recorder* const recorder;
   TargetArch* const arch;
   const uint32_t num_returns;              // from the schema

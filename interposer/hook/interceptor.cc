@@ -3,11 +3,23 @@
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <ATen/core/boxing/impl/boxing.h>
+#include <ATen/ops/_log_softmax_ops.h>
+#include <ATen/ops/_softmax_ops.h>
+#include <ATen/ops/add_ops.h>
+#include <ATen/ops/gelu_ops.h>
+#include <ATen/ops/native_group_norm_ops.h>
+#include <ATen/ops/native_layer_norm_ops.h>
+#include <ATen/ops/silu_ops.h>
 #include <torch/library.h>
 
 #include <chrono>
 #include <exception>
 #include <memory>
+#include <optional>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
 
 #include "interposer/hook/catalog.h"
 #include "interposer/hook/intercepted_op.h"
@@ -67,9 +79,9 @@ class Interceptor final : public c10::OperatorKernel {
         op.recorder->on_call(id, &make_signature, &pending, op.identity.backend == Backend::kCpu);
     if (call.id_mismatch) [[unlikely]] op.disable("signature encoders disagree");
 
-    // Observe mode publishes no replacements; shadow and active modes take this branch (CPU only;
-    // a shadow/active call is not timed by the recorder's sampling).
-    if (r != nullptr && !in_swap_call() && op.identity.backend == Backend::kCpu && !call.id_mismatch) [[unlikely]] {
+    // Observe mode publishes no replacements; shadow and active modes take this branch (a
+    // shadow/active call is not timed by the recorder's sampling).
+    if (r != nullptr && !in_swap_call() && !call.id_mismatch) [[unlikely]] {
       run_replacement(op, *r, handle, keys, stack);
       return;
     }
@@ -88,6 +100,140 @@ class Interceptor final : public c10::OperatorKernel {
  private:
   InterceptedOp* op_;
 };
+
+// ---- typed interceptors ---------------------------------------------------------------------------
+
+// Note [Typed interceptors]
+// The boxed Interceptor above costs, on every call, what boxing costs: the dispatcher packs the
+// caller's C++ arguments into a heap-allocated IValue stack for it, and the original (an unboxed
+// kernel) unpacks them again, and the result the same way back. For the catalog operators whose
+// C++ signature kforge knows (at::_ops::<op>::schema, the signature PyTorch's own typed calls
+// use), a typed interceptor is registered instead: the dispatcher calls it with the C++ arguments,
+// it writes the signature from them (write_typed_signature: same bytes as the boxed encoder), and
+// calls PyTorch's kernel unboxed with the arguments untouched. Only a hit (shadow/active) boxes
+// the arguments, to share the replacement path with the boxed interceptor.
+//
+// Calling the original unboxed needs its KernelFunction. OperatorHandle::getComputedKernelForDispatchKey
+// returns it wrapped in a SafeKernelFunction that offers only callBoxed; the wrapped copy is read
+// through a pointer to its private member, formed by explicit template instantiation (which C++
+// exempts from access checks), so a torch whose SafeKernelFunction has no `kernel_` fails to compile
+// the hook built for it rather than misbehave. SafeKernelFunction's callBoxed also checks a token
+// that turns invalid if the original's registration is removed; aten's own kernels are registered
+// statically for the life of the process, so the unboxed call skips that check.
+template <typename Tag, typename Tag::type Member>
+struct PrivateMember {
+  friend typename Tag::type private_member(Tag) { return Member; }
+};
+struct SafeKernelFunctionKernel {
+  using type = c10::KernelFunction c10::SafeKernelFunction::*;
+  friend type private_member(SafeKernelFunctionKernel);
+};
+template struct PrivateMember<SafeKernelFunctionKernel, &c10::SafeKernelFunction::kernel_>;
+
+const c10::KernelFunction& unboxed_original(const InterceptedOp& op) {
+  return op.original.*private_member(SafeKernelFunctionKernel{});
+}
+
+template <class Sig>
+struct TypedInterceptor;
+
+template <class R, class... A>
+struct TypedInterceptor<R(A...)> {
+  // For Recorder::on_call's slow path: the boxed arguments, read by the boxed signature builder.
+  struct Pending {
+    const InterceptedOp* op;
+    std::tuple<const std::remove_cv_t<std::remove_reference_t<A>>&...> args;
+  };
+
+  static std::unique_ptr<OpSignature> make_signature(void* context) {
+    auto* p = static_cast<Pending*>(context);
+    const torch::jit::Stack boxed =
+        std::apply([](const auto&... a) { return c10::impl::boxArgs<A...>(a...); }, p->args);
+    if (boxed.size() != p->op->identity.num_arguments) return nullptr;
+    return build_stack_signature(p->op->identity, boxed.data(), *p->op->arch);
+  }
+
+  static R call(InterceptedOp& op, c10::DispatchKeySet keys, A... args) {
+    const c10::KernelFunction& original = unboxed_original(op);
+    if (!op.enabled.load(std::memory_order_relaxed)) [[unlikely]] {
+      return original.call<R, A...>(op.handle, keys, std::forward<A>(args)...);
+    }
+    SignatureWriter writer;
+    if (!write_typed_signature(op.identity, *op.arch, writer, args...)) {
+      op.recorder->on_unknown_call();
+      return original.call<R, A...>(op.handle, keys, std::forward<A>(args)...);
+    }
+    const SignatureId id = writer.id();
+    const Replacement* r = ReplacementTable::current()->find(id);
+
+    Pending pending{&op, {args...}};
+    const Recorder::Call call =
+        op.recorder->on_call(id, &make_signature, &pending, op.identity.backend == Backend::kCpu);
+    if (call.id_mismatch) [[unlikely]] op.disable("signature encoders disagree");
+
+    if (r != nullptr && !in_swap_call() && !call.id_mismatch) [[unlikely]] {
+      std::optional<torch::jit::Stack> stack;
+      try {
+        stack.emplace(c10::impl::boxArgs<A...>(args...));
+      } catch (...) {
+        // Out of memory boxing: this call goes to PyTorch's kernel.
+      }
+      if (stack) {
+        run_replacement(op, *r, op.handle, keys, &*stack);
+        return c10::impl::PopResult<R>::call(*stack);
+      }
+    }
+
+    if (call.sample) {
+      const auto t0 = std::chrono::steady_clock::now();
+      R result = original.call<R, A...>(op.handle, keys, std::forward<A>(args)...);
+      const auto t1 = std::chrono::steady_clock::now();
+      Recorder::add_sample(call.slot, static_cast<uint64_t>(
+                                          std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count()));
+      return result;
+    }
+    return original.call<R, A...>(op.handle, keys, std::forward<A>(args)...);
+  }
+
+  static torch::CppFunction function(InterceptedOp* op) {
+    return torch::CppFunction(
+        [op](c10::DispatchKeySet keys, A... args) -> R { return call(*op, keys, std::forward<A>(args)...); });
+  }
+};
+
+struct TypedFactory {
+  std::string_view name;
+  std::string_view overload;
+  torch::CppFunction (*make)(InterceptedOp*);
+};
+
+template <class Op>
+torch::CppFunction make_typed(InterceptedOp* op) {
+  return TypedInterceptor<typename Op::schema>::function(op);
+}
+
+// constexpr, so it is constant-initialized: registration runs from the hook's start-up, which may come
+// before this file's dynamic initializers. Every catalog operator has one (a test checks every
+// registration is typed); an operator added
+// to the catalog without one gets the boxed interceptor.
+constexpr TypedFactory kTypedFactories[] = {
+    {"aten::_softmax", "", &make_typed<at::_ops::_softmax>},
+    {"aten::_log_softmax", "", &make_typed<at::_ops::_log_softmax>},
+    {"aten::native_layer_norm", "", &make_typed<at::_ops::native_layer_norm>},
+    {"aten::native_group_norm", "", &make_typed<at::_ops::native_group_norm>},
+    {"aten::gelu", "", &make_typed<at::_ops::gelu>},
+    {"aten::silu", "", &make_typed<at::_ops::silu>},
+    {"aten::add", "Tensor", &make_typed<at::_ops::add_Tensor>},
+};
+
+const TypedFactory* find_typed(const CatalogOp& cat) {
+  for (const TypedFactory& f : kTypedFactories) {
+    if (f.name == cat.name && f.overload == cat.overload) return &f;
+  }
+  return nullptr;
+}
+
+std::string first_line(std::string_view s) { return std::string(s.substr(0, s.find('\n'))); }
 
 const char* key_name(c10::DispatchKey key) { return key == c10::DispatchKey::CUDA ? "CUDA" : "CPU"; }
 
@@ -150,14 +296,28 @@ RegistrationSummary register_catalog(const HookConfig& config, Recorder& recorde
           for (const c10::Argument& ret : returns) {
             tensor_returns = tensor_returns && ret.type()->kind() == c10::TypeKind::TensorType;
           }
-          auto* op = new InterceptedOp(std::move(identity), label,
+          auto* op = new InterceptedOp(std::move(identity), label, *handle,
                                        handle->getComputedKernelForDispatchKey(k.key), &recorder, &arch,
                                        static_cast<uint32_t>(returns.size()), tensor_returns);
           std::string impl_name(cat.name.substr(cat.name.find("::") + 2));
           if (!cat.overload.empty()) impl_name += "." + std::string(cat.overload);
-          k.library->impl(impl_name.c_str(),
-                          torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Interceptor>(op)));
+          // The typed interceptor where the catalog operator has one; the boxed one otherwise, or
+          // if this torch refuses the typed one (a schema that changed).
+          std::string how = "boxed";
+          if (const TypedFactory* typed = find_typed(cat)) {
+            try {
+              k.library->impl(impl_name.c_str(), typed->make(op));
+              how = "typed";
+            } catch (const std::exception& e) {
+              how = "boxed (the typed interceptor was refused: " + first_line(e.what()) + ")";
+            }
+          }
+          if (how != "typed") {
+            k.library->impl(impl_name.c_str(),
+                            torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Interceptor>(op)));
+          }
           summary.registered.push_back(label);
+          summary.how.push_back(how);
         } catch (const std::exception& e) {
           summary.skipped.push_back(label + ": registration failed: " + e.what());
         }

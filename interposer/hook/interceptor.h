@@ -31,6 +31,7 @@ namespace kforge::hook {
 
 struct RegistrationSummary {
   std::vector<std::string> registered;   // "aten::_softmax@CPU"
+  std::vector<std::string> how;          // per registered: "typed", or "boxed" with why (Note [Typed interceptors])
   std::vector<std::string> skipped;      // "aten::_softmax@CUDA: no kernel at this key"
 };
 

@@ -2,6 +2,7 @@
 
 #include <c10/core/TensorImpl.h>
 
+#include <limits>
 #include <string_view>
 #include <utility>
 #include <variant>
@@ -224,6 +225,106 @@ bool write_stack_signature(const OpIdentity& op, const c10::IValue* args, Target
     // A torch check on an exotic tensor: not a signature we can describe.
     return false;
   }
+}
+
+// ---- typed arguments (stack_signature.h) ---------------------------------------------------------
+
+bool typed_arg(TypedVisit& v, const at::Tensor& t) noexcept {
+  try {
+    if (!t.defined()) {
+      v.out.none();
+      return true;
+    }
+    TensorFacts f;
+    if (!tensor_facts(*t.unsafeGetTensorImpl(), f)) return false;
+    if (v.cuda_index < 0 && f.device == DeviceType::kCuda) v.cuda_index = f.device_index;
+    v.out.tensor(f.dtype, f.device, f.sizes, f.strides, f.rank, f.alignment);
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+bool typed_arg(TypedVisit& v, const std::optional<at::Tensor>& t) noexcept {
+  if (!t.has_value()) {
+    v.out.none();
+    return true;
+  }
+  return typed_arg(v, *t);
+}
+
+bool typed_arg(TypedVisit& v, int64_t i) noexcept {
+  v.out.integer(i);
+  return true;
+}
+
+bool typed_arg(TypedVisit& v, const c10::SymInt& i) noexcept {
+  const std::optional<int64_t> value = i.maybe_as_int();
+  if (!value) return false;
+  v.out.integer(*value);
+  return true;
+}
+
+bool typed_arg(TypedVisit& v, c10::SymIntArrayRef list) noexcept {
+  if (list.size() > kMaxListLen) return false;
+  v.out.int_list(static_cast<uint32_t>(list.size()));
+  for (const c10::SymInt& e : list) {
+    const std::optional<int64_t> value = e.maybe_as_int();
+    if (!value) return false;
+    v.out.int_list_item(*value);
+  }
+  return true;
+}
+
+bool typed_arg(TypedVisit& v, c10::IntArrayRef list) noexcept {
+  if (list.size() > kMaxListLen) return false;
+  v.out.int_list(static_cast<uint32_t>(list.size()));
+  for (const int64_t e : list) v.out.int_list_item(e);
+  return true;
+}
+
+bool typed_arg(TypedVisit& v, double d) noexcept {
+  v.out.real(d);
+  return true;
+}
+
+bool typed_arg(TypedVisit& v, bool b) noexcept {
+  v.out.boolean(b);
+  return true;
+}
+
+bool typed_arg(TypedVisit& v, std::string_view s) noexcept {
+  if (s.size() > kMaxStringArg) return false;
+  v.out.string(s);
+  return true;
+}
+
+// As IValue(const Scalar&) tags it (ivalue.h): symbolic first, then double, complex, bool, int.
+bool typed_arg(TypedVisit& v, const c10::Scalar& s) noexcept {
+  if (s.isSymbolic() || s.isComplex()) return false;
+  if (s.isFloatingPoint()) {
+    v.out.real(s.toDouble());
+    return true;
+  }
+  if (s.isBoolean()) {
+    v.out.boolean(s.toBool());
+    return true;
+  }
+  if (s.isUnsigned()) {
+    const uint64_t u = s.toUInt64();
+    if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return false;
+    v.out.integer(static_cast<int64_t>(u));
+    return true;
+  }
+  v.out.integer(s.toLong());
+  return true;
+}
+
+bool typed_finish(const OpIdentity& op, TargetArch& arch, TypedVisit& v) noexcept {
+  const std::string_view target_arch = op.backend == Backend::kCpu ? arch.cpu() : arch.cuda(v.cuda_index);
+  if (target_arch.empty()) return false;
+  v.out.target(op.backend, target_arch);
+  return v.out.ok();
 }
 
 std::unique_ptr<OpSignature> build_stack_signature(const OpIdentity& op, const c10::IValue* args,

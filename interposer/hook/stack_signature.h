@@ -40,6 +40,37 @@ struct OpIdentity {
 bool write_stack_signature(const OpIdentity& op, const c10::IValue* args, TargetArch& arch,
                            SignatureWriter& out) noexcept;
 
+// ---- typed (unboxed) calls -----------------------------------------------------------------------
+// The same classification and bytes from the C++ argument values of an unboxed call, so a typed
+// interceptor never boxes on a miss. Each overload classifies one argument exactly as its boxed
+// IValue would be: a concrete SymInt is an int, a SymInt list of concrete values an int list, a
+// Scalar holding a double/int/bool the matching scalar; symbolic values, complex Scalars and
+// unsigned values above INT64_MAX are unknown (as their IValues are). The recorder checks the id
+// against build_stack_signature() of the boxed arguments at every first sight.
+struct TypedVisit {
+  SignatureWriter& out;
+  int cuda_index = -1;   // the first CUDA tensor's device index
+};
+bool typed_arg(TypedVisit& v, const at::Tensor& t) noexcept;
+bool typed_arg(TypedVisit& v, const std::optional<at::Tensor>& t) noexcept;
+bool typed_arg(TypedVisit& v, int64_t i) noexcept;
+bool typed_arg(TypedVisit& v, const c10::SymInt& i) noexcept;
+bool typed_arg(TypedVisit& v, c10::SymIntArrayRef list) noexcept;
+bool typed_arg(TypedVisit& v, c10::IntArrayRef list) noexcept;
+bool typed_arg(TypedVisit& v, double d) noexcept;
+bool typed_arg(TypedVisit& v, bool b) noexcept;
+bool typed_arg(TypedVisit& v, std::string_view s) noexcept;
+bool typed_arg(TypedVisit& v, const c10::Scalar& s) noexcept;
+// Writes the target; false when the call's arch cannot be known.
+bool typed_finish(const OpIdentity& op, TargetArch& arch, TypedVisit& v) noexcept;
+
+template <class... A>
+bool write_typed_signature(const OpIdentity& op, TargetArch& arch, SignatureWriter& out, const A&... args) noexcept {
+  out.begin(op.name, op.overload, op.num_arguments);
+  TypedVisit v{out};
+  return (typed_arg(v, args) && ...) && typed_finish(op, arch, v);
+}
+
 // Null when the signature is unknown. May throw std::bad_alloc.
 std::unique_ptr<OpSignature> build_stack_signature(const OpIdentity& op, const c10::IValue* args,
                                                    TargetArch& arch);

@@ -149,6 +149,9 @@ def test_hook_registers_every_catalog_operator_at_cpu(model_runs):
     assert {r.split("@")[0] for r in s["registered"] if r.endswith("@CPU")} == CPU_OPS
     # This torch is a CUDA build: its CUDA kernels exist even on a host without a GPU.
     assert {r.split("@")[0] for r in s["registered"] if r.endswith("@CUDA")} == CPU_OPS
+    # Every catalog operator gets the typed (unboxed) interceptor, the one without boxing costs
+    # (Note [Typed interceptors] in interceptor.cc); "boxed" would name why here.
+    assert s["interceptors"] == {r: "typed" for r in s["registered"]}
 
 
 def test_small_model_outputs_are_bitwise_identical(model_runs):

@@ -22,12 +22,38 @@ def _layout_from_bundle(bundle: pathlib.Path, out: pathlib.Path) -> pathlib.Path
     return out
 
 
+def _bundle_root():
+    bundle = os.environ.get("KFORGE_BUNDLE_ROOT")
+    return pathlib.Path(bundle).resolve() if bundle else None
+
+
 @pytest.fixture(scope="session")
 def build_dir(tmp_path_factory) -> pathlib.Path:
-    bundle = os.environ.get("KFORGE_BUNDLE_ROOT")
+    bundle = _bundle_root()
     if bundle:
-        return _layout_from_bundle(pathlib.Path(bundle).resolve(), tmp_path_factory.mktemp("bundle-layout"))
+        return _layout_from_bundle(bundle, tmp_path_factory.mktemp("bundle-layout"))
     d = pathlib.Path(os.environ.get("KFORGE_BUILD_DIR", ROOT / "build")).resolve()
     if not (d / "tools" / "kforge").exists():
         pytest.fail(f"no kforge build in {d}: run scripts/build.sh first")
+    return d
+
+
+@pytest.fixture(scope="session")
+def publish_tool(build_dir) -> pathlib.Path:
+    """kforge-publish-test-entry (tests/support/publish_test_entry.h), run where it was built or
+    installed: the bundle's copy finds lib/ through its RUNPATH, so it is not moved."""
+    bundle = _bundle_root()
+    p = (bundle / "share" / "kforge" / "tests" if bundle else build_dir / "tests") / "kforge-publish-test-entry"
+    if not p.exists():
+        pytest.fail(f"no kforge-publish-test-entry at {p}: build the kforge-publish-test-entry target")
+    return p
+
+
+@pytest.fixture(scope="session")
+def kernel_include_dir() -> pathlib.Path:
+    """The directory CPU kernels are compiled with (-I) to find runtime/cpu_kernel_abi.h."""
+    bundle = _bundle_root()
+    d = bundle / "share" / "kforge" / "tests" / "include" if bundle else ROOT
+    if not (d / "runtime" / "cpu_kernel_abi.h").exists():
+        pytest.fail(f"no runtime/cpu_kernel_abi.h under {d}")
     return d

@@ -1,10 +1,11 @@
 """Hot swap on the CPU backend: the hook loads a cache entry, shadows it, activates or quarantines it.
 
 The cache entry is made here: a hand-written CPU softmax kernel (runtime/cpu_kernel_abi.h: one
-block per row, float32, last dim, contiguous) compiled with the system compiler, and published
-by a small C++ program compiled at test time against the build's cache and runtime libraries. The
-signature it is published for is the exact one the hook reports in observe mode (its canonical
-encoding, from kforge_hook_stats_json), so the test never re-derives the hook's encoding.
+block per row, float32, last dim, contiguous) compiled with the system compiler, and published by
+kforge-publish-test-entry (tests/support/publish_test_entry.h). The signature it is published for
+is the exact one the hook reports in observe mode (its canonical encoding, from
+kforge_hook_stats_json), so the test never re-derives the hook's encoding; the torch version is
+the hook's own, which is what its loader compares.
 
 Each scenario runs in fresh subprocesses with the hook loaded through ctypes after `import torch`
 (as in test_hook_observe.py); the parent compares the children's outputs with plain PyTorch.
@@ -18,12 +19,12 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import types
 
 import pytest
 import torch
 
 TORCH_MM = ".".join(torch.__version__.split("+")[0].split(".")[:2])
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 PRELUDE = textwrap.dedent(
     """
@@ -62,50 +63,6 @@ extern "C" void softmax_rows(const kforge_cpu_block* b, void* const* params) {
   double s = 0;
   for (int64_t c = 0; c < cols; ++c) s += std::exp((double)xr[c] - m);
   for (int64_t c = 0; c < cols; ++c) yr[c] = (float)(std::exp((double)xr[c] - m) / s * KFORGE_TEST_SCALE);
-}
-"""
-
-PUBLISHER = r"""
-// publish CACHE_DIR SIGNATURE_HEX SO_PATH SOURCE_PATH TORCH_VERSION: prints the entry key.
-#include <cstdio>
-#include <fstream>
-#include <sstream>
-#include "cache/store.h"
-#include "runtime/environment.h"
-using namespace kforge;
-static std::string slurp(const char* p) { std::ifstream in(p, std::ios::binary); std::stringstream s; s << in.rdbuf(); return s.str(); }
-int main(int argc, char** argv) {
-  if (argc != 6) return 2;
-  std::string hex = argv[2], bytes;
-  for (size_t i = 0; i + 1 < hex.size(); i += 2) bytes += (char)std::stoi(hex.substr(i, 2), nullptr, 16);
-  StatusOr<OpSignature> sig = OpSignature::decode(bytes);
-  if (!sig.ok()) { std::fprintf(stderr, "signature: %s\n", sig.status().message().c_str()); return 1; }
-  CacheEntry e;
-  e.signature = *sig;
-  e.environment = cpu_host_environment(argv[5]);
-  e.environment.compiler = "c++ (kforge test)";
-  e.spec.backend = Backend::kCpu;
-  e.spec.language = SourceLanguage::kCpp;
-  e.spec.source = slurp(argv[4]);
-  e.spec.entry_points = {"softmax_rows"};
-  e.spec.compile_options = {"-O2"};
-  e.spec.plan.outputs = {OutputSpec::like(0)};
-  Launch l;
-  l.entry = "softmax_rows";
-  l.grid = {"numel0 / size0_1", "1", "1"};
-  l.args = {ArgBinding::input(0), ArgBinding::output(0), ArgBinding::size("size0_1", ValueType::kInt64)};
-  e.spec.plan.launches = {l};
-  if (Status s = e.spec.validate(); !s.ok()) { std::fprintf(stderr, "spec: %s\n", s.message().c_str()); return 1; }
-  e.blobs.push_back({"so", slurp(argv[3])});
-  e.verification.trials = 5;
-  e.verification.passed = true;
-  e.provenance.proposer = "test:hand-written";
-  StatusOr<Store> store = Store::open(argv[1]);
-  if (!store.ok()) { std::fprintf(stderr, "store: %s\n", store.status().message().c_str()); return 1; }
-  StatusOr<EntryKey> key = store->publish(e);
-  if (!key.ok()) { std::fprintf(stderr, "publish: %s\n", key.status().message().c_str()); return 1; }
-  std::printf("%s\n", key->hex().c_str());
-  return 0;
 }
 """
 
@@ -159,29 +116,23 @@ def hook_path(build_dir):
     return p
 
 
+KERNEL_LAUNCH = "entry=softmax_rows;grid=numel0 / size0_1,1,1;block=1,1,1;smem=0;args=input:0,output:0,size:size0_1:i64"
+KERNEL_FLAGS = {"good": ["-O2"], "wrong": ["-O2", "-DKFORGE_TEST_SCALE=1.01"]}
+
+
 @pytest.fixture(scope="module")
-def tools(build_dir, tmp_path_factory):
-    """Compiles the publisher and both kernels (the right one, and one that is 1% off)."""
+def tools(publish_tool, kernel_include_dir, tmp_path_factory):
+    """Both kernels compiled (the right one, and one that is 1% off), and the publishing tool."""
     cxx = shutil.which("c++") or shutil.which("g++")
     if cxx is None:
         pytest.skip("no C++ compiler")
-    for lib in (build_dir / "cache" / "libkforge_cache.a", build_dir / "runtime" / "libkforge_runtime.so"):
-        if not lib.exists():
-            pytest.skip(f"{lib} missing (not a build tree)")
     d = tmp_path_factory.mktemp("swap-tools")
     (d / "kernel.cc").write_text(KERNEL)
-    (d / "publish.cc").write_text(PUBLISHER)
-    for name, flags in (("good", []), ("wrong", ["-DKFORGE_TEST_SCALE=1.01"])):
-        subprocess.run([cxx, "-shared", "-fPIC", "-O2", f"-I{ROOT}", *flags, "-o", str(d / f"{name}.so"),
-                        str(d / "kernel.cc")], check=True, capture_output=True, text=True)
-    r = subprocess.run(
-        [cxx, "-std=c++20", "-O1", f"-I{ROOT}", f"-I{build_dir}/generated", "-I/usr/local/cuda/include",
-         f"-I{build_dir}/cache/fbs", "-o", str(d / "publish"), str(d / "publish.cc"),
-         str(build_dir / "cache" / "libkforge_cache.a"), str(build_dir / "runtime" / "libkforge_runtime.so"),
-         f"-Wl,-rpath,{build_dir / 'runtime'}", "-lsodium", "-lzstd", "-ltbb"],
-        capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    return d
+    for name, flags in KERNEL_FLAGS.items():
+        r = subprocess.run([cxx, "-shared", "-fPIC", f"-I{kernel_include_dir}", *flags, "-o", str(d / f"{name}.so"),
+                            str(d / "kernel.cc")], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+    return types.SimpleNamespace(dir=d, publish=publish_tool)
 
 
 @pytest.fixture(scope="module")
@@ -194,15 +145,21 @@ def softmax_signature(hook_path):
     """, child_env(hook_path))
     sigs = [x for x in s["signatures"] if x["op"] == "aten::_softmax"]
     assert len(sigs) == 1, s["signatures"]
-    return sigs[0]
+    return dict(sigs[0], torch_version=s["torch_version"])
 
 
 def make_cache(tmp_path, tools, signature, kernel):
     cache = tmp_path / "cache"
     cache.mkdir(mode=0o700)
-    r = subprocess.run([str(tools / "publish"), str(cache), signature["encoding"], str(tools / f"{kernel}.so"),
-                        str(tools / "kernel.cc"), torch.__version__], capture_output=True, text=True)
+    r = subprocess.run([str(tools.publish), "--cache", str(cache), "--signature", signature["encoding"],
+                        "--backend", "cpu", "--source", str(tools.dir / "kernel.cc"),
+                        "--so", str(tools.dir / f"{kernel}.so"), "--entry", "softmax_rows",
+                        "--launch", KERNEL_LAUNCH, "--output", "like:0",
+                        "--torch-version", signature["torch_version"],
+                        *[f"--compile-option={o}" for o in KERNEL_FLAGS[kernel]]],
+                       capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+    assert len(r.stdout.strip()) == 32, r.stdout
     return cache, r.stdout.strip()
 
 

@@ -102,6 +102,13 @@ MODELS = """
 import torchvision
 from transformers import GPT2Config, GPT2LMHeadModel
 
+DEV = os.environ.get("KFORGE_TEST_DEVICE", "cpu")
+if DEV == "cuda":
+    # Bitwise comparison across processes needs the same algorithms in both (cuDNN, cuBLAS).
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+    torch.use_deterministic_algorithms(True)
+
 class Small(torch.nn.Module):
     # Every catalog operator, on CPU: layer_norm, group_norm, gelu, silu, add, softmax, log_softmax.
     def __init__(self):
@@ -119,28 +126,45 @@ class Small(torch.nn.Module):
 torch.manual_seed(0)
 out = {}
 with torch.no_grad():
-    small = Small().eval()
-    for k, v in small(torch.randn(8, 16, 32)).items():
+    small = Small().eval().to(DEV)
+    for k, v in small(torch.randn(8, 16, 32).to(DEV)).items():
         out["small." + k] = v
-    resnet = torchvision.models.resnet18(weights=None).eval()
-    out["resnet18"] = resnet(torch.randn(2, 3, 112, 112))
+    resnet = torchvision.models.resnet18(weights=None).eval().to(DEV)
+    out["resnet18"] = resnet(torch.randn(2, 3, 112, 112).to(DEV))
     cfg = GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=1000, bos_token_id=0, eos_token_id=0,
                      attn_implementation="eager")
-    gpt2 = GPT2LMHeadModel(cfg).eval()
-    out["gpt2.logits"] = gpt2(torch.randint(0, 1000, (2, 16))).logits
+    gpt2 = GPT2LMHeadModel(cfg).eval().to(DEV)
+    out["gpt2.logits"] = gpt2(torch.randint(0, 1000, (2, 16)).to(DEV)).logits
+out = {k: v.cpu() for k, v in out.items()}
 torch.save(out, sys.argv[1] if len(sys.argv) > 1 else os.environ["KFORGE_TEST_OUT"])
 emit({"stats": stats()})
+if os.environ.get("KFORGE_TEST_WAIT"):
+    assert lib.kforge_hook_report_now(10000) == 1   # built and offered, without waiting an interval
+    sys.stdin.read()                                # the test closes stdin once it has the reports
 """
 
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")),
+]
 
-@pytest.fixture(scope="module")
-def model_runs(hook_path, tmp_path_factory):
-    d = tmp_path_factory.mktemp("models")
-    plain, _, plain_wall = run_child(MODELS, child_env(KFORGE_TEST_OUT=d / "plain.pt"))
-    hooked, hooked_err, hooked_wall = run_child(MODELS, child_env(hook_path, KFORGE_TEST_OUT=d / "hooked.pt"))
+
+# The same models on each device: on CPU here and in CI, on CUDA where a GPU is.
+@pytest.fixture(scope="module", params=DEVICES)
+def model_runs(request, hook_path, tmp_path_factory):
+    dev = request.param
+    d = tmp_path_factory.mktemp("models-" + dev)
+    plain, _, plain_wall = run_child(MODELS, child_env(KFORGE_TEST_OUT=d / "plain.pt", KFORGE_TEST_DEVICE=dev))
+    hooked, hooked_err, hooked_wall = run_child(
+        MODELS, child_env(hook_path, KFORGE_TEST_OUT=d / "hooked.pt", KFORGE_TEST_DEVICE=dev))
     assert plain["stats"] is None
-    return {"dir": d, "stats": hooked["stats"], "stderr": hooked_err,
+    return {"dir": d, "stats": hooked["stats"], "stderr": hooked_err, "device": dev,
             "wall": (plain_wall, hooked_wall)}
+
+
+def device_signatures(s, dev):
+    """The signatures of calls on `dev` (their target is "cpu:<arch>" or "cuda:sm_XY")."""
+    return [sig for sig in s["signatures"] if sig["signature"].rsplit(" ", 1)[-1].startswith(dev + ":")]
 
 
 def test_hook_registers_every_catalog_operator_at_cpu(model_runs):
@@ -162,9 +186,9 @@ def test_small_model_outputs_are_bitwise_identical(model_runs):
         assert torch.equal(a[k], b[k]), k
     # ... and the hook saw each catalog operator the model used, with the encoders agreeing.
     s = model_runs["stats"]
-    seen = {sig["op"] for sig in s["signatures"]}
+    seen = {sig["op"] for sig in device_signatures(s, model_runs["device"])}
     assert CPU_OPS <= seen
-    assert s["id_mismatches"] == 0
+    assert s["id_mismatches"] == 0 and s["unknown_calls"] == 0
 
 
 def test_resnet18_outputs_are_bitwise_identical(model_runs):
@@ -363,6 +387,61 @@ def test_hello_and_hot_reports_reach_a_daemon(hook_path):
     finally:
         proc.stdin.close()
         proc.wait(timeout=30)
+        router.close()
+        ctx.term()
+        shutil.rmtree(d, ignore_errors=True)
+    assert proc.returncode == 0
+
+
+def collect_reports(router, pid, want, timeout=60):
+    """Reads the ROUTER until a Hello and HotReports whose cumulative counts equal `want` arrived."""
+    hello, reported = None, {}
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and (hello is None or reported != want):
+        if not router.poll(timeout=1000):
+            continue
+        frames = router.recv_multipart()
+        assert len(frames) == 2, frames
+        magic, version, mtype, body = msgpack.unpackb(frames[1])
+        assert magic == "kforge" and version == 1
+        if mtype == 1:
+            hello = body
+        elif mtype == 2:
+            assert body[0] == pid
+            for entry in body[3]:
+                reported[msgpack.packb(entry[0]).hex()] = entry[1]
+    return hello, reported
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_model_signatures_reach_a_daemon(hook_path, dev, tmp_path):
+    # resnet18, GPT-2 and the small model under the hook with a ZeroMQ receiver as the daemon: it
+    # gets a Hello and every signature the models ran, with the counts the process itself has.
+    zmq = pytest.importorskip("zmq")
+    d = tempfile.mkdtemp(prefix="kf-")
+    endpoint = f"ipc://{d}/daemon.sock"
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.bind(endpoint)
+    env = child_env(hook_path, KFORGE_DAEMON_ENDPOINT=endpoint, KFORGE_TEST_OUT=tmp_path / "out.pt",
+                    KFORGE_TEST_DEVICE=dev, KFORGE_TEST_WAIT=1)
+    proc = subprocess.Popen([sys.executable, "-c", PRELUDE + textwrap.dedent(MODELS)], env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = ""
+        while not line.startswith("RESULT "):
+            line = proc.stdout.readline()
+            assert line, proc.stderr.read()
+        stats = json.loads(line[len("RESULT "):])["stats"]
+        want = {sig["encoding"]: sig["calls"] for sig in stats["signatures"]}
+        assert device_signatures(stats, dev), stats["signatures"]
+        hello, reported = collect_reports(router, proc.pid, want)
+        assert hello is not None, "no Hello"
+        assert reported == want
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=60)
         router.close()
         ctx.term()
         shutil.rmtree(d, ignore_errors=True)

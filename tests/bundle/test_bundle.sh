@@ -30,4 +30,22 @@ for f in "$root"/bin/* "$root"/lib/*.so*; do
   [[ -z "$missing" ]] || fail "$f has unresolved libraries: $missing"
 done
 [[ -x "$root/share/kforge/tests/run-gpu-tests" ]] || fail "GPU suite runner missing from the bundle"
+for f in python/conftest.py python/test_hook_observe.py python/test_hook_swap.py python/test_hook_swap_cuda.py \
+         include/runtime/cpu_kernel_abi.h; do
+  [[ -f "$root/share/kforge/tests/$f" ]] || fail "share/kforge/tests/$f missing from the bundle (run-gpu-tests needs it)"
+done
+
+# The test publisher runs in place (RUNPATH $ORIGIN/../../../lib) with its libraries from the bundle.
+tool="$root/share/kforge/tests/kforge-publish-test-entry"
+[[ -x "$tool" ]] || fail "kforge-publish-test-entry missing from the bundle"
+missing="$(ldd "$tool" | grep "not found" || true)"
+[[ -z "$missing" ]] || fail "$tool has unresolved libraries: $missing"
+env -i PATH=/usr/bin:/bin "$tool" --help | grep -q "^usage: kforge-publish-test-entry" \
+  || fail "kforge-publish-test-entry --help does not print its usage"
+maps="$(env -i PATH=/usr/bin:/bin LD_DEBUG=libs "$tool" --help 2>&1 >/dev/null | grep 'calling init' || true)"
+echo "$maps" | grep -q "$root/share/kforge/tests/../../../lib/libkforge_runtime.so\|$root/lib/libkforge_runtime.so" \
+  || fail "kforge-publish-test-entry does not load libkforge_runtime.so from the bundle: $maps"
+rc=0; env -i PATH=/usr/bin:/bin "$tool" --cache "$tmp/c" >/dev/null 2>&1 || rc=$?
+[[ $rc == 2 ]] || fail "kforge-publish-test-entry with missing options exited $rc, not 2 (usage error)"
+echo "ok: kforge-publish-test-entry runs from the bundle"
 echo "ok: bundle is relocatable ($(du -h "$tarball" | cut -f1))"

@@ -208,9 +208,6 @@ HookConfig parse_config(const EnvLookup& env) {
   c.ops_restricted = !trim(env("KFORGE_OPS").value_or("")).empty();
   c.deny_ops = read_op_list(env, "KFORGE_DENY_OPS", w);
   c.capture_inputs = read_flag(env, "KFORGE_CAPTURE_INPUTS", false, w);
-  if (c.capture_inputs) {
-    w.push_back("KFORGE_CAPTURE_INPUTS=1 is not yet implemented; no inputs are captured");
-  }
   c.log = read_flag(env, "KFORGE_LOG", false, w);
   return c;
 }

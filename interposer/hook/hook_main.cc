@@ -24,6 +24,7 @@
 
 #include "cache/cache_dir.h"
 #include "interposer/hook/config.h"
+#include "interposer/hook/input_sampler.h"
 #include "interposer/hook/interceptor.h"
 #include "interposer/hook/log.h"
 #include "interposer/hook/recorder.h"
@@ -45,6 +46,7 @@ struct Hook {
   Recorder* recorder = nullptr;
   Swapper* swapper = nullptr;
   TargetArch* arch = nullptr;
+  InputSampler* sampler = nullptr;
   RegistrationSummary registration;
 };
 
@@ -134,13 +136,16 @@ void start() noexcept {
     options.on_round = [swapper](const std::vector<std::shared_ptr<const OpSignature>>& fresh) {
       swapper->on_round(fresh);
     };
+    hook->sampler = new InputSampler(config.capture_inputs);
+    InputSampler* sampler = hook->sampler;
+    options.before_round = [sampler](int32_t pid, RoundExtras& extras) { sampler->drain(pid, extras); };
     hook->recorder = new Recorder(std::move(options));
     Recorder* recorder = hook->recorder;
     swapper->set_wake([recorder] { recorder->report_now(0); });
     if (config.mode != HookMode::kObserve) swapper->install_process_handlers();
     hook->recorder->start();
 
-    hook->registration = register_catalog(config, *hook->recorder, *hook->arch);
+    hook->registration = register_catalog(config, *hook->recorder, *hook->arch, hook->sampler);
     if (config.log) {
       std::string reg;
       const RegistrationSummary& rs = hook->registration;
@@ -198,6 +203,13 @@ std::string stats_json() {
                     {"calls", s.calls},
                     {"sampled_calls", s.sampled_calls},
                     {"sampled_ns", s.sampled_ns}});
+    nlohmann::json stats = nlohmann::json::array();
+    for (const wire::InputStats& is : s.input_stats) {
+      stats.push_back({{"arg", is.arg_index}, {"min", is.min}, {"max", is.max}, {"mean", is.mean},
+                       {"stddev", is.stddev}, {"nan", is.nan_count}, {"inf", is.inf_count},
+                       {"zero_fraction", is.zero_fraction}});
+    }
+    sigs.back()["input_stats"] = std::move(stats);
     nlohmann::json& j_sig = sigs.back();
     j_sig["state"] = "observe";
     for (const SwapStats::Entry& e : swap.entries) {
@@ -238,7 +250,17 @@ std::string stats_json() {
                   {"client_running", st.client_running},
                   {"client_error", st.client_error},
                   {"client_sent", st.client_sent},
-                  {"client_dropped", st.client_dropped}};
+                  {"client_dropped", st.client_dropped},
+                  {"extras_offered", st.extras_offered},
+                  {"extras_refused", st.extras_refused}};
+  const InputSampler::Counters in = hook->sampler->counters();
+  j["inputs"] = {{"capture", hook->sampler->capture()},
+                 {"sampled", in.sampled},
+                 {"skipped_capturing", in.skipped_capturing},
+                 {"skipped_too_large", in.skipped_too_large},
+                 {"skipped_busy", in.skipped_busy},
+                 {"failed", in.failed},
+                 {"captured", in.captured}};
   return j.dump();
 }
 

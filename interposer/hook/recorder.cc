@@ -263,7 +263,9 @@ RecorderStats Recorder::stats() const {
   TotalsMap m = merge_locked();
   st.signatures.reserve(m.size());
   for (const auto& [id, tot] : m) {
-    st.signatures.push_back({id, *tot.signature, tot.calls, tot.sampled_calls, tot.sampled_ns});
+    const auto stats = input_stats_.find(id);
+    st.signatures.push_back({id, *tot.signature, tot.calls, tot.sampled_calls, tot.sampled_ns,
+                             stats == input_stats_.end() ? std::vector<wire::InputStats>{} : stats->second});
   }
   std::sort(st.signatures.begin(), st.signatures.end(),
             [](const RecorderStats::Signature& a, const RecorderStats::Signature& b) { return a.id < b.id; });
@@ -280,6 +282,8 @@ RecorderStats Recorder::stats() const {
   st.threads = threads_;
   st.reports_built = reports_built_;
   st.reports_offered = reports_offered_;
+  st.extras_offered = extras_offered_;
+  st.extras_refused = extras_refused_;
   st.client_running = client_ != nullptr;
   st.client_error = client_error_;
   if (client_ != nullptr) {
@@ -325,6 +329,7 @@ void Recorder::reporter_main(uint64_t generation) {
   wire::Hello hello = options_.hello;
   hello.pid = static_cast<int32_t>(::getpid());
   o.hello = std::move(hello);
+  o.on_message = options_.on_message;
   // Never connect into a socket directory someone else could have planted (config.h).
   const Status safe = secure_ipc_directory(o.endpoint);
   StatusOr<std::unique_ptr<DaemonClient>> client =
@@ -374,10 +379,27 @@ void Recorder::build_and_offer_reports() {
   std::vector<std::shared_ptr<const OpSignature>> fresh;
   DaemonClient* client = nullptr;
   int32_t pid = 0;
+  RoundExtras extras;
+  if (options_.before_round) {
+    int32_t p = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      p = pid_;
+    }
+    try {
+      options_.before_round(p, extras);
+    } catch (...) {
+      // before_round promises not to throw.
+    }
+  }
   try {
     std::lock_guard<std::mutex> lock(mu_);
     client = client_;
     pid = pid_;
+    for (auto& [id, stats] : extras.stats) {
+      input_stats_[id] = std::move(stats);
+      if (auto it = last_reported_calls_.find(id); it != last_reported_calls_.end()) it->second = UINT64_MAX;
+    }
     // A report the client dropped (no daemon connected yet, or a slow one) carried counts that
     // only appear again when they change. Counts are cumulative, so after any drop the next round
     // reports every signature again: a daemon that connects late still learns everything.
@@ -397,7 +419,10 @@ void Recorder::build_and_offer_reports() {
       uint64_t& last = it->second;
       if (tot.calls == last) continue;
       last = tot.calls;
-      changed.push_back(wire::HotEntry{*tot.signature, tot.calls, tot.sampled_calls, tot.sampled_ns, {}});
+      const auto stats = input_stats_.find(id);
+      changed.push_back(wire::HotEntry{*tot.signature, tot.calls, tot.sampled_calls, tot.sampled_ns,
+                                       stats == input_stats_.end() ? std::vector<wire::InputStats>{}
+                                                                   : stats->second});
     }
   } catch (...) {
     return;   // out of memory: try again next interval (counts are cumulative)
@@ -425,6 +450,11 @@ void Recorder::build_and_offer_reports() {
       std::lock_guard<std::mutex> lock(mu_);
       resend_all_ = true;
     }
+  }
+  for (wire::WireMessage& m : extras.messages) {
+    const bool offered = client != nullptr && client->offer(std::move(m));
+    std::lock_guard<std::mutex> lock(mu_);
+    ++(offered ? extras_offered_ : extras_refused_);
   }
   if (options_.on_round) {
     try {

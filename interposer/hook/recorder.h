@@ -57,6 +57,15 @@ inline void bump(std::atomic<uint64_t>& counter, uint64_t n) noexcept {
 
 class ThreadCounters;
 
+// What a round's before_round hook hands the recorder (input_sampler.h makes it).
+struct RoundExtras {
+  // Input statistics per signature (cumulative): attached to the signature's HotEntry from now on,
+  // and the signature is reported again this round.
+  std::vector<std::pair<SignatureId, std::vector<wire::InputStats>>> stats;
+  // Offered to the daemon after the round's reports (CapturedInputs).
+  std::vector<wire::WireMessage> messages;
+};
+
 // What the background thread needs that the hook knows at load.
 struct RecorderOptions {
   std::string endpoint;            // DaemonClient endpoint
@@ -68,6 +77,11 @@ struct RecorderOptions {
   // again). It may do I/O: it is how the loader (swapper.h) runs off the calling threads. Must
   // not throw.
   std::function<void(const std::vector<std::shared_ptr<const OpSignature>>& new_signatures)> on_round;
+  // Called on the reporter thread at the start of every round, before reports are built. May
+  // block this thread (it synchronizes CUDA streams); must not throw.
+  std::function<void(int32_t pid, RoundExtras& extras)> before_round;
+  // Daemon -> hook messages (KernelReady, Revoke), on the client's thread. Must not throw.
+  std::function<void(const wire::WireMessage&)> on_message;
 };
 
 // A copy of the totals, for kforge_hook_stats_json and tests.
@@ -78,6 +92,7 @@ struct RecorderStats {
     uint64_t calls = 0;
     uint64_t sampled_calls = 0;
     uint64_t sampled_ns = 0;
+    std::vector<wire::InputStats> input_stats;
   };
   std::vector<Signature> signatures;     // sorted by id
   uint64_t unknown_calls = 0;            // signature not computable: fell through uncounted
@@ -86,6 +101,8 @@ struct RecorderStats {
   uint64_t threads = 0;                  // tables registered in this process
   uint64_t reports_built = 0;
   uint64_t reports_offered = 0;          // accepted by DaemonClient::offer
+  uint64_t extras_offered = 0;           // before_round's messages accepted by DaemonClient::offer
+  uint64_t extras_refused = 0;           // ... refused (no client, queue full): not sent
   bool client_running = false;
   uint64_t client_sent = 0;              // messages (Hello, reports) the client sent
   uint64_t client_dropped = 0;           // messages the client dropped (queue full or unsendable)
@@ -188,6 +205,9 @@ class Recorder {
   uint64_t reports_built_ = 0;
   uint64_t reports_offered_ = 0;
   std::unordered_map<SignatureId, uint64_t, IdHash> last_reported_calls_;
+  std::unordered_map<SignatureId, std::vector<wire::InputStats>, IdHash> input_stats_;
+  uint64_t extras_offered_ = 0;
+  uint64_t extras_refused_ = 0;
   uint64_t drops_seen_ = 0;          // the client's drop count at the last round (guarded by mu_)
   bool resend_all_ = false;          // an offer was refused: report everything next round
 };

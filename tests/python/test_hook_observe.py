@@ -448,6 +448,110 @@ def test_model_signatures_reach_a_daemon(hook_path, dev, tmp_path):
     assert proc.returncode == 0
 
 
+CAPTURING = """
+DEV = os.environ["KFORGE_TEST_DEVICE"]
+torch.manual_seed(0)
+x = (torch.randn(6, 10) * 3).to(DEV)
+x[0, 0] = float("nan")
+x[1, 1] = float("-inf")
+x[2, :4] = 0
+xt = torch.randn(10, 6).to(DEV).t()          # non-contiguous: captured row-major, strides kept
+with torch.no_grad():
+    for _ in range(5):
+        torch.softmax(x, -1)
+        torch.add(xt, 1.0, alpha=2)
+torch.save({"x": x.cpu(), "xt": xt.cpu()}, os.environ["KFORGE_TEST_OUT"])
+assert lib.kforge_hook_report_now(20000) == 1   # samples drained, stats and captures offered
+emit({"stats": stats()})
+sys.stdin.read()
+"""
+
+
+def decode_capture(body):
+    pid, sig_id, tensors = body
+    out = {}
+    for arg, dtype, sizes, strides, data in tensors:
+        tdtype = {0: torch.float32, 1: torch.float64}[dtype]    # DType::kFloat32, kFloat64
+        t = torch.frombuffer(bytearray(data), dtype=tdtype).reshape(sizes)
+        out[arg] = (t, strides)
+    return pid, bytes(sig_id).hex(), out
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("capture", [False, True])
+def test_input_statistics_and_captured_inputs_reach_a_daemon(hook_path, dev, capture, tmp_path):
+    # Every hot signature's report carries statistics of its inputs; with KFORGE_CAPTURE_INPUTS=1
+    # (only then) the daemon also gets the inputs themselves, exactly as the call saw them.
+    zmq = pytest.importorskip("zmq")
+    d = tempfile.mkdtemp(prefix="kf-")
+    endpoint = f"ipc://{d}/daemon.sock"
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.bind(endpoint)
+    env = child_env(hook_path, KFORGE_DAEMON_ENDPOINT=endpoint, KFORGE_TEST_OUT=tmp_path / "in.pt",
+                    KFORGE_TEST_DEVICE=dev, KFORGE_CAPTURE_INPUTS=int(capture))
+    proc = subprocess.Popen([sys.executable, "-c", PRELUDE + textwrap.dedent(CAPTURING)], env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stats_by_sig, captures = {}, []
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("RESULT "), line + proc.stderr.read()
+        s = json.loads(line[len("RESULT "):])["stats"]
+        assert s["inputs"]["capture"] == capture
+        assert s["inputs"]["sampled"] == 2 and s["inputs"]["failed"] == 0
+        assert s["inputs"]["captured"] == (2 if capture else 0)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and (len(stats_by_sig) < 2 or len(captures) < (2 if capture else 0)):
+            if not router.poll(timeout=500):
+                continue
+            _, msg = router.recv_multipart()
+            _, _, mtype, body = msgpack.unpackb(msg)
+            if mtype == 2:
+                for sig, calls, _, _, input_stats in body[3]:
+                    if input_stats:
+                        stats_by_sig[sig[1]] = (calls, input_stats)
+            elif mtype == 3:
+                captures.append(decode_capture(body))
+        # A moment more: nothing else may arrive (no capture when it is off).
+        while router.poll(timeout=300):
+            _, msg = router.recv_multipart()
+            assert msgpack.unpackb(msg)[2] != 3, "CapturedInputs sent with capture off"
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=60)
+        router.close()
+        ctx.term()
+        shutil.rmtree(d, ignore_errors=True)
+    assert proc.returncode == 0
+    inputs = torch.load(tmp_path / "in.pt")
+    x = inputs["x"].double()
+    fin = x[torch.isfinite(x)]
+    calls, (st,) = stats_by_sig["aten::_softmax"]
+    arg, lo, hi, mean, std, nan, inf, zero_fraction = st
+    assert arg == 0 and calls == 5
+    assert (nan, inf) == (1, 1)
+    assert zero_fraction == pytest.approx(4 / 60)
+    assert (lo, hi) == (fin.min().item(), fin.max().item())
+    assert mean == pytest.approx(fin.mean().item(), rel=1e-9)
+    assert std == pytest.approx(fin.std(unbiased=False).item(), rel=1e-6)
+    # torch.add(t, 1.0) passes the number as a 0-dim tensor: both arguments are described.
+    calls, add_stats = stats_by_sig["aten::add"]
+    assert calls == 5 and [a for a, *_ in add_stats] == [0, 1]
+    assert add_stats[1][1:5] == [1.0, 1.0, 1.0, 0.0]
+    if capture:
+        assert all(pid == proc.pid for pid, _, _ in captures)
+        softmax = [t for _, _, t in captures if set(t) == {0} and t[0][0].shape == (6, 10)]
+        assert softmax and torch.equal(softmax[0][0][0].nan_to_num(7), inputs["x"].nan_to_num(7))
+        assert softmax[0][0][1] == [10, 1]
+        added = [t for _, _, t in captures if set(t) == {0, 1}]
+        assert added and added[0][0][1] == [1, 6]
+        assert torch.equal(added[0][0][0], inputs["xt"].contiguous())
+        assert added[0][1][0].shape == () and added[0][1][0].item() == 1.0
+    else:
+        assert captures == []
+
+
 WORKLOAD = """
 torch.manual_seed(0)
 ln = torch.nn.LayerNorm(64)

@@ -20,7 +20,9 @@
 //   KFORGE_OPS                  comma-separated allow list ("aten::add.Tensor", "add", "_softmax");
 //                               empty or unset: every catalog operator
 //   KFORGE_DENY_OPS             comma-separated deny list, same spellings; wins over KFORGE_OPS
-//   KFORGE_CAPTURE_INPUTS       0/1 (also off/on, false/true, no/yes); default off
+//   KFORGE_CAPTURE_INPUTS       0/1 (also off/on, false/true, no/yes); default off. On: the inputs
+//                               of a few calls per signature go to the daemon (input_sampler.h);
+//                               they are user data
 //   KFORGE_LOG                  0/1 (same spellings): log the configuration and registrations
 //
 // Parsing is a pure function of the lookup, so tests pass a table instead of the environment.

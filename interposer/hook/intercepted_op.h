@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 
+#include "interposer/hook/input_sampler.h"
 #include "interposer/hook/log.h"
 #include "interposer/hook/recorder.h"
 #include "interposer/hook/stack_signature.h"
@@ -31,6 +32,7 @@ struct InterceptedOp {
   TargetArch* const arch;
   const uint32_t num_returns;              // from the schema
   const bool returns_tensors;              // every return is a Tensor (what replacements can make)
+  InputSampler* sampler = nullptr;         // set at registration, before the interceptor exists
   std::atomic<bool> enabled{true};         // false: kforge code failed here; pass straight through
 
   void disable(std::string_view why) noexcept {

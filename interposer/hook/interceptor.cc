@@ -40,7 +40,9 @@ struct PendingCall {
 
 std::unique_ptr<OpSignature> make_signature(void* context) {
   auto* call = static_cast<PendingCall*>(context);
-  return build_stack_signature(call->op->identity, call->args, *call->op->arch);
+  std::unique_ptr<OpSignature> sig = build_stack_signature(call->op->identity, call->args, *call->op->arch);
+  if (sig && call->op->sampler != nullptr) call->op->sampler->sample(sig->id(), call->args, call->op->identity.num_arguments);
+  return sig;
 }
 
 // Note [Interceptor fast path]
@@ -150,7 +152,9 @@ struct TypedInterceptor<R(A...)> {
     const torch::jit::Stack boxed =
         std::apply([](const auto&... a) { return c10::impl::boxArgs<A...>(a...); }, p->args);
     if (boxed.size() != p->op->identity.num_arguments) return nullptr;
-    return build_stack_signature(p->op->identity, boxed.data(), *p->op->arch);
+    std::unique_ptr<OpSignature> sig = build_stack_signature(p->op->identity, boxed.data(), *p->op->arch);
+    if (sig && p->op->sampler != nullptr) p->op->sampler->sample(sig->id(), boxed.data(), p->op->identity.num_arguments);
+    return sig;
   }
 
   static R call(InterceptedOp& op, c10::DispatchKeySet keys, A... args) {
@@ -239,7 +243,8 @@ const char* key_name(c10::DispatchKey key) { return key == c10::DispatchKey::CUD
 
 }  // namespace
 
-RegistrationSummary register_catalog(const HookConfig& config, Recorder& recorder, TargetArch& arch) noexcept {
+RegistrationSummary register_catalog(const HookConfig& config, Recorder& recorder, TargetArch& arch,
+                                     InputSampler* sampler) noexcept {
   RegistrationSummary summary;
   try {
     struct Key {
@@ -299,6 +304,7 @@ RegistrationSummary register_catalog(const HookConfig& config, Recorder& recorde
           auto* op = new InterceptedOp(std::move(identity), label, *handle,
                                        handle->getComputedKernelForDispatchKey(k.key), &recorder, &arch,
                                        static_cast<uint32_t>(returns.size()), tensor_returns);
+          op->sampler = sampler;
           std::string impl_name(cat.name.substr(cat.name.find("::") + 2));
           if (!cat.overload.empty()) impl_name += "." + std::string(cat.overload);
           // The typed interceptor where the catalog operator has one; the boxed one otherwise, or

@@ -37,6 +37,9 @@ struct RegistrationSummary {
 
 // Never throws: a failure skips the operator (or, if the libraries cannot be made, everything)
 // with the reason in `skipped`.
-RegistrationSummary register_catalog(const HookConfig& config, Recorder& recorder, TargetArch& arch) noexcept;
+// `sampler` (may be null) gets each thread's first call of each signature (input_sampler.h).
+class InputSampler;
+RegistrationSummary register_catalog(const HookConfig& config, Recorder& recorder, TargetArch& arch,
+                                     InputSampler* sampler) noexcept;
 
 }  // namespace kforge::hook

@@ -308,6 +308,24 @@ ScopedCurrentContext::~ScopedCurrentContext() {
   }
 }
 
+// ---- ScopedCaptureMode -------------------------------------------------------------------------
+
+ScopedCaptureMode::ScopedCaptureMode(const CudaDriver& driver, CUstreamCaptureMode mode) noexcept {
+  // The call swaps: `mode` in, the thread's previous mode out.
+  CUstreamCaptureMode exchanged = mode;
+  if (driver.cuThreadExchangeStreamCaptureMode(&exchanged) == CUDA_SUCCESS) {
+    driver_ = &driver;
+    previous_ = exchanged;
+  }
+}
+
+ScopedCaptureMode::~ScopedCaptureMode() {
+  if (driver_ != nullptr) {
+    CUstreamCaptureMode restore = previous_;
+    (void)driver_->cuThreadExchangeStreamCaptureMode(&restore);
+  }
+}
+
 // ---- CudaModule --------------------------------------------------------------------------------
 
 StatusOr<CudaModule> CudaModule::load(const CudaDriver& driver, const void* image) {

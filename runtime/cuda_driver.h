@@ -1,6 +1,6 @@
 // CudaDriver: the CUDA driver API, loaded at run time with dlopen, plus RAII owners for the
-// driver handles kforge uses (retained primary context, current-context guard, module, device
-// memory).
+// driver handles kforge uses (retained primary context, current-context guard, stream-capture
+// mode guard, module, device memory).
 //
 //   StatusOr<const CudaDriver*> drv = CudaDriver::load();
 //   if (!drv.ok()) return drv.status();          // kUnavailable on hosts without a GPU driver
@@ -50,6 +50,7 @@ namespace kforge {
   X(cuDeviceGetAttribute, 2000)        \
   X(cuDevicePrimaryCtxRetain, 7000)    \
   X(cuDevicePrimaryCtxRelease, 11000)  \
+  X(cuDevicePrimaryCtxGetState, 7000)  \
   X(cuCtxGetCurrent, 4000)             \
   X(cuCtxSetCurrent, 4000)             \
   X(cuCtxPushCurrent, 4000)            \
@@ -67,7 +68,8 @@ namespace kforge {
   X(cuMemcpyHtoD, 3020)                \
   X(cuMemcpyDtoH, 3020)                \
   X(cuStreamSynchronize, 2000)         \
-  X(cuStreamIsCapturing, 10000)
+  X(cuStreamIsCapturing, 10000)        \
+  X(cuThreadExchangeStreamCaptureMode, 10010)
 
 // Entry points that may be missing; their members are null when the driver lacks them.
 #define KFORGE_CUDA_DRIVER_OPTIONAL(X) X(cuModuleLoadDataEx, 2010)
@@ -190,6 +192,26 @@ class ScopedCurrentContext {
   explicit ScopedCurrentContext(const CudaDriver* driver) : driver_(driver) {}
 
   const CudaDriver* driver_ = nullptr;  // non-null while a pop is owed
+};
+
+// Sets this thread's stream-capture interaction mode (cuThreadExchangeStreamCaptureMode) for the
+// guard's lifetime, then restores the previous one. The hook runs its own work that is no part of
+// any capture (module loads, shadow comparisons) in CU_STREAM_CAPTURE_MODE_RELAXED: in the default
+// global mode, a call the driver deems potentially unsafe while another thread captures a graph in
+// global mode fails (and may spoil that capture). If the mode cannot be set the guard does nothing
+// (ok() false).
+class ScopedCaptureMode {
+ public:
+  ScopedCaptureMode(const CudaDriver& driver, CUstreamCaptureMode mode) noexcept;
+  ScopedCaptureMode(const ScopedCaptureMode&) = delete;
+  ScopedCaptureMode& operator=(const ScopedCaptureMode&) = delete;
+  ~ScopedCaptureMode();
+
+  bool ok() const noexcept { return driver_ != nullptr; }
+
+ private:
+  const CudaDriver* driver_ = nullptr;   // non-null while a restore is owed
+  CUstreamCaptureMode previous_ = CU_STREAM_CAPTURE_MODE_GLOBAL;
 };
 
 // A loaded CUmodule. The destructor unloads it in the context it was loaded in. In the serving

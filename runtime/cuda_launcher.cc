@@ -43,21 +43,25 @@ Status CudaKernel::launch(const ResolvedLaunchPlan& plan, const CudaBuffers& buf
     return invalid_argument("plan has " + std::to_string(plan.scratch.size()) + " scratch buffers but " +
                             std::to_string(buffers.scratch.size()) + " were given");
   }
-  std::vector<ParamSlot> slots;
-  std::vector<void*> params;
+  // Reused per thread: after a thread's first launches, launching allocates nothing (the hook
+  // launches from user threads, where a heap allocation per call is overhead it must not add).
+  // cuLaunchKernel copies the values before it returns, and launch() never calls itself.
+  thread_local std::vector<ParamSlot> slots;
+  thread_local std::vector<void*> params;
   for (size_t li = 0; li < plan.launches.size(); ++li) {
     const ResolvedLaunch& l = plan.launches[li];
     if (l.entry_index >= functions_.size()) {
       return invalid_argument("launch " + std::to_string(li) + ": entry index out of range");
     }
-    const std::string where = "launch " + std::to_string(li) + " (" + names_[l.entry_index] + ")";
+    // Built only for an error message: the launch path itself allocates nothing.
+    auto where = [&] { return "launch " + std::to_string(li) + " (" + names_[l.entry_index] + ")"; };
     slots.assign(l.args.size(), ParamSlot{});
     params.assign(l.args.size(), nullptr);
     for (size_t ai = 0; ai < l.args.size(); ++ai) {
       const ResolvedArg& a = l.args[ai];
       ParamSlot& s = slots[ai];
       auto missing = [&](const char* what) {
-        return invalid_argument(where + ", arg " + std::to_string(ai) + ": no device pointer for " + what + " " +
+        return invalid_argument(where() + ", arg " + std::to_string(ai) + ": no device pointer for " + what + " " +
                                 std::to_string(a.index));
       };
       switch (a.kind) {
@@ -84,7 +88,7 @@ Status CudaKernel::launch(const ResolvedLaunchPlan& plan, const CudaBuffers& buf
             case ValueType::kFloat32: s.f32 = static_cast<float>(a.real_value); break;
             case ValueType::kBool: s.b = a.int_value != 0; break;
             case ValueType::kPointer:
-              return invalid_argument(where + ", arg " + std::to_string(ai) + ": a value argument cannot be a pointer");
+              return invalid_argument(where() + ", arg " + std::to_string(ai) + ": a value argument cannot be a pointer");
           }
           break;
       }
@@ -99,7 +103,7 @@ Status CudaKernel::launch(const ResolvedLaunchPlan& plan, const CudaBuffers& buf
                                            static_cast<int>(l.shared_mem_bytes));
         if (r != CUDA_SUCCESS) {
           Status e = cu.error(r, "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)", __FILE__, __LINE__);
-          return Status(e.code(), where + ": " + std::to_string(l.shared_mem_bytes) +
+          return Status(e.code(), where() + ": " + std::to_string(l.shared_mem_bytes) +
                                       " bytes of dynamic shared memory: " + e.message());
         }
         enabled.store(l.shared_mem_bytes, std::memory_order_release);
@@ -109,7 +113,7 @@ Status CudaKernel::launch(const ResolvedLaunchPlan& plan, const CudaBuffers& buf
                                    l.shared_mem_bytes, stream, params.data(), nullptr);
     if (r != CUDA_SUCCESS) {
       Status e = cu.error(r, "cuLaunchKernel", __FILE__, __LINE__);
-      return Status(e.code(), where + ": " + e.message());
+      return Status(e.code(), where() + ": " + e.message());
     }
   }
   return Status();

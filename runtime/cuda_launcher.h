@@ -11,8 +11,10 @@
 //   loading is not allowed while capturing). The module is never unloaded: a CUDA graph captured
 //   with these kernels may replay them for the life of the process.
 // - launch() only enqueues work (cuLaunchKernel per launch, in order, on `stream`): it allocates no
-//   device memory, never synchronizes, and is therefore safe inside stream capture. Buffers are
-//   the caller's (the hook allocates outputs and scratch through PyTorch's caching allocator).
+//   device memory, never synchronizes, and is therefore safe inside stream capture. A successful
+//   launch allocates no host memory either once its thread has launched as many arguments before
+//   (per-thread reused parameter arrays). Buffers are the caller's (the hook allocates outputs and
+//   scratch through PyTorch's caching allocator).
 // - Dynamic shared memory above the 48 KiB default is enabled per function before the first launch
 //   that needs it (cuFuncSetAttribute); more than the device allows is a launch error, not a crash.
 // - Errors name the launch, the entry point and the CUresult. Nothing throws.

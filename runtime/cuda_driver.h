@@ -69,6 +69,10 @@ namespace kforge {
   X(cuMemcpyDtoH, 3020)                \
   X(cuStreamSynchronize, 2000)         \
   X(cuStreamIsCapturing, 10000)        \
+  X(cuEventCreate, 2000)               \
+  X(cuEventRecord, 2000)               \
+  X(cuEventQuery, 2000)                \
+  X(cuEventElapsedTime, 2000)          \
   X(cuThreadExchangeStreamCaptureMode, 10010)
 
 // Entry points that may be missing; their members are null when the driver lacks them.

@@ -24,6 +24,7 @@
 
 #include "cache/cache_dir.h"
 #include "interposer/hook/config.h"
+#include "interposer/hook/cuda_timer.h"
 #include "interposer/hook/input_sampler.h"
 #include "interposer/hook/interceptor.h"
 #include "interposer/hook/log.h"
@@ -47,6 +48,7 @@ struct Hook {
   Swapper* swapper = nullptr;
   TargetArch* arch = nullptr;
   InputSampler* sampler = nullptr;
+  CudaTimer* timer = nullptr;
   RegistrationSummary registration;
 };
 
@@ -138,14 +140,19 @@ void start() noexcept {
     };
     hook->sampler = new InputSampler(config.capture_inputs);
     InputSampler* sampler = hook->sampler;
-    options.before_round = [sampler](int32_t pid, RoundExtras& extras) { sampler->drain(pid, extras); };
+    hook->timer = new CudaTimer();
+    CudaTimer* timer = hook->timer;
+    options.before_round = [sampler, timer](int32_t pid, RoundExtras& extras) {
+      sampler->drain(pid, extras);
+      timer->collect(extras);
+    };
     hook->recorder = new Recorder(std::move(options));
     Recorder* recorder = hook->recorder;
     swapper->set_wake([recorder] { recorder->report_now(0); });
     if (config.mode != HookMode::kObserve) swapper->install_process_handlers();
     hook->recorder->start();
 
-    hook->registration = register_catalog(config, *hook->recorder, *hook->arch, hook->sampler);
+    hook->registration = register_catalog(config, *hook->recorder, *hook->arch, hook->sampler, hook->timer);
     if (config.log) {
       std::string reg;
       const RegistrationSummary& rs = hook->registration;
@@ -261,6 +268,11 @@ std::string stats_json() {
                  {"skipped_busy", in.skipped_busy},
                  {"failed", in.failed},
                  {"captured", in.captured}};
+  const CudaTimer::Counters tc = hook->timer->counters();
+  j["cuda_timing"] = {{"timed", tc.timed},
+                      {"skipped_capturing", tc.skipped_capturing},
+                      {"skipped_other", tc.skipped_other},
+                      {"dropped_stale", tc.dropped_stale}};
   return j.dump();
 }
 

@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 
+#include "interposer/hook/cuda_timer.h"
 #include "interposer/hook/input_sampler.h"
 #include "interposer/hook/log.h"
 #include "interposer/hook/recorder.h"
@@ -33,6 +34,7 @@ struct InterceptedOp {
   const uint32_t num_returns;              // from the schema
   const bool returns_tensors;              // every return is a Tensor (what replacements can make)
   InputSampler* sampler = nullptr;         // set at registration, before the interceptor exists
+  CudaTimer* timer = nullptr;              // likewise; null: CUDA calls are not timed
   std::atomic<bool> enabled{true};         // false: kforge code failed here; pass straight through
 
   void disable(std::string_view why) noexcept {

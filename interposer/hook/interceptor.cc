@@ -22,6 +22,7 @@
 #include <type_traits>
 
 #include "interposer/hook/catalog.h"
+#include "interposer/hook/cuda_timer.h"
 #include "interposer/hook/intercepted_op.h"
 #include "interposer/hook/log.h"
 #include "interposer/hook/replacement_table.h"
@@ -51,8 +52,8 @@ std::unique_ptr<OpSignature> make_signature(void* context) {
 // table, a probe of this thread's counter table, then the original kernel. The arguments stay on
 // the stack untouched for the original to consume. A thread's first call of a signature also
 // builds the OpSignature (allocating) and checks its id against the fast one. One CPU call in
-// KFORGE_SAMPLE_RATE is timed with steady_clock around the original; CUDA calls are not timed yet
-// (that needs CUDA events, and never inside stream capture).
+// KFORGE_SAMPLE_RATE is timed with steady_clock around the original. The boxed interceptor does
+// not time CUDA calls; the typed one does, with CUDA events (cuda_timer.h).
 class Interceptor final : public c10::OperatorKernel {
  public:
   explicit Interceptor(InterceptedOp* op) : op_(op) {}
@@ -163,7 +164,8 @@ struct TypedInterceptor<R(A...)> {
       return original.call<R, A...>(op.handle, keys, std::forward<A>(args)...);
     }
     SignatureWriter writer;
-    if (!write_typed_signature(op.identity, *op.arch, writer, args...)) {
+    int cuda_index = -1;
+    if (!write_typed_signature(op.identity, *op.arch, writer, cuda_index, args...)) {
       op.recorder->on_unknown_call();
       return original.call<R, A...>(op.handle, keys, std::forward<A>(args)...);
     }
@@ -171,8 +173,9 @@ struct TypedInterceptor<R(A...)> {
     const Replacement* r = ReplacementTable::current()->find(id);
 
     Pending pending{&op, {args...}};
+    const bool cuda = op.identity.backend == Backend::kCuda;
     const Recorder::Call call =
-        op.recorder->on_call(id, &make_signature, &pending, op.identity.backend == Backend::kCpu);
+        op.recorder->on_call(id, &make_signature, &pending, !cuda || (op.timer != nullptr && cuda_index >= 0));
     if (call.id_mismatch) [[unlikely]] op.disable("signature encoders disagree");
 
     if (r != nullptr && !in_swap_call() && !call.id_mismatch) [[unlikely]] {
@@ -188,6 +191,13 @@ struct TypedInterceptor<R(A...)> {
       }
     }
 
+    if (call.sample && cuda) {
+      // Device time, from CUDA events read later by the reporter thread (cuda_timer.h).
+      const CudaTimer::Mark mark = op.timer->begin(cuda_index);
+      R result = original.call<R, A...>(op.handle, keys, std::forward<A>(args)...);
+      op.timer->end(mark, id);
+      return result;
+    }
     if (call.sample) {
       const auto t0 = std::chrono::steady_clock::now();
       R result = original.call<R, A...>(op.handle, keys, std::forward<A>(args)...);
@@ -244,7 +254,7 @@ const char* key_name(c10::DispatchKey key) { return key == c10::DispatchKey::CUD
 }  // namespace
 
 RegistrationSummary register_catalog(const HookConfig& config, Recorder& recorder, TargetArch& arch,
-                                     InputSampler* sampler) noexcept {
+                                     InputSampler* sampler, CudaTimer* timer) noexcept {
   RegistrationSummary summary;
   try {
     struct Key {
@@ -305,6 +315,7 @@ RegistrationSummary register_catalog(const HookConfig& config, Recorder& recorde
                                        handle->getComputedKernelForDispatchKey(k.key), &recorder, &arch,
                                        static_cast<uint32_t>(returns.size()), tensor_returns);
           op->sampler = sampler;
+          op->timer = timer;
           std::string impl_name(cat.name.substr(cat.name.find("::") + 2));
           if (!cat.overload.empty()) impl_name += "." + std::string(cat.overload);
           // The typed interceptor where the catalog operator has one; the boxed one otherwise, or

@@ -37,9 +37,11 @@ struct RegistrationSummary {
 
 // Never throws: a failure skips the operator (or, if the libraries cannot be made, everything)
 // with the reason in `skipped`.
-// `sampler` (may be null) gets each thread's first call of each signature (input_sampler.h).
+// `sampler` (may be null) gets each thread's first call of each signature (input_sampler.h);
+// `timer` (may be null: CUDA calls are then not timed) times sampled CUDA calls (cuda_timer.h).
 class InputSampler;
+class CudaTimer;
 RegistrationSummary register_catalog(const HookConfig& config, Recorder& recorder, TargetArch& arch,
-                                     InputSampler* sampler) noexcept;
+                                     InputSampler* sampler, CudaTimer* timer) noexcept;
 
 }  // namespace kforge::hook

@@ -254,6 +254,13 @@ Recorder::TotalsMap Recorder::merge_locked() const {
       }
     });
   }
+  // Device times measured by the reporter (CudaTimer) for calls the slots above counted.
+  for (const auto& [id, timed] : device_timed_) {
+    auto it = m.find(id);
+    if (it == m.end()) continue;
+    it->second.sampled_calls += timed.first;
+    it->second.sampled_ns += timed.second;
+  }
   return m;
 }
 
@@ -400,6 +407,11 @@ void Recorder::build_and_offer_reports() {
       input_stats_[id] = std::move(stats);
       if (auto it = last_reported_calls_.find(id); it != last_reported_calls_.end()) it->second = UINT64_MAX;
     }
+    for (const auto& [id, ns] : extras.timed) {
+      auto& [n, total] = device_timed_[id];
+      ++n;
+      total += ns;
+    }
     // A report the client dropped (no daemon connected yet, or a slow one) carried counts that
     // only appear again when they change. Counts are cumulative, so after any drop the next round
     // reports every signature again: a daemon that connects late still learns everything.
@@ -509,6 +521,8 @@ void Recorder::after_fork_child() noexcept {
   r->reports_built_ = 0;
   r->reports_offered_ = 0;
   r->last_reported_calls_.clear();
+  r->input_stats_.clear();
+  r->device_timed_.clear();
   r->wake_ = new std::condition_variable();
   r->round_done_ = new std::condition_variable();
   r->rounds_ = 0;

@@ -64,6 +64,9 @@ struct RoundExtras {
   std::vector<std::pair<SignatureId, std::vector<wire::InputStats>>> stats;
   // Offered to the daemon after the round's reports (CapturedInputs).
   std::vector<wire::WireMessage> messages;
+  // Device times (ns) of sampled calls, one per call, measured off the calling thread (CUDA
+  // events); counted as sampled calls of the signature.
+  std::vector<std::pair<SignatureId, uint64_t>> timed;
 };
 
 // What the background thread needs that the hook knows at load.
@@ -130,7 +133,8 @@ class Recorder {
     bool id_mismatch = false;      // the built signature's id differs from `id`: disable the op
   };
   // Counts one call of signature `id`. Hot path for a known signature: no lock, no allocation.
-  // `timeable`: the caller can time this call (CPU); only such calls take part in sampling.
+  // `timeable`: the caller can time this call (CPU with a clock, CUDA with events); only such
+  // calls take part in sampling.
   Call on_call(const SignatureId& id, SignatureFactory make, void* context, bool timeable) noexcept;
   // A call whose signature could not be computed on the fast path.
   void on_unknown_call() noexcept;
@@ -206,6 +210,7 @@ class Recorder {
   uint64_t reports_offered_ = 0;
   std::unordered_map<SignatureId, uint64_t, IdHash> last_reported_calls_;
   std::unordered_map<SignatureId, std::vector<wire::InputStats>, IdHash> input_stats_;
+  std::unordered_map<SignatureId, std::pair<uint64_t, uint64_t>, IdHash> device_timed_;   // calls, ns
   uint64_t extras_offered_ = 0;
   uint64_t extras_refused_ = 0;
   uint64_t drops_seen_ = 0;          // the client's drop count at the last round (guarded by mu_)

@@ -64,11 +64,15 @@ bool typed_arg(TypedVisit& v, const c10::Scalar& s) noexcept;
 // Writes the target; false when the call's arch cannot be known.
 bool typed_finish(const OpIdentity& op, TargetArch& arch, TypedVisit& v) noexcept;
 
+// `cuda_index` gets the first CUDA tensor's device index (-1 if none).
 template <class... A>
-bool write_typed_signature(const OpIdentity& op, TargetArch& arch, SignatureWriter& out, const A&... args) noexcept {
+bool write_typed_signature(const OpIdentity& op, TargetArch& arch, SignatureWriter& out, int& cuda_index,
+                           const A&... args) noexcept {
   out.begin(op.name, op.overload, op.num_arguments);
   TypedVisit v{out};
-  return (typed_arg(v, args) && ...) && typed_finish(op, arch, v);
+  const bool ok = (typed_arg(v, args) && ...) && typed_finish(op, arch, v);
+  cuda_index = v.cuda_index;
+  return ok;
 }
 
 // Null when the signature is unknown. May throw std::bad_alloc.

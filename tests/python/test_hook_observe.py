@@ -687,6 +687,9 @@ with torch.no_grad():
                 "gelu": F.gelu(xh, approximate="tanh")}
     out.update({k: v.cpu() for k, v in step.items()})
 torch.save(out, os.environ["KFORGE_TEST_OUT"])
+if lib:
+    torch.cuda.synchronize()
+    assert lib.kforge_hook_report_now(20000) == 1   # the reporter reads the timing events
 emit({"stats": stats(), "cc": list(torch.cuda.get_device_capability())})
 """
 
@@ -694,7 +697,8 @@ emit({"stats": stats(), "cc": list(torch.cuda.get_device_capability())})
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_calls_are_observed_and_unchanged(hook_path, tmp_path):
     run_child(CUDA, child_env(KFORGE_TEST_OUT=tmp_path / "plain.pt"))
-    hooked, _, _ = run_child(CUDA, child_env(hook_path, KFORGE_TEST_OUT=tmp_path / "hooked.pt"))
+    hooked, _, _ = run_child(CUDA, child_env(hook_path, KFORGE_TEST_OUT=tmp_path / "hooked.pt",
+                                             KFORGE_SAMPLE_RATE=1))
     assert_bitwise_equal(tmp_path / "plain.pt", tmp_path / "hooked.pt")
     out = torch.load(tmp_path / "hooked.pt")
     assert torch.equal(out["graph"], out["graph_eager"])
@@ -708,5 +712,13 @@ def test_cuda_calls_are_observed_and_unchanged(hook_path, tmp_path):
         assert calls.get(op) == 5, (op, calls)
     # silu and add: once while capturing, once eagerly (a replay runs kernels, not operators).
     assert calls.get("aten::silu") == 2 and calls.get("aten::add.Tensor") == 2, calls
-    # CUDA calls are not timed yet (that needs CUDA events).
-    assert all(sig["sampled_calls"] == 0 for sig in cuda)
+    # With KFORGE_SAMPLE_RATE=1 every eager call is timed with CUDA events (cuda_timer.h); the two
+    # calls made while capturing are not (an event record would become part of the graph).
+    timed = {sig["op"]: (sig["sampled_calls"], sig["sampled_ns"]) for sig in cuda}
+    for op in ["aten::_softmax", "aten::_log_softmax", "aten::native_layer_norm", "aten::native_group_norm",
+               "aten::gelu"]:
+        assert timed[op][0] == 5 and timed[op][1] > 0, (op, timed)
+    assert timed["aten::silu"][0] == 1 and timed["aten::add.Tensor"][0] == 1, timed
+    assert s["cuda_timing"] == {"timed": 27, "skipped_capturing": 2, "skipped_other": 0, "dropped_stale": 0}
+    # The input sampler likewise copies nothing while capturing: silu and add were first seen there.
+    assert s["inputs"]["skipped_capturing"] == 2 and s["inputs"]["sampled"] == 5 and s["inputs"]["failed"] == 0

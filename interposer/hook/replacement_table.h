@@ -17,16 +17,16 @@
 #include <utility>
 #include <vector>
 
+#include <cuda.h>   // CUcontext only: no CUDA library is linked (runtime/cuda_driver.h)
+
 #include "runtime/op_signature.h"
-
-namespace kforge::hook {
-
-}  // namespace kforge::hook
 
 namespace kforge {
 struct KernelSpec;
 struct ResolvedLaunchPlan;
 class CpuModule;
+class CudaDriver;
+class CudaKernel;
 }  // namespace kforge
 
 namespace kforge::hook {
@@ -43,19 +43,55 @@ struct SwapCounters {
   std::atomic<uint64_t> active_calls{0};
   std::atomic<uint64_t> fallbacks{0};        // active calls that fell back to PyTorch's kernel
   std::atomic<uint32_t> clean_shadow_calls{0};
+  // CUDA only. Calls on a device the entry is not loaded on: PyTorch's kernel ran (not a failure).
+  std::atomic<uint64_t> unloaded_device_calls{0};
+  // CUDA only. Shadow-state calls while the stream was capturing a CUDA graph: PyTorch's kernel
+  // only, no comparison (it would synchronize), not counted in shadow_calls (Note [Swap states]).
+  std::atomic<uint64_t> capture_shadow_skips{0};
 };
 
-// What a hit runs: a loaded CPU entry, its plan resolved for this signature. Immutable once
-// published (only the counters change); never freed, like the tables that point at it.
+// A CUDA entry's module on one device, loaded in that device's primary context (the context torch
+// uses there), which the loader retained for the life of the process.
+struct CudaDeviceModule {
+  const CudaKernel* kernel = nullptr;
+  CUcontext context = nullptr;
+};
+
+// A CUDA entry's modules, by device ordinal (torch's device index). Shared by every Replacement
+// made for the entry (shadow, then active). The loader (reporter thread) fills a slot once, from
+// null to its final value with a release store, when it has loaded the entry on that device; a
+// slot is never cleared, and nothing it points at is ever freed or unloaded (a captured CUDA graph
+// may launch the kernels until the process ends). Calling threads read a slot with one acquire
+// load; a null slot means "not loaded on this device": that call runs PyTorch's kernel.
+struct CudaModules {
+  static constexpr int kMaxDevices = 64;   // as TargetArch::kMaxCudaDevices
+
+  explicit CudaModules(const CudaDriver* d) : driver(d) {}
+  CudaModules(const CudaModules&) = delete;
+  CudaModules& operator=(const CudaModules&) = delete;
+
+  const CudaDeviceModule* on_device(int ordinal) const noexcept {
+    if (ordinal < 0 || ordinal >= kMaxDevices) return nullptr;
+    return by_device[ordinal].load(std::memory_order_acquire);
+  }
+
+  const CudaDriver* const driver;   // the process-wide CudaDriver::load(); never null
+  std::atomic<const CudaDeviceModule*> by_device[kMaxDevices] = {};
+};
+
+// What a hit runs: a loaded entry, its plan resolved for this signature. Immutable once published
+// (only the counters and CudaModules' slots change); never freed, like the tables that point at it.
 struct Replacement {
   SignatureId id;                     // the signature
   SignatureId key;                    // the cache entry (EntryKey)
   SwapState state = SwapState::kShadow;
+  Backend backend = Backend::kCpu;    // the signature's target backend, and the entry's
   uint32_t shadow_target = 20;        // clean shadow calls that end the trial
   bool activate_after_shadow = true;  // KFORGE_MODE=active; shadow mode keeps shadowing
   const KernelSpec* spec = nullptr;
   const ResolvedLaunchPlan* plan = nullptr;
-  const CpuModule* module = nullptr;
+  const CpuModule* module = nullptr;  // Backend::kCpu
+  CudaModules* cuda = nullptr;        // Backend::kCuda
   SwapCounters* counters = nullptr;
   Swapper* owner = nullptr;
 };

@@ -1,15 +1,22 @@
 #include "interposer/hook/swap_call.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <exception>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "interposer/hook/log.h"
 #include "interposer/hook/swapper.h"
 #include "runtime/cpu_backend.h"
+#include "runtime/cuda_driver.h"
+#include "runtime/cuda_launcher.h"
 #include "runtime/kernel_spec.h"
 
 namespace kforge::hook {
@@ -46,16 +53,169 @@ c10::ScalarType scalar_type_of(DType t) {
   return c10::ScalarType::Undefined;
 }
 
-// Runs the replacement on the arguments `args` (the op's inputs, still owned by the caller) into
-// fresh outputs allocated through torch with the plan's dtype, sizes and strides. Returns an empty
-// string on success, else why it failed. May throw (torch allocation): callers catch.
-std::string run_candidate(const InterceptedOp& op, const Replacement& r, const c10::IValue* args,
-                          std::vector<at::Tensor>& outs) {
-  const ResolvedLaunchPlan& plan = *r.plan;
+// Empty when the plan's outputs are what the operator returns, else why not.
+std::string check_outputs(const InterceptedOp& op, const ResolvedLaunchPlan& plan) {
   if (!op.returns_tensors || plan.outputs.size() != op.num_returns) {
     return "the entry's plan makes " + std::to_string(plan.outputs.size()) + " tensor outputs but " + op.name +
            " returns " + std::to_string(op.num_returns) + (op.returns_tensors ? " tensors" : " values, not all tensors");
   }
+  return {};
+}
+
+// Note [CUDA calls]
+// A CUDA hit runs on the device of its tensor inputs (the signature has no device index): all
+// defined tensor inputs must be CUDA tensors on one device d. With no tensor input, or inputs on
+// several devices, the call is PyTorch's business (its kernel runs and reports whatever it
+// reports); a CPU tensor among the inputs is the entry's failure (its signature says where each
+// input lives, so every call would fail alike). The entry's module for d (CudaModules) must be
+// loaded, else PyTorch's kernel runs (counted, not a failure). Then, for the whole hit:
+//   - a DeviceGuard makes d torch's current device, and d's primary context (the one the loader
+//     loaded the module into, torch's) is made current with push/pop if it is not already: a
+//     thread whose first CUDA work is this call may have no context current yet;
+//   - the stream is torch's current stream of d, read through c10's device-generic guard interface
+//     (so the hook needs no link to libc10_cuda and still loads with a CPU-only torch);
+//   - cuStreamIsCapturing on that stream decides what capture allows (Note [Swap states]);
+//   - outputs and scratch come from at::empty_strided / at::empty on d: torch's caching allocator,
+//     stream-ordered on the current stream and legal under graph capture; scratch goes back to it
+//     when the call returns, ordered after the launch on that stream;
+//   - CudaKernel::launch enqueues the plan on the stream: nothing synchronizes in the active path.
+// A driver error before the launch (making the context current, the capture query) is not the
+// entry's fault: the call runs PyTorch's kernel and the first such error is logged. A launch
+// error is: active falls back and disables the entry, shadow disables it.
+struct CudaCall {
+  c10::DeviceIndex device = -1;
+  const CudaDeviceModule* module = nullptr;
+  CUstream stream = nullptr;
+  CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
+  // Destroyed in reverse order: the context is popped before the device guard restores torch's
+  // previous device.
+  std::optional<c10::DeviceGuard> device_guard;
+  std::optional<ScopedCurrentContext> context;
+};
+
+enum class CallDevice { kOne, kNone, kSeveral, kNotCuda };
+
+// The CUDA device of the call's tensor inputs (Note [CUDA calls]). kNotCuda sets `why`. Never
+// throws (out of memory for `why`: kNone, so PyTorch's kernel runs).
+CallDevice call_device(const InterceptedOp& op, const c10::IValue* args, c10::DeviceIndex& device,
+                       std::string& why) noexcept {
+  device = -1;
+  try {
+    for (uint32_t i = 0; i < op.identity.num_arguments; ++i) {
+      if (!args[i].isTensor()) continue;
+      const at::Tensor& t = args[i].toTensor();
+      if (!t.defined()) continue;
+      if (!t.is_cuda()) {
+        why = "input " + std::to_string(i) + " is not a CUDA tensor";
+        return CallDevice::kNotCuda;
+      }
+      if (device < 0) {
+        device = t.get_device();
+      } else if (t.get_device() != device) {
+        return CallDevice::kSeveral;
+      }
+    }
+  } catch (...) {
+    return CallDevice::kNone;
+  }
+  return device < 0 ? CallDevice::kNone : CallDevice::kOne;
+}
+
+// Makes call.device and its primary context current on this thread until leave_device(call), and
+// reads torch's current stream there and its capture status. Empty: done; else why not (a driver
+// or torch error, none of the entry's doing). Never throws.
+std::string enter_device(const CudaDriver& cu, CudaCall& call) noexcept {
+  try {
+    const c10::Device device(c10::DeviceType::CUDA, call.device);
+    call.device_guard.emplace(device);
+    StatusOr<ScopedCurrentContext> context = ScopedCurrentContext::make_current(cu, call.module->context);
+    if (!context.ok()) return context.status().message();
+    call.context.emplace(std::move(*context));
+    const c10::impl::DeviceGuardImplInterface* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+    call.stream = static_cast<CUstream>(impl->getStreamNativeHandle(impl->getStream(device)));
+    if (const CUresult res = cu.cuStreamIsCapturing(call.stream, &call.capture); res != CUDA_SUCCESS) {
+      return cu.error(res, "cuStreamIsCapturing(torch's current stream)", __FILE__, __LINE__).message();
+    }
+    return {};
+  } catch (const std::exception& e) {
+    return std::string("cannot enter the device: ") + e.what();
+  } catch (...) {
+    return "cannot enter the device";
+  }
+}
+
+// Restores the context and then the device enter_device found, before PyTorch's kernel runs or the
+// call returns.
+void leave_device(CudaCall& call) noexcept {
+  call.context.reset();
+  call.device_guard.reset();
+}
+
+// The first driver error that made a CUDA hit run PyTorch's kernel, once per process (stderr, one
+// write: the only I/O a calling thread does, and only once).
+void log_cuda_passthrough(const Replacement& r, const std::string& why) noexcept {
+  static std::atomic<bool> logged{false};
+  if (logged.exchange(true, std::memory_order_relaxed)) return;
+  try {
+    log_line("a CUDA call of entry " + r.key.hex() + " ran PyTorch's kernel: " + why +
+             " (logged once; later such calls are not logged)");
+  } catch (...) {
+  }
+}
+
+// Runs a CUDA entry (Note [CUDA calls]) on `args` into fresh outputs on call.device, on call.stream.
+// Empty: launched. May throw (torch allocation): callers catch.
+std::string run_candidate_cuda(const InterceptedOp& op, const Replacement& r, const c10::IValue* args,
+                               const CudaCall& call, std::vector<at::Tensor>& outs) {
+  const ResolvedLaunchPlan& plan = *r.plan;
+  if (std::string why = check_outputs(op, plan); !why.empty()) return why;
+  // Reused per thread: a hit allocates nothing of its own once its thread has made one.
+  thread_local CudaBuffers io;
+  io.inputs.assign(op.identity.num_arguments, 0);
+  io.outputs.clear();
+  io.scratch.clear();
+  for (uint32_t i = 0; i < op.identity.num_arguments; ++i) {
+    if (!args[i].isTensor()) continue;
+    const at::Tensor& t = args[i].toTensor();
+    if (!t.defined()) continue;
+    if (!t.is_cuda() || t.get_device() != call.device) {
+      return "input " + std::to_string(i) + " is not on cuda:" + std::to_string(call.device);
+    }
+    // const_data_ptr: reading must not materialize a copy-on-write tensor.
+    io.inputs[i] = reinterpret_cast<CUdeviceptr>(t.const_data_ptr());
+  }
+  const at::TensorOptions on_device = at::TensorOptions().device(c10::Device(c10::DeviceType::CUDA, call.device));
+  outs.clear();
+  outs.reserve(plan.outputs.size());
+  for (const ResolvedOutput& o : plan.outputs) {
+    outs.push_back(at::empty_strided(o.sizes, o.strides, on_device.dtype(scalar_type_of(o.dtype))));
+    io.outputs.push_back(reinterpret_cast<CUdeviceptr>(outs.back().mutable_data_ptr()));
+  }
+  c10::SmallVector<at::Tensor, 4> scratch;
+  for (const ResolvedScratch& sc : plan.scratch) {
+    if (sc.bytes <= 0) {
+      io.scratch.push_back(0);
+      continue;
+    }
+    scratch.push_back(at::empty({sc.bytes}, on_device.dtype(at::kByte)));
+    io.scratch.push_back(reinterpret_cast<CUdeviceptr>(scratch.back().mutable_data_ptr()));
+  }
+  const Status s = call.module->kernel->launch(plan, io, call.stream);
+  if (!s.ok()) return "launch failed on cuda:" + std::to_string(call.device) + ": " + s.message();
+  return {};
+}
+
+// Runs the replacement on the arguments `args` (the op's inputs, still owned by the caller) into
+// fresh outputs allocated through torch with the plan's dtype, sizes and strides. Returns an empty
+// string on success, else why it failed. May throw (torch allocation): callers catch.
+std::string run_candidate(const InterceptedOp& op, const Replacement& r, const c10::IValue* args,
+                          std::vector<at::Tensor>& outs, const CudaCall* cuda) {
+  if (r.backend == Backend::kCuda) {
+    if (cuda == nullptr) return "internal error: a CUDA entry without a CUDA call";
+    return run_candidate_cuda(op, r, args, *cuda, outs);
+  }
+  const ResolvedLaunchPlan& plan = *r.plan;
+  if (std::string why = check_outputs(op, plan); !why.empty()) return why;
   CpuBuffers io;
   io.inputs.assign(op.identity.num_arguments, nullptr);
   for (uint32_t i = 0; i < op.identity.num_arguments; ++i) {
@@ -150,12 +310,14 @@ std::string compare_output(size_t i, const at::Tensor& orig, const at::Tensor& c
 }
 
 // After the original ran on `args` and left its outputs on top of `stack`: runs the candidate and
-// the float64 reference and compares every output. Empty string: passed. May throw.
+// the float64 reference (PyTorch's kernel on double inputs, on the inputs' device) and compares
+// every output. Empty string: passed. May throw. On CUDA the comparison synchronizes (.item()):
+// callers never run it while the stream is capturing.
 std::string shadow_compare(const InterceptedOp& op, const Replacement& r, const c10::OperatorHandle& handle,
                            c10::DispatchKeySet keys, const std::vector<c10::IValue>& args,
-                           const torch::jit::Stack& stack) {
+                           const torch::jit::Stack& stack, const CudaCall* cuda) {
   std::vector<at::Tensor> cand;
-  if (std::string err = run_candidate(op, r, args.data(), cand); !err.empty()) return err;
+  if (std::string err = run_candidate(op, r, args.data(), cand, cuda); !err.empty()) return err;
   if (stack.size() < op.num_returns) return "PyTorch's kernel left too few outputs";
   const c10::IValue* orig = stack.data() + (stack.size() - op.num_returns);
 
@@ -199,7 +361,7 @@ static void run_shadow(const InterceptedOp& op, const Replacement& r, const c10:
   std::string why;
   try {
     SwapScope scope;
-    why = shadow_compare(op, r, handle, keys, args, *stack);
+    why = shadow_compare(op, r, handle, keys, args, *stack, nullptr);
   } catch (const std::exception& e) {
     why = std::string("shadow call threw: ") + e.what();
   } catch (...) {
@@ -222,7 +384,7 @@ static void run_active(const InterceptedOp& op, const Replacement& r, const c10:
   std::string why;
   try {
     SwapScope scope;
-    why = run_candidate(op, r, stack->data() + (stack->size() - n), outs);
+    why = run_candidate(op, r, stack->data() + (stack->size() - n), outs, nullptr);
   } catch (const std::exception& e) {
     why = std::string("threw: ") + e.what();
   } catch (...) {
@@ -239,10 +401,127 @@ static void run_active(const InterceptedOp& op, const Replacement& r, const c10:
   r.counters->active_calls.fetch_add(1, std::memory_order_relaxed);
 }
 
+// A CUDA hit (Note [CUDA calls]). Shadow: PyTorch's kernel first (its outputs are the caller's),
+// then, unless the stream is capturing, the entry on the same inputs and the comparison. Active:
+// the entry alone, also while capturing. Both run PyTorch's kernel instead where the entry cannot
+// run (no module on the device, inputs on no or several devices, a driver error before the
+// launch) without counting it against the entry.
+static void run_cuda(const InterceptedOp& op, const Replacement& r, const c10::OperatorHandle& handle,
+                     c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  const uint32_t n = op.identity.num_arguments;
+  const bool active = r.state == SwapState::kActive;
+  const CudaDriver& cu = *r.cuda->driver;
+  CudaCall call;
+  std::string why;
+  switch (call_device(op, stack->data() + (stack->size() - n), call.device, why)) {
+    case CallDevice::kOne:
+      call.module = r.cuda->on_device(call.device);
+      if (call.module == nullptr) {
+        r.counters->unloaded_device_calls.fetch_add(1, std::memory_order_relaxed);
+        op.original.callBoxed(handle, keys, stack);
+        return;
+      }
+      break;
+    case CallDevice::kNone:
+    case CallDevice::kSeveral:
+      op.original.callBoxed(handle, keys, stack);
+      return;
+    case CallDevice::kNotCuda:
+      if (active) {
+        r.counters->fallbacks.fetch_add(1, std::memory_order_relaxed);
+        r.owner->fail(r, "active call failed: " + why);
+      }
+      op.original.callBoxed(handle, keys, stack);
+      if (!active) {
+        r.counters->shadow_calls.fetch_add(1, std::memory_order_relaxed);
+        r.owner->fail(r, "shadow mismatch: " + why);
+      }
+      return;
+  }
+
+  if (active) {
+    std::vector<at::Tensor> outs;
+    bool pytorch = false;
+    try {
+      SwapScope scope;
+      std::string driver_error = enter_device(cu, call);
+      if (!driver_error.empty()) {
+        log_cuda_passthrough(r, driver_error);
+        pytorch = true;
+      } else if (call.capture != CU_STREAM_CAPTURE_STATUS_NONE && call.capture != CU_STREAM_CAPTURE_STATUS_ACTIVE) {
+        pytorch = true;   // an invalidated capture: PyTorch's kernel reports it, as without kforge
+      } else {
+        why = run_candidate(op, r, stack->data() + (stack->size() - n), outs, &call);
+      }
+    } catch (const std::exception& e) {
+      why = std::string("threw: ") + e.what();
+    } catch (...) {
+      why = "threw";
+    }
+    leave_device(call);
+    if (pytorch) {
+      op.original.callBoxed(handle, keys, stack);
+      return;
+    }
+    if (!why.empty()) {
+      r.counters->fallbacks.fetch_add(1, std::memory_order_relaxed);
+      r.owner->fail(r, "active call failed: " + why);
+      op.original.callBoxed(handle, keys, stack);
+      return;
+    }
+    torch::jit::drop(*stack, n);
+    for (at::Tensor& t : outs) stack->emplace_back(std::move(t));
+    r.counters->active_calls.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+
+  std::vector<c10::IValue> args;
+  try {
+    args.assign(stack->end() - n, stack->end());
+  } catch (...) {
+    op.original.callBoxed(handle, keys, stack);
+    return;
+  }
+  // An exception from PyTorch's own kernel reaches the caller, as without kforge.
+  op.original.callBoxed(handle, keys, stack);
+  bool compared = false;
+  try {
+    SwapScope scope;
+    std::string driver_error = enter_device(cu, call);
+    if (!driver_error.empty()) {
+      log_cuda_passthrough(r, driver_error);
+    } else if (call.capture != CU_STREAM_CAPTURE_STATUS_NONE) {
+      // Note [Swap states]: the comparison would synchronize inside the capture.
+      r.counters->capture_shadow_skips.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      compared = true;
+      r.counters->shadow_calls.fetch_add(1, std::memory_order_relaxed);
+      // Our own synchronizing work, no part of any capture: relaxed, so it does not fail for (or
+      // disturb) a graph another thread captures in global mode (ScopedCaptureMode).
+      const ScopedCaptureMode relaxed(cu, CU_STREAM_CAPTURE_MODE_RELAXED);
+      why = shadow_compare(op, r, handle, keys, args, *stack, &call);
+    }
+  } catch (const std::exception& e) {
+    compared = true;
+    why = std::string("shadow call threw: ") + e.what();
+  } catch (...) {
+    compared = true;
+    why = "shadow call threw";
+  }
+  leave_device(call);
+  if (!compared) return;
+  if (why.empty()) {
+    r.owner->shadow_clean(r);
+  } else {
+    r.owner->fail(r, "shadow mismatch: " + why);
+  }
+}
 
 void run_replacement(const InterceptedOp& op, const Replacement& r, const c10::OperatorHandle& handle,
                      c10::DispatchKeySet keys, torch::jit::Stack* stack) {
-  if (r.state == SwapState::kActive) {
+  if (r.backend == Backend::kCuda) {
+    run_cuda(op, r, handle, keys, stack);
+  } else if (r.state == SwapState::kActive) {
     run_active(op, r, handle, keys, stack);
   } else {
     run_shadow(op, r, handle, keys, stack);

@@ -1,8 +1,13 @@
 // The replacement path: what an intercepted call does when ReplacementTable has an entry for its
-// signature (Note [Swap states] in swapper.h). Shadow state runs PyTorch's kernel (whose outputs
-// the caller gets), then the entry on the same inputs, and compares them against a float64
-// reference (Note [Shadow comparison] in swap_call.cc); active state runs the entry alone and falls
-// back to PyTorch's kernel on any error.
+// signature (Note [Swap states] in swapper.h), for CPU and CUDA entries alike. Shadow state runs
+// PyTorch's kernel (whose outputs the caller gets), then the entry on the same inputs, and
+// compares them against a float64 reference (Note [Shadow comparison] in swap_call.cc); active
+// state runs the entry alone and falls back to PyTorch's kernel on any error. A CUDA entry runs on
+// its inputs' device, on torch's current stream there, with outputs from torch's caching allocator
+// (Note [CUDA calls] in swap_call.cc); while that stream is capturing a CUDA graph an active entry
+// is launched (and captured) as usual, and a shadow call runs PyTorch's kernel only, uncompared and
+// uncounted, because the comparison synchronizes. Calling threads only: no I/O (beyond one log line
+// the first time a CUDA call cannot enter its device), no lock but Swapper's on a state change.
 //
 //   if (r != nullptr && !in_swap_call()) run_replacement(op, *r, handle, keys, stack);
 #pragma once

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "interposer/hook/cuda_devices.h"
 #include "interposer/hook/log.h"
 #include "runtime/cpu_backend.h"
 #include "runtime/kernel_spec.h"
@@ -22,10 +23,25 @@ namespace {
 
 std::atomic<Swapper*> g_swapper{nullptr};
 
-// Note [Environment rule] in swapper.h: every field but the compiler.
-bool environment_matches(const Environment& host, Environment entry) {
-  entry.compiler = host.compiler;
-  return entry == host;
+// The entry's environment with the one field the hook cannot know replaced by the host's.
+Environment as_seen_by(const Environment& host, Environment entry) {
+  if (host.backend == Backend::kCpu) entry.compiler = host.compiler;
+  if (host.backend == Backend::kCuda) entry.nvrtc_version = host.nvrtc_version;
+  return entry;
+}
+
+std::string join(const std::vector<std::string>& lines) {
+  std::string out;
+  for (const std::string& l : lines) out += (out.empty() ? "" : ", ") + l;
+  return out;
+}
+
+std::string cuda_device_name(int ordinal) { return "cuda:" + std::to_string(ordinal); }
+
+std::string device_list(const std::vector<int>& ordinals) {
+  std::string out;
+  for (int d : ordinals) out += (out.empty() ? "" : ", ") + cuda_device_name(d);
+  return out;
 }
 
 bool pid_alive(int32_t pid) {
@@ -35,6 +51,15 @@ bool pid_alive(int32_t pid) {
 }
 
 }  // namespace
+
+// Note [Environment rule] in swapper.h.
+bool entry_environment_matches(const Environment& host, const Environment& entry) {
+  return as_seen_by(host, entry) == host;
+}
+
+std::vector<std::string> entry_environment_differences(const Environment& host, const Environment& entry) {
+  return host.differences(as_seen_by(host, entry));
+}
 
 Swapper::Swapper(SwapperOptions options) : options_(std::move(options)) {}
 
@@ -145,12 +170,20 @@ SwapStats Swapper::stats() const {
     SwapStats::Entry e;
     e.id = id;
     e.key = rec.key.hex();
+    e.backend = rec.backend;
     e.state = rec.state;
     e.reason = rec.reason;
     e.shadow_calls = rec.counters->shadow_calls.load(std::memory_order_relaxed);
     e.active_calls = rec.counters->active_calls.load(std::memory_order_relaxed);
     e.fallbacks = rec.counters->fallbacks.load(std::memory_order_relaxed);
     e.clean_shadow_calls = rec.counters->clean_shadow_calls.load(std::memory_order_relaxed);
+    e.unloaded_device_calls = rec.counters->unloaded_device_calls.load(std::memory_order_relaxed);
+    e.capture_shadow_skips = rec.counters->capture_shadow_skips.load(std::memory_order_relaxed);
+    if (rec.cuda != nullptr) {
+      for (int d = 0; d < CudaModules::kMaxDevices; ++d) {
+        if (rec.cuda->on_device(d) != nullptr) e.devices.push_back(d);
+      }
+    }
     st.entries.push_back(std::move(e));
   }
   return st;
@@ -285,7 +318,7 @@ void Swapper::process_events() {
   }
 }
 
-std::optional<StoredEntry> Swapper::find_entry(const OpSignature& sig) {
+std::optional<StoredEntry> Swapper::find_entry(const OpSignature& sig, const EnvironmentCheck& fits) {
   StatusOr<std::vector<EntryKey>> keys = store_->list();
   if (!keys.ok()) return std::nullopt;
   for (const EntryKey& k : *keys) {
@@ -300,8 +333,13 @@ std::optional<StoredEntry> Swapper::find_entry(const OpSignature& sig) {
   for (const EntryKey& k : candidates) {
     StatusOr<StoredEntry> e = store_->load(k);   // again: its state may have changed
     if (!e.ok()) continue;
-    if (!(e->signature == sig) || e->environment.backend != Backend::kCpu || e->spec.backend != Backend::kCpu ||
-        !e->status.usable() || !environment_matches(options_.host_env, e->environment)) {
+    const Backend backend = sig.target.backend;
+    if (!(e->signature == sig) || e->environment.backend != backend || e->spec.backend != backend ||
+        !e->status.usable()) {
+      continue;
+    }
+    if (std::string why = fits(e->environment); !why.empty()) {
+      if (options_.log) log_line("entry " + k.hex() + " for " + sig.to_string() + " not used: " + why);
       continue;
     }
     return std::move(*e);
@@ -310,11 +348,19 @@ std::optional<StoredEntry> Swapper::find_entry(const OpSignature& sig) {
 }
 
 void Swapper::consider(const OpSignature& sig) {
-  if (sig.target.backend != Backend::kCpu) return;   // CPU only for now
-  std::optional<StoredEntry> entry = find_entry(sig);
+  switch (sig.target.backend) {
+    case Backend::kCpu: return consider_cpu(sig);
+    case Backend::kCuda: return consider_cuda(sig);
+  }
+}
+
+void Swapper::consider_cpu(const OpSignature& sig) {
+  std::optional<StoredEntry> entry = find_entry(sig, [&](const Environment& env) -> std::string {
+    const std::vector<std::string> diff = entry_environment_differences(options_.host_env, env);
+    return diff.empty() ? std::string() : "its environment differs from this host's (here != entry: " + join(diff) + ")";
+  });
   if (!entry) return;
-  const std::string label = sig.to_string();
-  const std::string where = "entry " + entry->key.hex() + " for " + label;
+  const std::string where = "entry " + entry->key.hex() + " for " + sig.to_string();
   auto give_up = [&](const std::string& why) { log_line(where + " not used: " + why); };
 
   const BlobRef* so = nullptr;
@@ -333,36 +379,154 @@ void Swapper::consider(const OpSignature& sig) {
   StatusOr<ResolvedLaunchPlan> plan = entry->spec.resolve(sig);
   if (!plan.ok()) return give_up("its launch plan does not resolve: " + plan.status().message());
 
-  std::string marker_error;
-  if (!write_marker(entry->key, marker_error)) return give_up(marker_error);
-
   auto* r = new Replacement();
-  r->id = sig.id();
-  r->key = entry->key;
-  r->state = SwapState::kShadow;
-  r->shadow_target = options_.shadow_calls;
-  r->activate_after_shadow = options_.mode == HookMode::kActive;
+  r->backend = Backend::kCpu;
   r->spec = new KernelSpec(std::move(entry->spec));
   r->plan = new ResolvedLaunchPlan(std::move(*plan));
   r->module = mod;
+  (void)publish_new(sig, *entry, r, "");
+}
+
+void Swapper::consider_cuda(const OpSignature& sig) {
+  if (cuda_devices_ == nullptr) cuda_devices_ = new CudaDevices(options_.host_env.torch_version);
+  CudaDevices& devs = *cuda_devices_;
+  if (devs.driver() == nullptr) {
+    if (!cuda_unavailable_logged_) {
+      cuda_unavailable_logged_ = true;
+      log_line("no CUDA entries are used in this process: " + devs.error());
+    }
+    return;
+  }
+  // The devices a call of this signature can run on: those of its target arch.
+  std::vector<int> devices;
+  for (int d = 0; d < devs.count(); ++d) {
+    const StatusOr<Environment>& env = devs.environment(d);
+    if (env.ok() && env->arch == sig.target.arch) devices.push_back(d);
+  }
+  if (devices.empty()) return;
+  std::optional<StoredEntry> entry = find_entry(sig, [&](const Environment& env) -> std::string {
+    std::string why;
+    for (int d : devices) {
+      const std::vector<std::string> diff = entry_environment_differences(*devs.environment(d), env);
+      if (diff.empty()) return {};
+      why += (why.empty() ? "" : "; ") + cuda_device_name(d) + ": " + join(diff);
+    }
+    return "its environment matches no CUDA device here (here != entry: " + why + ")";
+  });
+  if (!entry) return;
+  const std::string where = "entry " + entry->key.hex() + " for " + sig.to_string();
+  auto give_up = [&](const std::string& why) { log_line(where + " not used: " + why); };
+
+  StatusOr<std::string> image =
+      cuda_entry_image(entry->blobs, [&](const BlobRef& b) { return store_->read_blob(b); });
+  if (!image.ok()) return give_up(image.status().message());
+  StatusOr<ResolvedLaunchPlan> plan = entry->spec.resolve(sig);
+  if (!plan.ok()) return give_up("its launch plan does not resolve: " + plan.status().message());
+
+  auto spec = std::make_unique<KernelSpec>(std::move(entry->spec));
+  CudaPending pending;
+  pending.id = sig.id();
+  pending.where = where;
+  pending.environment = entry->environment;
+  pending.spec = spec.get();
+  pending.image = std::move(*image);
+  pending.modules = new CudaModules(devs.driver());   // never freed, like its modules
+  std::vector<int> loaded;
+  for (int d : devices) {
+    if (!entry_environment_matches(*devs.environment(d), entry->environment)) continue;
+    switch (load_on_device(pending, d)) {
+      case 1: loaded.push_back(d); break;
+      case 0: pending.waiting.push_back(d); break;
+      default: break;   // logged
+    }
+  }
+  if (loaded.empty() && pending.waiting.empty()) return give_up("it could not be loaded on any CUDA device");
+
+  auto* r = new Replacement();
+  r->backend = Backend::kCuda;
+  r->spec = spec.release();
+  r->plan = new ResolvedLaunchPlan(std::move(*plan));
+  r->cuda = pending.modules;
+  std::string on = " on " + (loaded.empty() ? std::string("no device yet") : device_list(loaded));
+  if (!pending.waiting.empty()) on += " (later on " + device_list(pending.waiting) + " once torch uses it)";
+  if (!publish_new(sig, *entry, r, on)) return;
+  if (!pending.waiting.empty()) cuda_pending_.push_back(std::move(pending));
+}
+
+int Swapper::load_on_device(CudaPending& p, int ordinal) {
+  CudaDevices& devs = *cuda_devices_;
+  StatusOr<bool> active = devs.primary_context_active(ordinal);
+  if (active.ok() && !*active) return 0;
+  StatusOr<const CudaDeviceModule*> module =
+      active.ok() ? devs.load(ordinal, p.image, *p.spec) : StatusOr<const CudaDeviceModule*>(active.status());
+  if (!module.ok()) {
+    log_line(p.where + " not loaded on " + cuda_device_name(ordinal) + ": " + module.status().message() +
+             "; PyTorch's kernel runs there");
+    return -1;
+  }
+  p.modules->by_device[ordinal].store(*module, std::memory_order_release);
+  return 1;
+}
+
+void Swapper::retry_cuda_pending() {
+  for (auto it = cuda_pending_.begin(); it != cuda_pending_.end();) {
+    bool in_use = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto rec = records_.find(it->id);
+      in_use = rec != records_.end() && rec->second.current != nullptr;
+    }
+    if (in_use) {
+      std::vector<int> still_waiting;
+      for (int d : it->waiting) {
+        const int got = load_on_device(*it, d);
+        if (got == 0) still_waiting.push_back(d);
+        if (got == 1 && options_.log) log_line(it->where + " loaded on " + cuda_device_name(d) + " too");
+      }
+      it->waiting = std::move(still_waiting);
+    }
+    if (!in_use || it->waiting.empty()) {
+      it = cuda_pending_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+bool Swapper::publish_new(const OpSignature& sig, const StoredEntry& entry, Replacement* r, const std::string& on) {
+  const std::string label = sig.to_string();
+  const std::string where = "entry " + entry.key.hex() + " for " + label;
+  std::string marker_error;
+  if (!write_marker(entry.key, marker_error)) {
+    log_line(where + " not used: " + marker_error);
+    return false;
+  }
+  r->id = sig.id();
+  r->key = entry.key;
+  r->state = SwapState::kShadow;
+  r->shadow_target = options_.shadow_calls;
+  r->activate_after_shadow = options_.mode == HookMode::kActive;
   r->counters = new SwapCounters();
   r->owner = this;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    open_trials_[entry->key] = static_cast<int32_t>(::getpid());
+    open_trials_[entry.key] = static_cast<int32_t>(::getpid());
     Record& rec = records_[r->id];
     rec.current = r;
     rec.counters = r->counters;
-    rec.key = entry->key;
+    rec.cuda = r->cuda;
+    rec.backend = r->backend;
+    rec.key = entry.key;
     rec.label = label;
     rec.state = "shadow";
     rec.reason.clear();
     publish_locked();
   }
-  (void)store_->touch(entry->key);   // for gc's least-recently-used order; failure is harmless
+  (void)store_->touch(entry.key);   // for gc's least-recently-used order; failure is harmless
   if (options_.log) {
-    log_line(where + " loaded; shadow for " + std::to_string(options_.shadow_calls) + " calls");
+    log_line(where + " loaded" + on + "; shadow for " + std::to_string(options_.shadow_calls) + " calls");
   }
+  return true;
 }
 
 void Swapper::on_round(const std::vector<std::shared_ptr<const OpSignature>>& new_signatures) noexcept {
@@ -370,6 +534,7 @@ void Swapper::on_round(const std::vector<std::shared_ptr<const OpSignature>>& ne
   try {
     if (!ensure_store()) return;
     process_events();
+    retry_cuda_pending();
     for (const std::shared_ptr<const OpSignature>& sig : new_signatures) {
       if (!sig || !looked_up_.insert(sig->id()).second) continue;
       consider(*sig);

@@ -1,0 +1,217 @@
+// The torch-free parts of the hook's loader (interposer/hook/swapper.h, cuda_devices.h): which cache
+// entries may run here (Note [Environment rule]), which blob of a CUDA entry is its machine code,
+// and what the loader does with a CUDA entry it cannot place on any device. Loading on a real GPU,
+// the hot path and graph capture are specified by tests/python/test_hook_swap_cuda.py (gpu).
+#include <catch2/catch.hpp>
+
+#include <stdlib.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cache/store.h"
+#include "interposer/hook/cuda_devices.h"
+#include "interposer/hook/replacement_table.h"
+#include "interposer/hook/swapper.h"
+#include "runtime/environment.h"
+
+using namespace kforge;
+using kforge::hook::CudaModules;
+using kforge::hook::entry_environment_differences;
+using kforge::hook::entry_environment_matches;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "kforge-swapper-test-XXXXXX").string();
+    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
+    path = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+// What cuda_device_environment gives for a device (the hook's view: no NVRTC, so 0).
+Environment device_env() {
+  Environment e;
+  e.backend = Backend::kCuda;
+  e.arch = "sm_90";
+  e.device_model = "NVIDIA H200";
+  e.driver_version = 13000;
+  e.nvrtc_version = 0;
+  e.torch_version = "2.11.0+cu130";
+  return e;
+}
+
+Environment cpu_env() {
+  Environment e = cpu_host_environment("2.11.0+cu130");
+  e.arch = "x86_64-avx2";
+  e.device_model = "Test CPU";
+  return e;
+}
+
+}  // namespace
+
+TEST_CASE("Environment rule: a CPU entry fits whatever compiler built it, and nothing else may differ") {
+  const Environment host = cpu_env();   // the hook cannot know a compiler: empty
+  Environment entry = host;
+  entry.compiler = "g++ 12.2.0";
+  CHECK(entry_environment_matches(host, entry));
+  CHECK(entry_environment_differences(host, entry).empty());
+
+  Environment other_torch = entry;
+  other_torch.torch_version = "2.10.0";
+  CHECK_FALSE(entry_environment_matches(host, other_torch));
+  CHECK(entry_environment_differences(host, other_torch) ==
+        std::vector<std::string>{"torch_version: \"2.11.0+cu130\" != \"2.10.0\""});
+
+  // nvrtc_version is ignored for CUDA only: on the CPU it must be what the CPU's is (0).
+  Environment with_nvrtc = entry;
+  with_nvrtc.nvrtc_version = 13000;
+  CHECK_FALSE(entry_environment_matches(host, with_nvrtc));
+}
+
+TEST_CASE("Environment rule: a CUDA entry fits whatever NVRTC built it, and its other fields must equal the device's") {
+  const Environment host = device_env();
+  Environment entry = host;
+  entry.nvrtc_version = 12080;   // as the worker (or kforge-publish-test-entry) records it
+  CHECK(entry_environment_matches(host, entry));
+  CHECK(entry_environment_differences(host, entry).empty());
+
+  SECTION("another driver") {
+    entry.driver_version = 12080;
+    CHECK_FALSE(entry_environment_matches(host, entry));
+    CHECK(entry_environment_differences(host, entry) == std::vector<std::string>{"driver_version: 13000 != 12080"});
+  }
+  SECTION("another GPU model of the same arch") {
+    entry.device_model = "NVIDIA H100 80GB HBM3";
+    CHECK(entry_environment_differences(host, entry) ==
+          std::vector<std::string>{"device_model: \"NVIDIA H200\" != \"NVIDIA H100 80GB HBM3\""});
+  }
+  SECTION("another arch, torch or format") {
+    entry.arch = "sm_80";
+    entry.torch_version = "2.10.0";
+    entry.format_version = kFormatVersion + 1;
+    CHECK(entry_environment_differences(host, entry).size() == 3);
+  }
+  SECTION("a compiler is no CUDA field: it must be empty, as the device's is") {
+    entry.compiler = "nvcc 13.0";
+    CHECK_FALSE(entry_environment_matches(host, entry));
+  }
+  SECTION("a CPU entry never fits a CUDA device, whatever else it shares") {
+    entry.backend = Backend::kCpu;
+    CHECK_FALSE(entry_environment_matches(host, entry));
+  }
+}
+
+TEST_CASE("cuda_entry_image: the cubin if there is one, else the PTX, NUL-terminated") {
+  std::vector<std::string> read_names;
+  auto read = [&](const BlobRef& b) -> StatusOr<std::string> {
+    read_names.push_back(b.name);
+    if (b.name == "cubin") return std::string("\x7f" "ELF-cubin", 10);
+    if (b.name == "ptx") return std::string(".version 8.0\n.target sm_90\n");
+    if (b.name == "ptx0") return std::string(".version 8.0\n\0", 14);
+    return unavailable("blob missing");
+  };
+  auto ref = [](std::string name) { return BlobRef{std::move(name), std::string(64, 'a'), 1}; };
+
+  SECTION("cubin wins over ptx, whatever the order") {
+    StatusOr<std::string> image = hook::cuda_entry_image({ref("ptx"), ref("src.cu"), ref("cubin")}, read);
+    REQUIRE(image.ok());
+    CHECK(*image == std::string("\x7f" "ELF-cubin", 10));
+    CHECK(read_names == std::vector<std::string>{"cubin"});   // only the chosen blob is read
+  }
+  SECTION("PTX without a NUL gets one: the driver reads PTX up to a NUL") {
+    StatusOr<std::string> image = hook::cuda_entry_image({ref("ptx")}, read);
+    REQUIRE(image.ok());
+    CHECK(*image == std::string(".version 8.0\n.target sm_90\n") + '\0');
+  }
+  SECTION("no cubin and no ptx: an error that lists the blobs there are") {
+    StatusOr<std::string> image = hook::cuda_entry_image({ref("so"), ref("src.cu")}, read);
+    REQUIRE_FALSE(image.ok());
+    CHECK(image.status().message() == "it has no blob named \"cubin\" or \"ptx\" (its blobs: \"so\", \"src.cu\")");
+    CHECK(read_names.empty());
+  }
+  SECTION("a blob that cannot be read: the error names it") {
+    auto failing = [](const BlobRef&) -> StatusOr<std::string> { return internal_error("sha256 mismatch"); };
+    StatusOr<std::string> image = hook::cuda_entry_image({ref("cubin")}, failing);
+    REQUIRE_FALSE(image.ok());
+    CHECK(image.status().message() == "blob \"cubin\": sha256 mismatch");
+  }
+  SECTION("an empty cubin is refused") {
+    auto empty = [](const BlobRef&) -> StatusOr<std::string> { return std::string(); };
+    CHECK_FALSE(hook::cuda_entry_image({ref("cubin")}, empty).ok());
+  }
+}
+
+TEST_CASE("CudaModules: a slot per device ordinal, empty until the loader fills it, none out of range") {
+  CudaModules modules(nullptr);
+  CHECK(modules.on_device(0) == nullptr);
+  CHECK(modules.on_device(-1) == nullptr);
+  CHECK(modules.on_device(CudaModules::kMaxDevices) == nullptr);
+  static const hook::CudaDeviceModule on_one{nullptr, nullptr};
+  modules.by_device[1].store(&on_one, std::memory_order_release);
+  CHECK(modules.on_device(1) == &on_one);
+  CHECK(modules.on_device(0) == nullptr);
+}
+
+// A CUDA entry for an arch no device here has (on a host without a driver: no device at all) is
+// never loaded: no table slot, no stats entry, no trial marker; the process just observes.
+TEST_CASE("Swapper: a CUDA entry no device here can run is not loaded and not marked for trial") {
+  TempDir dir;
+  const std::string cache = (dir.path / "cache").string();
+  TensorMeta t;
+  t.dtype = DType::kFloat32;
+  t.device = DeviceType::kCuda;
+  t.sizes = {4, 8};
+  t.strides = {8, 1};
+  const OpSignature sig{"aten::_softmax", "", {Arg::tensor(t), Arg::integer(-1), Arg::boolean(false)},
+                        Target{Backend::kCuda, "sm_00"}};
+  CacheEntry e;
+  e.signature = sig;
+  e.environment = device_env();
+  e.environment.arch = "sm_00";
+  e.environment.nvrtc_version = 13000;
+  e.spec.backend = Backend::kCuda;
+  e.spec.language = SourceLanguage::kCuda;
+  e.spec.source = "extern \"C\" __global__ void k(const float* x, float* y) {}\n";
+  e.spec.entry_points = {"k"};
+  e.spec.plan.outputs = {OutputSpec::like(0)};
+  Launch l;
+  l.entry = "k";
+  l.grid = {"size0_0", "1", "1"};
+  l.args = {ArgBinding::input(0), ArgBinding::output(0)};
+  e.spec.plan.launches = {l};
+  e.blobs.push_back({"cubin", "not really a cubin"});
+  {
+    StatusOr<Store> store = Store::open(cache);
+    REQUIRE(store.ok());
+    REQUIRE(store->publish(e).ok());
+  }
+
+  hook::SwapperOptions options;
+  options.mode = hook::HookMode::kActive;
+  options.host_env = cpu_env();
+  options.cache_root = cache;
+  // Never destroyed, as in the hook; reachable from a static so leak checkers see it kept.
+  static std::vector<hook::Swapper*> keep;
+  auto* swapper = new hook::Swapper(options);
+  keep.push_back(swapper);
+  swapper->on_round({std::make_shared<const OpSignature>(sig)});
+  swapper->on_round({std::make_shared<const OpSignature>(sig)});   // a second round changes nothing
+
+  const hook::SwapStats st = swapper->stats();
+  CHECK(st.enabled);
+  CHECK(st.cache_error.empty());
+  CHECK(st.entries.empty());
+  CHECK(hook::ReplacementTable::current()->find(sig.id()) == nullptr);
+  const fs::path trial = fs::path(cache) / "trial";
+  CHECK((!fs::exists(trial) || fs::is_empty(trial)));
+}

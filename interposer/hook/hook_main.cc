@@ -8,8 +8,11 @@
 // C entry points (for tests and tools, through ctypes/dlsym):
 //   const char* kforge_hook_stats_json(void);   counts per signature (with its swap state: observe,
 //                                                shadow, active, disabled, and shadow/active/
-//                                                fallback counters), reports, registrations, and
-//                                                "swap": the loader's cache and entries
+//                                                fallback counters; for an entry also its backend,
+//                                                the CUDA devices it is loaded on and the CUDA
+//                                                counters unloaded_device_calls and
+//                                                capture_shadow_skips), reports, registrations,
+//                                                and "swap": the loader's cache and entries
 //   int kforge_hook_report_now(int timeout_ms);  asks the reporter for a report now and, with
 //                                                timeout_ms > 0, waits until it was built and
 //                                                offered; 1 if it was, else 0
@@ -228,6 +231,10 @@ std::string stats_json() {
       j_sig["clean_shadow_calls"] = e.clean_shadow_calls;
       j_sig["active_calls"] = e.active_calls;
       j_sig["fallbacks"] = e.fallbacks;
+      j_sig["backend"] = std::string(backend_name(e.backend));
+      j_sig["devices"] = e.devices;
+      j_sig["unloaded_device_calls"] = e.unloaded_device_calls;
+      j_sig["capture_shadow_skips"] = e.capture_shadow_skips;
     }
   }
   nlohmann::json entries = nlohmann::json::array();
@@ -239,7 +246,11 @@ std::string stats_json() {
                        {"shadow_calls", e.shadow_calls},
                        {"clean_shadow_calls", e.clean_shadow_calls},
                        {"active_calls", e.active_calls},
-                       {"fallbacks", e.fallbacks}});
+                       {"fallbacks", e.fallbacks},
+                       {"backend", std::string(backend_name(e.backend))},
+                       {"devices", e.devices},
+                       {"unloaded_device_calls", e.unloaded_device_calls},
+                       {"capture_shadow_skips", e.capture_shadow_skips}});
   }
   j["swap"] = {{"enabled", swap.enabled},
                {"cache_dir", swap.cache_dir},

@@ -11,6 +11,9 @@
 The hook cannot be unloaded, so "before" always runs first; the model and inputs are the same
 objects in both phases. KFORGE_DAEMON_ENDPOINT is pointed at an endpoint nobody serves (what a
 production host without a daemon sees).
+A quick look only: "after" always runs second, in the same process. bench/e2e_overhead.py (the
+decode step) and bench/hook_hit_overhead.py (per call: without kforge, miss, hit) measure each
+variant in its own process, side by side, with intervals.
 """
 import argparse
 import ctypes

@@ -1,0 +1,219 @@
+"""End-to-end cost of the hook with an empty cache: GPT-2 small, batch 1, greedy decode steps.
+
+Here (build tree, CPU; about 20 s per pair on 2 cores):
+    .venv/bin/python bench/e2e_overhead.py --device cpu --pairs 40
+On a GPU host, from an unpacked bundle and this source tree's bench/ (python3 with torch and
+transformers; nothing else is needed; about 20 s per pair):
+    python3 bench/e2e_overhead.py --device cuda --pairs 24 --steps 256 --bundle-root <bundle>
+
+The model is transformers' GPT2LMHeadModel built from GPT2Config() (GPT-2 small: 12 layers, 768
+wide), random weights from a fixed seed, no download, eval() and inference_mode. Every measurement
+is its own process: "without" runs plain python; "with" runs it with kforge as users run it
+(LD_PRELOAD of libkforge_preload.so, which loads the hook when torch is imported; --load ctypes
+loads the hook with ctypes after import torch instead). Each round runs one of each, without first
+in half the rounds (seeded), and the paired differences are balanced over that order. Each child
+warms up, then times --steps greedy decode steps with the KV cache (one token in, synchronized
+after every step on CUDA) and reports their median. The hook runs in KFORGE_MODE=active with an
+empty private cache directory (its loader scans it and finds nothing) unless --mode observe, and
+its daemon endpoint is in a private empty 0700 directory: a production host with no cache entries
+and no daemon. CPU threads are fixed (--threads) in every child.
+
+The parent prints the median ms/step without and with, their ratio, the paired relative
+differences (order-balanced median, bootstrap 95% interval, min/max), and whether the run resolves
+the 1% target (the interval lies wholly below or wholly above +1%). It also prints an analytic bound:
+the calls the hook intercepted per decode step (its stats) times each operator's per-call miss
+cost, measured in the same children on tiny CPU tensors (the hook's host-side work), as a share of
+the step. Decoded tokens must be identical with and without the hook.
+"""
+import argparse
+import inspect
+import os
+import statistics
+import sys
+import time
+
+import side_by_side as sbs
+
+
+def tiny_calls(torch):
+    """One tiny call per catalog operator, for its per-call miss cost (CPU tensors: the hook's
+    work is on the host whatever the device)."""
+    F = torch.nn.functional
+    a, b, g = torch.ones(4), torch.ones(4), torch.ones(1, 4, 2)
+    return {
+        "aten::add.Tensor": lambda: torch.add(a, b),
+        "aten::native_layer_norm": lambda: F.layer_norm(a, (4,)),
+        "aten::_softmax": lambda: torch.softmax(a, -1),
+        "aten::_log_softmax": lambda: torch.log_softmax(a, -1),
+        "aten::gelu": lambda: F.gelu(a),
+        "aten::silu": lambda: F.silu(a),
+        "aten::native_group_norm": lambda: F.group_norm(g, 2),
+    }
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--pairs", type=int, default=16, help="rounds of one child without and one with (even)")
+    p.add_argument("--steps", type=int, default=64, help="timed decode steps per child")
+    p.add_argument("--warmup", type=int, default=16, help="untimed decode steps per child first")
+    p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads in every child")
+    p.add_argument("--mode", choices=("active", "observe"), default="active",
+                   help="KFORGE_MODE of the hooked child (active: with an empty cache directory)")
+    p.add_argument("--calls", type=int, default=20000, help="calls per repeat of the per-call bench")
+    p.add_argument("--repeats", type=int, default=5, help="repeats of the per-call bench per child")
+    p.add_argument("--seed", type=int, default=0, help="seed of the round order")
+    p.add_argument("--child", choices=("without", "with"), help=argparse.SUPPRESS)
+    p.add_argument("--ops", default="", help=argparse.SUPPRESS)   # which tiny_calls a child times
+    sbs.add_kforge_arguments(p)
+    return p.parse_args(argv)
+
+
+# ---- one child ---------------------------------------------------------------------------------
+
+def decoder(model):
+    """step(ids, cache) -> (next ids, cache), for transformers before and after `past_key_values`
+    was renamed `cache`."""
+    key = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+    def step(ids, cache):
+        out = model(ids, use_cache=True, **({key: cache} if cache is not None else {}))
+        new_cache = out["cache"] if "cache" in out else out["past_key_values"]
+        return out.logits[:, -1:].argmax(-1), new_cache
+    return step
+
+
+def child(args):
+    import torch
+    hook = sbs.open_hook()
+    import transformers
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.set_num_threads(args.threads)
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config()).eval().to(args.device)
+    step = decoder(model)
+    tokens, step_ms = [], []
+    with torch.inference_mode():
+        ids, cache = step(torch.tensor([[464, 2068, 7586, 21831]], device=args.device), None)
+        for _ in range(args.warmup):
+            ids, cache = step(ids, cache)
+        sync()
+        before = hook.calls_by_op() if hook else {}
+        for _ in range(args.steps):
+            t0 = time.perf_counter()
+            ids, cache = step(ids, cache)
+            sync()
+            step_ms.append((time.perf_counter() - t0) * 1000)
+            tokens.append(int(ids.item()))
+        after = hook.calls_by_op() if hook else {}
+        # Per-call cost of each operator the decode step uses, on tiny CPU tensors.
+        calls = tiny_calls(torch)
+        micro = {op: sbs.ns_per_call(calls[op], args.calls, args.repeats)
+                 for op in filter(None, args.ops.split(","))}
+    median = statistics.median(step_ms)
+    out = {"median_ms": median, "step_ms": step_ms, "tokens": tokens, "micro_ns": micro,
+           "headline": f"{median:.3f} ms/step", "threads": torch.get_num_threads(),
+           "transformers": transformers.__version__,
+           "attn": getattr(model.config, "_attn_implementation", "?")}
+    if hook:
+        s = hook.stats()
+        out.update(calls_per_step={op: (after.get(op, 0) - before.get(op, 0)) / args.steps for op in after},
+                   hook=hook.path, load=hook.load, config=s["config"], mode=s["mode"],
+                   swap_entries=len(s["swap"]["entries"]), cache_error=s["swap"]["cache_error"])
+    sbs.emit(out)
+
+
+# ---- the parent --------------------------------------------------------------------------------
+
+def main():
+    args = parse_args()
+    if args.child:
+        return child(args)
+    import torch
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("--device cuda: torch sees no CUDA device")
+    files = sbs.kforge_files(args, torch.__version__)
+    print(f"# {sbs.machine_line(torch)}")
+    print(f"# hook {files['hook']}, loaded by "
+          + (f"LD_PRELOAD={files['shim']}" if args.load == "preload" else "ctypes after import torch"))
+    cache_dir = sbs.private_dir("kforge-empty-cache-")
+    hooked_env = sbs.child_env(files, args.load, KFORGE_MODE=args.mode,
+                               **({"KFORGE_CACHE_DIR": cache_dir} if args.mode == "active" else {}))
+    variants = {"without": sbs.child_env(), "with": hooked_env}
+    base = [sys.executable, os.path.abspath(__file__), "--device", args.device, "--steps", str(args.steps),
+            "--warmup", str(args.warmup), "--threads", str(args.threads), "--calls", str(args.calls),
+            "--repeats", str(args.repeats)]
+
+    # A first hooked child, not counted: it warms the file cache and says which operators a
+    # decode step sends through the hook (every measured child then times those per call).
+    probe = sbs.run_child(base + ["--child", "with", "--steps", "4"], hooked_env, timeout=900)
+    ops = sorted(op for op, n in probe["calls_per_step"].items() if n > 0)
+    print(f"# hook config: {probe['config']}")
+    print(f"# transformers {probe['transformers']}, attention {probe['attn']}, {probe['threads']} CPU "
+          f"thread(s), {args.warmup} warm-up + {args.steps} timed decode steps per child, {args.pairs} pairs")
+
+    def start(name, env):
+        return sbs.run_child(base + ["--child", name, "--ops", ",".join(ops)], env, timeout=900)
+
+    res, orders = sbs.run_rounds(variants, args.pairs, args.seed, start)
+    sbs.remove_private_dirs()
+    wo, wi = res["without"], res["with"]
+    if any(r["tokens"] != wo[0]["tokens"] for r in wo + wi):
+        sys.exit("decoded tokens differ between children: the runs are not comparable")
+    if any(r["swap_entries"] or r["cache_error"] for r in wi):
+        found = [(r["swap_entries"], r["cache_error"]) for r in wi]
+        sys.exit(f"a hooked child found cache entries or a cache error: {found}")
+    wo_first = sbs.first(orders, "without", "with")
+    step = sbs.paired([r["median_ms"] for r in wo], [r["median_ms"] for r in wi], wo_first, relative=True)
+    lo, hi = step["interval"]
+    interval = f"[{lo:+.2%}, {hi:+.2%}]"
+    print()
+    print(f"GPT-2 small, batch 1, greedy decode with KV cache, {args.device}: median ms/step over "
+          f"{len(orders)} pairs of processes")
+    print(f"{'without kforge':>16s} {'with kforge':>12s} {'ratio':>7s} {'paired diff':>12s} "
+          f"{'95% bootstrap':>18s} {'min':>7s} {'max':>7s}")
+    print(f"{step['without']:16.3f} {step['with']:12.3f} {step['with'] / step['without']:7.4f} "
+          f"{step['diff']:+12.2%} {interval:>18s} {step['min']:+7.2%} {step['max']:+7.2%}")
+    if len(orders) < 8:
+        verdict = f"NOT resolved: {len(orders)} pairs are too few for an interval (at least 8)"
+    elif hi < 0.01:
+        verdict = f"resolved: the added cost is below 1% (the interval {interval} lies below +1%)"
+    elif lo > 0.01:
+        verdict = f"resolved: the added cost is above 1% (the interval {interval} lies above +1%)"
+    else:
+        verdict = f"NOT resolved at 1%: the interval {interval} contains +1% (width {hi - lo:.2%})"
+    print(verdict)
+    print("(paired diff: with/without - 1 per round; their median within each order, averaged over "
+          "the two orders; interval: bootstrap within each order)")
+    print("median paired diff by order: " + ", ".join(
+        f"{k}: {v[0]:+.2%} (n={v[1]})" for k, v in step["by_order"].items() if v))
+    print("paired diffs in round order: " + ", ".join(f"{d:+.2%}" for d in step["diffs"]))
+    print(f"per-child medians without: {[round(r['median_ms'], 3) for r in wo]}")
+    print(f"per-child medians with:    {[round(r['median_ms'], 3) for r in wi]}")
+    print("decoded tokens: identical in every child")
+
+    # The analytic bound: intercepted calls per step x per-call miss cost.
+    calls = wi[0]["calls_per_step"]
+    print()
+    print(f"{'intercepted op':26s} {'calls/step':>10s} {'without ns':>11s} {'miss ns':>8s} "
+          f"{'added ns':>9s} {'95% bootstrap':>16s}")
+    bound_ns = 0.0
+    for op in ops:
+        m = sbs.paired([r["micro_ns"][op] for r in wo], [r["micro_ns"][op] for r in wi], wo_first)
+        bound_ns += calls.get(op, 0) * max(m["diff"], m["interval"][1], 0.0)
+        interval = "[{:+.0f}, {:+.0f}]".format(*m["interval"])
+        print(f"{op:26s} {calls.get(op, 0):10.1f} {m['without']:11.0f} {m['with']:8.0f} {m['diff']:+9.0f} "
+              f"{interval:>16s}")
+    total = sum(calls.values())
+    print(f"analytic bound: {total:.0f} intercepted calls/step x per-call added cost (upper end of its "
+          f"interval) = {bound_ns / 1000:.1f} us = {bound_ns / 1e6 / step['without']:.3%} of a "
+          f"{step['without']:.3f} ms step")
+    print("(per-call costs are on tiny CPU tensors, 1 thread of calls; targets: <= 150 ns added per "
+          "call on a miss, <= 1% end to end)")
+    print(f"# load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+if __name__ == "__main__":
+    main()

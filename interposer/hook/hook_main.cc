@@ -138,6 +138,7 @@ void start() noexcept {
     }
     hook->swapper = new Swapper(std::move(swap));
     Swapper* swapper = hook->swapper;
+    options.on_message = [swapper](const wire::WireMessage& m) { swapper->on_daemon_message(m); };
     options.on_round = [swapper](const std::vector<std::shared_ptr<const OpSignature>>& fresh) {
       swapper->on_round(fresh);
     };
@@ -256,6 +257,7 @@ std::string stats_json() {
                {"cache_dir", swap.cache_dir},
                {"cache_error", swap.cache_error},
                {"markers_quarantined", swap.markers_quarantined},
+               {"notices", swap.notices},
                {"quarantined", swap.quarantined},
                {"entries", std::move(entries)}};
   j["signatures"] = std::move(sigs);

@@ -165,6 +165,7 @@ SwapStats Swapper::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   st.cache_error = options_.cache_error.empty() ? store_error_ : options_.cache_error;
   st.markers_quarantined = markers_quarantined_;
+  st.notices = notices_received_;
   st.quarantined = quarantined_;
   for (const auto& [id, rec] : records_) {
     SwapStats::Entry e;
@@ -529,6 +530,82 @@ bool Swapper::publish_new(const OpSignature& sig, const StoredEntry& entry, Repl
   return true;
 }
 
+void Swapper::on_daemon_message(const wire::WireMessage& message) noexcept {
+  if (options_.mode == HookMode::kObserve) return;
+  try {
+    Notice n;
+    if (const auto* ready = std::get_if<wire::KernelReady>(&message)) {
+      n.signature = ready->signature_id;
+      n.entry_key = ready->entry_key;
+    } else if (const auto* revoke = std::get_if<wire::Revoke>(&message)) {
+      n.revoke = true;
+      n.signature = revoke->signature_id;
+      n.entry_key = revoke->entry_key;
+      n.reason = revoke->reason;
+    } else {
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      notices_.push_back(std::move(n));
+      ++notices_received_;
+    }
+    wake();
+  } catch (...) {
+    // Out of memory: the notice is lost; a KernelReady's entry is still found by the next process.
+  }
+}
+
+void Swapper::process_notices() {
+  std::vector<Notice> notices;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    notices.swap(notices_);
+  }
+  for (const Notice& n : notices) {
+    const auto seen = looked_up_.find(n.signature);
+    if (seen == looked_up_.end()) continue;   // not a signature of this process (yet)
+    const std::string label = seen->second->to_string();
+    if (n.revoke) {
+      bool disabled = false;
+      std::optional<SignatureId> key;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = records_.find(n.signature);
+        if (it == records_.end() || it->second.current == nullptr || it->second.key.hex() != n.entry_key) continue;
+        Record& rec = it->second;
+        rec.current = nullptr;
+        rec.state = "disabled";
+        rec.reason = "revoked by the daemon: " + n.reason;
+        publish_locked();
+        open_trials_.erase(rec.key);
+        key = rec.key;
+        disabled = true;
+      }
+      if (disabled) {
+        remove_marker(*key);
+        log_line("entry " + n.entry_key + " for " + label + " revoked by the daemon (" + n.reason +
+                 "); PyTorch's kernel runs");
+      }
+      continue;
+    }
+    bool in_use = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = records_.find(n.signature);
+      in_use = it != records_.end() && it->second.current != nullptr;
+    }
+    if (in_use) {
+      if (options_.log) {
+        log_line("entry " + n.entry_key + " for " + label + " is ready, but an entry is already in use for it");
+      }
+      continue;
+    }
+    if (options_.log) log_line("entry " + n.entry_key + " for " + label + " is ready (daemon); looking it up");
+    consider(*seen->second);
+  }
+}
+
 void Swapper::on_round(const std::vector<std::shared_ptr<const OpSignature>>& new_signatures) noexcept {
   if (options_.mode == HookMode::kObserve) return;   // observe never opens the cache
   try {
@@ -536,9 +613,10 @@ void Swapper::on_round(const std::vector<std::shared_ptr<const OpSignature>>& ne
     process_events();
     retry_cuda_pending();
     for (const std::shared_ptr<const OpSignature>& sig : new_signatures) {
-      if (!sig || !looked_up_.insert(sig->id()).second) continue;
+      if (!sig || !looked_up_.emplace(sig->id(), sig).second) continue;
       consider(*sig);
     }
+    process_notices();
     process_events();
   } catch (const std::exception& e) {
     log_line(std::string("loader error: ") + e.what());

@@ -53,6 +53,19 @@
 // device whose context becomes active later gets the entry on a later round. Modules are never
 // unloaded: captured CUDA graphs may replay their kernels.
 //
+// Note [Daemon notices]
+// Besides a signature's first sight, the loader looks at the cache when the daemon says so:
+//   KernelReady(signature S, entry E)  if this process has seen S and has no entry in use for it
+//       (never found one, or the one it had was disabled), the next round looks for S's entries
+//       again (find_entry, which also scans keys published since the last look) and loads the
+//       best usable one through the usual trial. An entry in shadow or active state stays: the
+//       hook does not replace a working entry with a newer one.
+//   Revoke(S, E, reason)               if E is in use for S, it is disabled at once (PyTorch's
+//       kernel runs) with "revoked by the daemon: <reason>"; the cache is the daemon's to change,
+//       so the hook does not quarantine it. Its trial marker, if any, is removed.
+// Notices for signatures this process has not seen are ignored (their first sight finds the
+// entry). Observe mode ignores every notice.
+//
 // Note [Trial marker]
 // Before an entry's first replacement launch the loader writes <cache>/trial/<entry key> (its
 // content is the writer's pid) and removes it when the trial passed (shadow_target clean shadow
@@ -80,6 +93,7 @@
 #include "interposer/hook/config.h"
 #include "interposer/hook/replacement_table.h"
 #include "runtime/environment.h"
+#include "runtime/wire.h"
 
 namespace kforge::hook {
 
@@ -117,6 +131,7 @@ struct SwapStats {
   std::string cache_dir;
   std::string cache_error;         // why no cache is used, if none is
   uint64_t markers_quarantined = 0;
+  uint64_t notices = 0;            // KernelReady/Revoke messages received from the daemon
   uint64_t quarantined = 0;        // entries this process quarantined (set_state succeeded)
   std::vector<Entry> entries;      // by signature id
 };
@@ -135,6 +150,10 @@ class Swapper {
 
   // Reporter thread, each round. Never throws.
   void on_round(const std::vector<std::shared_ptr<const OpSignature>>& new_signatures) noexcept;
+
+  // The daemon client's thread (Note [Daemon notices]): queues a KernelReady or Revoke for the
+  // next round and wakes the reporter. Never throws, no I/O.
+  void on_daemon_message(const wire::WireMessage& message) noexcept;
 
   // Calling threads. Never throw, never do I/O.
   void shadow_clean(const Replacement& r) noexcept;
@@ -166,6 +185,7 @@ class Swapper {
   bool ensure_store();
   void recover_markers();
   void process_events();
+  void process_notices();
   // A CUDA entry that matches devices it is not loaded on yet (their primary context was not
   // active when it was loaded); retried each round.
   struct CudaPending {
@@ -204,6 +224,14 @@ class Swapper {
   mutable std::mutex mu_;                  // guards the members below, up to the next comment
   std::map<SignatureId, Record> records_;
   std::vector<Event> events_;
+  struct Notice {
+    bool revoke = false;
+    SignatureId signature;
+    std::string entry_key;   // hex, as the message carries it
+    std::string reason;      // Revoke only
+  };
+  std::vector<Notice> notices_;
+  uint64_t notices_received_ = 0;
   std::map<SignatureId, int32_t> open_trials_;   // entry key -> pid that wrote its marker
   uint64_t markers_quarantined_ = 0;
   uint64_t quarantined_ = 0;
@@ -212,7 +240,7 @@ class Swapper {
   // Reporter thread only.
   bool store_tried_ = false;
   std::optional<Store> store_;
-  std::set<SignatureId> looked_up_;               // signature ids
+  std::map<SignatureId, std::shared_ptr<const OpSignature>> looked_up_;   // signatures considered
   std::set<SignatureId> scanned_keys_;
   std::multimap<SignatureId, SignatureId> keys_by_signature_;
   CudaDevices* cuda_devices_ = nullptr;           // made on the first CUDA signature; never freed

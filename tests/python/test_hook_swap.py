@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 import types
 
 import pytest
@@ -328,3 +329,104 @@ def test_threads_share_one_trial(hook_path, tools, softmax_signature, tmp_path):
     data = torch.load(out)
     for x, ys in zip(data["xs"], data["ys"]):
         assert len(ys) == 50 and all(criterion_ok(x, y) for y in ys)
+
+
+# ---- entries the daemon announces (Note [Daemon notices] in swapper.h) ----------------------------
+
+# Stays alive across several steps the test drives through stdin: each line read is a step.
+NOTICED = """
+import time
+torch.manual_seed(0)
+x = torch.randn(64, 1000)
+want = torch.softmax(x, -1)
+def step():
+    notices = int(sys.stdin.readline())   # the test's go-ahead: how many notices it has sent
+    deadline = time.monotonic() + 30
+    while stats()["swap"]["notices"] < notices and time.monotonic() < deadline:
+        time.sleep(0.01)                  # the client thread delivers them asynchronously
+    lib.kforge_hook_report_now(20000)    # a loader round (notices are handled there)
+    ys = [torch.softmax(x, -1) for _ in range(30)]
+    emit({"stats": stats(), "exact": [bool(torch.equal(y, want)) for y in ys]})
+torch.softmax(x, -1)                      # first sight: nothing in the cache yet
+lib.kforge_hook_report_now(20000)
+emit({"stats": stats()})
+step()                                    # after KernelReady: shadow, then active
+step()                                    # after Revoke: PyTorch's kernel again
+sys.stdin.read()
+"""
+
+
+def test_kernel_ready_loads_a_new_entry_and_revoke_removes_it(hook_path, tools, softmax_signature, tmp_path):
+    zmq = pytest.importorskip("zmq")
+    msgpack = pytest.importorskip("msgpack")
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    d = tempfile.mkdtemp(prefix="kf-")
+    endpoint = f"ipc://{d}/daemon.sock"
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.bind(endpoint)
+    env = child_env(hook_path, KFORGE_CACHE_DIR=cache, KFORGE_DAEMON_ENDPOINT=endpoint, KFORGE_MODE="active",
+                    KFORGE_SHADOW_CALLS=5, KFORGE_LOG=1)
+    proc = subprocess.Popen([sys.executable, "-c", PRELUDE + textwrap.dedent(NOTICED)], env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def result():
+        line = proc.stdout.readline()
+        assert line.startswith("RESULT "), line + proc.stderr.read()
+        return json.loads(line[len("RESULT "):])
+
+    def hook_identity():
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if router.poll(timeout=500):
+                ident, _ = router.recv_multipart()
+                return ident
+        raise AssertionError("the hook never connected")
+
+    def send(ident, mtype, body):
+        router.send_multipart([ident, msgpack.packb(["kforge", 1, mtype, body], use_bin_type=True)])
+
+    try:
+        first = result()
+        (sig,) = softmax_sig(first["stats"])
+        assert sig["state"] == "observe"
+        ident = hook_identity()
+        # The daemon publishes a verified entry, then tells the hook.
+        r = subprocess.run([str(tools.publish), "--cache", str(cache), "--signature", sig["encoding"],
+                            "--backend", "cpu", "--source", str(tools.dir / "kernel.cc"),
+                            "--so", str(tools.dir / "good.so"), "--entry", "softmax_rows",
+                            "--launch", KERNEL_LAUNCH, "--output", "like:0",
+                            "--torch-version", softmax_signature["torch_version"],
+                            *[f"--compile-option={o}" for o in KERNEL_FLAGS["good"]]],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        key = r.stdout.strip()
+        sig_id = bytes.fromhex(sig["id"])
+        send(ident, 5, [sig_id, bytes(16), key, 1.5])                      # KernelReady
+        proc.stdin.write("1\n")
+        proc.stdin.flush()
+        ready = result()
+        (s,) = softmax_sig(ready["stats"])
+        assert s["entry"] == key and s["state"] == "active", s
+        assert s["shadow_calls"] == 5 and s["active_calls"] == 25, s
+        assert ready["exact"][:5] == [True] * 5                              # shadow: PyTorch's result
+        # Revoke: the hook drops it at once, without touching the cache.
+        send(ident, 6, [sig_id, key, "found slower on this host"])           # Revoke
+        proc.stdin.write("2\n")
+        proc.stdin.flush()
+        revoked = result()
+        (s,) = softmax_sig(revoked["stats"])
+        assert s["state"] == "disabled" and s["reason"] == "revoked by the daemon: found slower on this host", s
+        assert s["active_calls"] == 25 and all(revoked["exact"])
+        assert revoked["stats"]["swap"]["quarantined"] == 0
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=60)
+        router.close()
+        ctx.term()
+        shutil.rmtree(d, ignore_errors=True)
+    err = proc.stderr.read()
+    assert proc.returncode == 0, err
+    assert "is ready (daemon)" in err and "revoked by the daemon" in err, err

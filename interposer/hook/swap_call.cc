@@ -343,20 +343,59 @@ std::string shadow_compare(const InterceptedOp& op, const Replacement& r, const 
 
 bool in_swap_call() noexcept { return t_in_swap; }
 
-// A hit in shadow state: PyTorch's kernel runs first and its outputs are what the caller gets;
-// then the candidate runs on the same inputs and is compared (Note [Shadow comparison]).
-static void run_shadow(const InterceptedOp& op, const Replacement& r, const c10::OperatorHandle& handle,
-                c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+// Shared by the CPU and CUDA paths below.
+namespace {
+
+// Shadow state's first half: keeps a copy of the arguments in `args`, then runs PyTorch's kernel
+// on the stack (its outputs are the caller's). False if the copy could not be made: PyTorch's
+// kernel has run and there is nothing to compare. An exception from PyTorch's own kernel reaches
+// the caller, as without kforge.
+bool copy_args_then_original(const InterceptedOp& op, const c10::OperatorHandle& handle, c10::DispatchKeySet keys,
+                             torch::jit::Stack* stack, std::vector<c10::IValue>& args) {
   const uint32_t n = op.identity.num_arguments;
-  std::vector<c10::IValue> args;
   try {
     args.assign(stack->end() - n, stack->end());
   } catch (...) {
     op.original.callBoxed(handle, keys, stack);
-    return;
+    return false;
   }
-  // An exception from PyTorch's own kernel reaches the caller, as without kforge.
   op.original.callBoxed(handle, keys, stack);
+  return true;
+}
+
+// A shadow comparison's verdict: one more clean call, or the entry disabled.
+void shadow_verdict(const Replacement& r, const std::string& why) {
+  if (why.empty()) {
+    r.owner->shadow_clean(r);
+  } else {
+    r.owner->fail(r, "shadow mismatch: " + why);
+  }
+}
+
+// An active call the entry could not serve: disabled, and this call runs PyTorch's kernel.
+void active_failed(const InterceptedOp& op, const Replacement& r, const c10::OperatorHandle& handle,
+                   c10::DispatchKeySet keys, torch::jit::Stack* stack, const std::string& why) {
+  r.counters->fallbacks.fetch_add(1, std::memory_order_relaxed);
+  r.owner->fail(r, "active call failed: " + why);
+  op.original.callBoxed(handle, keys, stack);
+}
+
+// An active call the entry served: its outputs replace the arguments, as the original's would.
+void active_done(const InterceptedOp& op, const Replacement& r, torch::jit::Stack* stack,
+                 std::vector<at::Tensor>& outs) {
+  torch::jit::drop(*stack, op.identity.num_arguments);
+  for (at::Tensor& t : outs) stack->emplace_back(std::move(t));
+  r.counters->active_calls.fetch_add(1, std::memory_order_relaxed);
+}
+
+}  // namespace
+
+// A hit in shadow state: PyTorch's kernel runs first and its outputs are what the caller gets;
+// then the candidate runs on the same inputs and is compared (Note [Shadow comparison]).
+static void run_shadow(const InterceptedOp& op, const Replacement& r, const c10::OperatorHandle& handle,
+                c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  std::vector<c10::IValue> args;
+  if (!copy_args_then_original(op, handle, keys, stack, args)) return;
   r.counters->shadow_calls.fetch_add(1, std::memory_order_relaxed);
   std::string why;
   try {
@@ -367,11 +406,7 @@ static void run_shadow(const InterceptedOp& op, const Replacement& r, const c10:
   } catch (...) {
     why = "shadow call threw";
   }
-  if (why.empty()) {
-    r.owner->shadow_clean(r);
-  } else {
-    r.owner->fail(r, "shadow mismatch: " + why);
-  }
+  shadow_verdict(r, why);
 }
 
 // A hit in active state: the candidate alone; its outputs replace the arguments on the stack, as
@@ -390,15 +425,8 @@ static void run_active(const InterceptedOp& op, const Replacement& r, const c10:
   } catch (...) {
     why = "threw";
   }
-  if (!why.empty()) {
-    r.counters->fallbacks.fetch_add(1, std::memory_order_relaxed);
-    r.owner->fail(r, "active call failed: " + why);
-    op.original.callBoxed(handle, keys, stack);
-    return;
-  }
-  torch::jit::drop(*stack, n);
-  for (at::Tensor& t : outs) stack->emplace_back(std::move(t));
-  r.counters->active_calls.fetch_add(1, std::memory_order_relaxed);
+  if (!why.empty()) return active_failed(op, r, handle, keys, stack, why);
+  active_done(op, r, stack, outs);
 }
 
 // A CUDA hit (Note [CUDA calls]). Shadow: PyTorch's kernel first (its outputs are the caller's),
@@ -427,16 +455,10 @@ static void run_cuda(const InterceptedOp& op, const Replacement& r, const c10::O
       op.original.callBoxed(handle, keys, stack);
       return;
     case CallDevice::kNotCuda:
-      if (active) {
-        r.counters->fallbacks.fetch_add(1, std::memory_order_relaxed);
-        r.owner->fail(r, "active call failed: " + why);
-      }
+      if (active) return active_failed(op, r, handle, keys, stack, why);
       op.original.callBoxed(handle, keys, stack);
-      if (!active) {
-        r.counters->shadow_calls.fetch_add(1, std::memory_order_relaxed);
-        r.owner->fail(r, "shadow mismatch: " + why);
-      }
-      return;
+      r.counters->shadow_calls.fetch_add(1, std::memory_order_relaxed);
+      return shadow_verdict(r, why);
   }
 
   if (active) {
@@ -463,27 +485,13 @@ static void run_cuda(const InterceptedOp& op, const Replacement& r, const c10::O
       op.original.callBoxed(handle, keys, stack);
       return;
     }
-    if (!why.empty()) {
-      r.counters->fallbacks.fetch_add(1, std::memory_order_relaxed);
-      r.owner->fail(r, "active call failed: " + why);
-      op.original.callBoxed(handle, keys, stack);
-      return;
-    }
-    torch::jit::drop(*stack, n);
-    for (at::Tensor& t : outs) stack->emplace_back(std::move(t));
-    r.counters->active_calls.fetch_add(1, std::memory_order_relaxed);
+    if (!why.empty()) return active_failed(op, r, handle, keys, stack, why);
+    active_done(op, r, stack, outs);
     return;
   }
 
   std::vector<c10::IValue> args;
-  try {
-    args.assign(stack->end() - n, stack->end());
-  } catch (...) {
-    op.original.callBoxed(handle, keys, stack);
-    return;
-  }
-  // An exception from PyTorch's own kernel reaches the caller, as without kforge.
-  op.original.callBoxed(handle, keys, stack);
+  if (!copy_args_then_original(op, handle, keys, stack, args)) return;
   bool compared = false;
   try {
     SwapScope scope;
@@ -509,12 +517,7 @@ static void run_cuda(const InterceptedOp& op, const Replacement& r, const c10::O
     why = "shadow call threw";
   }
   leave_device(call);
-  if (!compared) return;
-  if (why.empty()) {
-    r.owner->shadow_clean(r);
-  } else {
-    r.owner->fail(r, "shadow mismatch: " + why);
-  }
+  if (compared) shadow_verdict(r, why);
 }
 
 void run_replacement(const InterceptedOp& op, const Replacement& r, const c10::OperatorHandle& handle,

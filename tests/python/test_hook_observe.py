@@ -346,6 +346,26 @@ sys.stdin.read()                                # the test closes stdin once it 
 """
 
 
+def collect_reports(router, pid, want, timeout=60):
+    """Reads the ROUTER until a Hello and HotReports whose cumulative counts equal `want` arrived."""
+    hello, reported = None, {}
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and (hello is None or reported != want):
+        if not router.poll(timeout=1000):
+            continue
+        frames = router.recv_multipart()
+        assert len(frames) == 2, frames            # [routing id, message]
+        magic, version, mtype, body = msgpack.unpackb(frames[1])
+        assert magic == "kforge" and version == 1
+        if mtype == 1:                              # Hello
+            hello = body
+        elif mtype == 2:                            # HotReport: [pid, sequence, dropped, entries]
+            assert body[0] == pid and body[1] >= 1
+            for entry in body[3]:                   # [signature, calls, sampled, ns, stats]
+                reported[msgpack.packb(entry[0]).hex()] = entry[1]
+    return hello, reported
+
+
 def test_hello_and_hot_reports_reach_a_daemon(hook_path):
     zmq = pytest.importorskip("zmq")          # in the project venv; absent from some GPU images
     d = tempfile.mkdtemp(prefix="kf-")
@@ -364,21 +384,7 @@ def test_hello_and_hot_reports_reach_a_daemon(hook_path):
         want = {sig["encoding"]: sig["calls"] for sig in stats["signatures"]}
         assert len(want) == 2
 
-        hello, reported = None, {}
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and (hello is None or reported != want):
-            if not router.poll(timeout=1000):
-                continue
-            frames = router.recv_multipart()
-            assert len(frames) == 2, frames            # [routing id, message]
-            magic, version, mtype, body = msgpack.unpackb(frames[1])
-            assert magic == "kforge" and version == 1
-            if mtype == 1:                              # Hello
-                hello = body
-            elif mtype == 2:                            # HotReport: [pid, sequence, dropped, entries]
-                assert body[0] == proc.pid and body[1] >= 1
-                for entry in body[3]:                   # [signature, calls, sampled, ns, stats]
-                    reported[msgpack.packb(entry[0]).hex()] = entry[1]
+        hello, reported = collect_reports(router, proc.pid, want, timeout=30)
         assert hello is not None, "no Hello"
         assert hello[0] == proc.pid and hello[1] == stats["kforge_version"]
         assert hello[2] == torch.__version__
@@ -391,26 +397,6 @@ def test_hello_and_hot_reports_reach_a_daemon(hook_path):
         ctx.term()
         shutil.rmtree(d, ignore_errors=True)
     assert proc.returncode == 0
-
-
-def collect_reports(router, pid, want, timeout=60):
-    """Reads the ROUTER until a Hello and HotReports whose cumulative counts equal `want` arrived."""
-    hello, reported = None, {}
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and (hello is None or reported != want):
-        if not router.poll(timeout=1000):
-            continue
-        frames = router.recv_multipart()
-        assert len(frames) == 2, frames
-        magic, version, mtype, body = msgpack.unpackb(frames[1])
-        assert magic == "kforge" and version == 1
-        if mtype == 1:
-            hello = body
-        elif mtype == 2:
-            assert body[0] == pid
-            for entry in body[3]:
-                reported[msgpack.packb(entry[0]).hex()] = entry[1]
-    return hello, reported
 
 
 @pytest.mark.parametrize("dev", DEVICES)

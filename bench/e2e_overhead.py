@@ -131,13 +131,7 @@ def main():
     args = parse_args()
     if args.child:
         return child(args)
-    import torch
-    if args.device == "cuda" and not torch.cuda.is_available():
-        sys.exit("--device cuda: torch sees no CUDA device")
-    files = sbs.kforge_files(args, torch.__version__)
-    print(f"# {sbs.machine_line(torch)}")
-    print(f"# hook {files['hook']}, loaded by "
-          + (f"LD_PRELOAD={files['shim']}" if args.load == "preload" else "ctypes after import torch"))
+    torch, files = sbs.parent_start(args)
     cache_dir = sbs.private_dir("kforge-empty-cache-")
     hooked_env = sbs.child_env(files, args.load, KFORGE_MODE=args.mode,
                                **({"KFORGE_CACHE_DIR": cache_dir} if args.mode == "active" else {}))

@@ -183,13 +183,7 @@ def main():
     args = parse_args()
     if args.child:
         return child(args)
-    import torch
-    if args.device == "cuda" and not torch.cuda.is_available():
-        sys.exit("--device cuda: torch sees no CUDA device")
-    files = sbs.kforge_files(args, torch.__version__)
-    print(f"# {sbs.machine_line(torch)}")
-    print(f"# hook {files['hook']}, loaded by "
-          + (f"LD_PRELOAD={files['shim']}" if args.load == "preload" else "ctypes after import torch"))
+    torch, files = sbs.parent_start(args)
     base = [sys.executable, os.path.abspath(__file__), "--device", args.device, "--rows", str(args.rows),
             "--cols", str(args.cols), "--calls", str(args.calls), "--repeats", str(args.repeats),
             "--threads", str(args.threads), "--shadow-calls", str(args.shadow_calls)]

@@ -223,6 +223,19 @@ def paired(without, with_, without_first, relative=False, resamples=10000, seed=
             "by_order": {k: (statistics.median(g), len(g)) if g else None for k, g in by_order.items()}}
 
 
+def parent_start(args):
+    """The parent's common start: torch imported, the device checked, kforge's files found and the
+    run's header printed. Returns (torch, files)."""
+    import torch
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("--device cuda: torch sees no CUDA device")
+    files = kforge_files(args, torch.__version__)
+    print(f"# {machine_line(torch)}")
+    print(f"# hook {files['hook']}, loaded by "
+          + (f"LD_PRELOAD={files['shim']}" if args.load == "preload" else "ctypes after import torch"))
+    return torch, files
+
+
 def machine_line(torch_module):
     import platform
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3

@@ -488,7 +488,10 @@ void Recorder::shutdown() noexcept {
   }
   wake_->notify_all();
   // Bounded: the reporter builds one last report and stops the client (stop_timeout_ms).
-  if (reporter->joinable() && reporter->get_id() != std::this_thread::get_id()) reporter->join();
+  if (reporter->joinable() && reporter->get_id() != std::this_thread::get_id()) {
+    reporter->join();
+    delete reporter;   // joined: nothing refers to the thread object any more
+  }
 }
 
 void Recorder::before_fork() noexcept {

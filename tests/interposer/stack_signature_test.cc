@@ -82,7 +82,10 @@ TensorMeta tensor(DType dt, std::vector<int64_t> sizes, uint32_t alignment = 16,
   t.device = dev;
   t.sizes = sizes;
   t.strides.assign(sizes.size(), 1);
-  for (size_t d = sizes.size(); d-- > 1;) t.strides[d - 1] = t.strides[d] * sizes[d];
+  // Random sizes make the product overflow: wrap it (unsigned) rather than rely on signed overflow.
+  for (size_t d = sizes.size(); d-- > 1;) {
+    t.strides[d - 1] = static_cast<int64_t>(static_cast<uint64_t>(t.strides[d]) * static_cast<uint64_t>(sizes[d]));
+  }
   t.alignment = alignment;
   return t;
 }

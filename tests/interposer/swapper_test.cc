@@ -201,9 +201,10 @@ TEST_CASE("Swapper: a CUDA entry no device here can run is not loaded and not ma
   options.host_env = cpu_env();
   options.cache_root = cache;
   // Never destroyed, as in the hook; reachable from a static so leak checkers see it kept.
-  static std::vector<hook::Swapper*> keep;
+  // (The vector itself is never destroyed either: a static's destructor runs before the leak check.)
+  static auto* keep = new std::vector<hook::Swapper*>();
   auto* swapper = new hook::Swapper(options);
-  keep.push_back(swapper);
+  keep->push_back(swapper);
   swapper->on_round({std::make_shared<const OpSignature>(sig)});
   swapper->on_round({std::make_shared<const OpSignature>(sig)});   // a second round changes nothing
 

@@ -97,11 +97,27 @@ Status run_cpu_plan(const CpuModule& module, const KernelSpec& spec, const Resol
     return invalid_argument("plan has " + std::to_string(plan.outputs.size()) + " outputs but " +
                             std::to_string(buffers.outputs.size()) + " output buffers were given");
   }
-  std::vector<AlignedBuffer> scratch;
-  scratch.reserve(plan.scratch.size());
-  for (size_t i = 0; i < plan.scratch.size(); ++i) {
-    scratch.push_back(aligned_buffer(static_cast<size_t>(plan.scratch[i].bytes)));
-    if (!scratch.back()) return unavailable("cannot allocate " + std::to_string(plan.scratch[i].bytes) + " bytes for scratch " + std::to_string(i));
+  if (!buffers.scratch.empty() && buffers.scratch.size() != plan.scratch.size()) {
+    return invalid_argument("plan has " + std::to_string(plan.scratch.size()) + " scratch buffers but " +
+                            std::to_string(buffers.scratch.size()) + " were given");
+  }
+  for (size_t li = 0; li < plan.launches.size(); ++li) {
+    if (plan.launches[li].shared_mem_bytes > kCpuMaxSharedMemBytes) {
+      return invalid_argument("launch " + std::to_string(li) + " asks for " +
+                              std::to_string(plan.launches[li].shared_mem_bytes) +
+                              " bytes of shared memory; the CPU backend allows " +
+                              std::to_string(kCpuMaxSharedMemBytes) + " per block");
+    }
+  }
+  std::vector<AlignedBuffer> owned;
+  std::vector<void*> scratch = buffers.scratch;
+  if (scratch.empty()) {
+    owned.reserve(plan.scratch.size());
+    for (size_t i = 0; i < plan.scratch.size(); ++i) {
+      owned.push_back(aligned_buffer(static_cast<size_t>(plan.scratch[i].bytes)));
+      if (!owned.back()) return unavailable("cannot allocate " + std::to_string(plan.scratch[i].bytes) + " bytes for scratch " + std::to_string(i));
+      scratch.push_back(owned.back().get());
+    }
   }
 
   for (size_t li = 0; li < plan.launches.size(); ++li) {
@@ -133,7 +149,7 @@ Status run_cpu_plan(const CpuModule& module, const KernelSpec& spec, const Resol
           if (a.index >= scratch.size()) {
             return invalid_argument(where + ", arg " + std::to_string(ai) + ": no scratch buffer " + std::to_string(a.index));
           }
-          s.ptr = scratch[a.index].get();
+          s.ptr = scratch[a.index];
           break;
         case ArgBinding::Kind::kSize:
         case ArgBinding::Kind::kScalar:

@@ -49,7 +49,14 @@ class CpuModule {
 struct CpuBuffers {
   std::vector<void*> inputs;    // indexed by signature argument; nullptr for non-tensor arguments
   std::vector<void*> outputs;   // indexed by plan output
+  // Optional, indexed by plan scratch buffer: the caller's buffers (the worker poisons and guards
+  // them). Empty: run_cpu_plan allocates them, uninitialized.
+  std::vector<void*> scratch;
 };
+
+// The most dynamic shared memory one CPU block may ask for (the CPU backend's "device limit",
+// like a GPU's opt-in maximum per block): run_cpu_plan refuses a launch that asks for more.
+inline constexpr int64_t kCpuMaxSharedMemBytes = int64_t{1} << 20;
 
 Status run_cpu_plan(const CpuModule& module, const KernelSpec& spec, const ResolvedLaunchPlan& plan,
                     const CpuBuffers& buffers);

@@ -124,7 +124,7 @@ TEST_CASE("CPU backend: a two-launch softmax with scratch, shared memory and a s
   std::normal_distribution<float> normal(0.f, 3.f);
   std::vector<float> x(static_cast<size_t>(rows * cols)), y(x.size(), std::nanf(""));
   for (float& v : x) v = normal(rng);
-  CpuBuffers io{{x.data(), nullptr}, {y.data()}};
+  CpuBuffers io{{x.data(), nullptr}, {y.data()}, {}};
   REQUIRE(run_cpu_plan(*module, spec, *plan, io).ok());
 
   for (int64_t r = 0; r < rows; ++r) {
@@ -180,10 +180,10 @@ TEST_CASE("CPU backend: bad images, missing symbols and missing buffers are erro
   auto plan = spec.resolve(sig);
   REQUIRE(plan.ok());
   std::vector<float> y(32);
-  CpuBuffers no_input{{nullptr, nullptr}, {y.data()}};
+  CpuBuffers no_input{{nullptr, nullptr}, {y.data()}, {}};
   Status s = run_cpu_plan(*module, spec, *plan, no_input);
   REQUIRE_FALSE(s.ok());
   CHECK_THAT(s.message(), Catch::Contains("launch 0, arg 0: no tensor for input 0"));
-  CpuBuffers no_output{{y.data(), nullptr}, {}};
+  CpuBuffers no_output{{y.data(), nullptr}, {}, {}};
   CHECK_FALSE(run_cpu_plan(*module, spec, *plan, no_output).ok());
 }

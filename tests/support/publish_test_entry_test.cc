@@ -220,7 +220,7 @@ TEST_CASE("the tool publishes a CPU entry that reads back intact and computes so
   REQUIRE(plan.ok());
   std::vector<float> x(800), y(800, NAN);
   for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i)) * 5);
-  REQUIRE(run_cpu_plan(*module, e->spec, *plan, CpuBuffers{{x.data(), nullptr, nullptr}, {y.data()}}).ok());
+  REQUIRE(run_cpu_plan(*module, e->spec, *plan, CpuBuffers{{x.data(), nullptr, nullptr}, {y.data()}, {}}).ok());
   for (size_t r = 0; r < 8; ++r) {
     double m = -INFINITY, s = 0;
     for (size_t c = 0; c < 100; ++c) m = std::max(m, static_cast<double>(x[r * 100 + c]));

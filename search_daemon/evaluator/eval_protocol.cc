@@ -1,0 +1,415 @@
+#include "search_daemon/evaluator/eval_protocol.h"
+
+#include <cmath>
+#include <limits>
+
+#include "runtime/msgpack_codec.h"
+
+namespace kforge::eval {
+
+// Note [Eval channel bounds]
+// The channel runs between kforge's own processes over a private 0700 ipc socket (worker_process.h),
+// but the worker also runs candidate code, so a result is decoded as untrusted input all the same:
+// the whole message is bounded (kMaxEvalMessageBytes), arrays by kMaxEvalArray and nesting by
+// kMaxEvalDepth before msgpack-c builds its tree, and every embedded vocabulary type goes through
+// its own bounded decoder. Big payloads (captured tensors, artifacts) are bins, which cost their
+// bytes and nothing per element.
+
+namespace {
+
+using codec::Packer;
+using codec::Reader;
+
+constexpr size_t kMaxEvalArray = 4096;
+constexpr size_t kMaxEvalDepth = 8;
+constexpr size_t kMaxText = 1u << 20;
+
+void pack_str(Packer& pk, std::string_view s) {
+  pk.pack_str(static_cast<uint32_t>(s.size()));
+  pk.pack_str_body(s.data(), static_cast<uint32_t>(s.size()));
+}
+void pack_bin(Packer& pk, std::string_view s) {
+  pk.pack_bin(static_cast<uint32_t>(s.size()));
+  pk.pack_bin_body(s.data(), static_cast<uint32_t>(s.size()));
+}
+
+Status open_record(const Reader& r, size_t fields) {
+  KFORGE_ASSIGN_OR_RETURN(size_t n, r.array_size());
+  if (n < fields) return r.error("expected " + std::to_string(fields) + " fields, got " + std::to_string(n));
+  return Status();
+}
+
+template <class T>
+Status read_uint(const Reader& r, T* out, uint64_t max = std::numeric_limits<T>::max()) {
+  KFORGE_ASSIGN_OR_RETURN(uint64_t v, r.u64());
+  if (v > max) return r.error("value " + std::to_string(v) + " exceeds " + std::to_string(max));
+  *out = static_cast<T>(v);
+  return Status();
+}
+
+Status read_f64(const Reader& r, double* out) {
+  KFORGE_ASSIGN_OR_RETURN(*out, r.f64());
+  return Status();
+}
+
+Status read_bool(const Reader& r, bool* out) {
+  KFORGE_ASSIGN_OR_RETURN(*out, r.boolean());
+  return Status();
+}
+
+Status read_str(const Reader& r, size_t max, std::string* out) {
+  KFORGE_ASSIGN_OR_RETURN(*out, r.str(max));
+  return Status();
+}
+
+// A field that holds another type's canonical bytes, decoded by that type's own decoder; its
+// errors are prefixed with this field's path.
+template <class T>
+Status read_embedded(const Reader& r, size_t max, T* out) {
+  KFORGE_ASSIGN_OR_RETURN(std::string bytes, r.bin(max));
+  StatusOr<T> v = T::decode(bytes);
+  if (!v.ok()) return r.error(v.status().message());
+  *out = std::move(*v);
+  return Status();
+}
+
+// ---- bodies -------------------------------------------------------------------------------------
+
+void pack_stats(Packer& pk, const wire::InputStats& s) {
+  pk.pack_array(8);
+  pk.pack_uint32(s.arg_index);
+  pk.pack_f64(s.min);
+  pk.pack_f64(s.max);
+  pk.pack_f64(s.mean);
+  pk.pack_f64(s.stddev);
+  pk.pack_uint64(s.nan_count);
+  pk.pack_uint64(s.inf_count);
+  pk.pack_f64(s.zero_fraction);
+}
+
+Status read_stats(const Reader& r, wire::InputStats* s) {
+  KFORGE_RETURN_IF_ERROR(open_record(r, 8));
+  KFORGE_RETURN_IF_ERROR(read_uint(r.field(0, "arg_index"), &s->arg_index, wire::kMaxArgIndex));
+  KFORGE_RETURN_IF_ERROR(read_f64(r.field(1, "min"), &s->min));
+  KFORGE_RETURN_IF_ERROR(read_f64(r.field(2, "max"), &s->max));
+  KFORGE_RETURN_IF_ERROR(read_f64(r.field(3, "mean"), &s->mean));
+  KFORGE_RETURN_IF_ERROR(read_f64(r.field(4, "stddev"), &s->stddev));
+  KFORGE_RETURN_IF_ERROR(read_uint(r.field(5, "nan_count"), &s->nan_count));
+  KFORGE_RETURN_IF_ERROR(read_uint(r.field(6, "inf_count"), &s->inf_count));
+  Reader zf = r.field(7, "zero_fraction");
+  KFORGE_RETURN_IF_ERROR(read_f64(zf, &s->zero_fraction));
+  if (!(s->zero_fraction >= 0 && s->zero_fraction <= 1)) return zf.error("expected a value in [0, 1]");
+  return Status();
+}
+
+void pack_body(Packer& pk, const EvalJob& j) {
+  pk.pack_array(8);
+  pk.pack_uint64(j.job_id);
+  pack_bin(pk, j.signature.encode());
+  pack_bin(pk, j.spec.encode());
+  pk.pack_array(6);
+  pk.pack_uint32(j.policy.trials);
+  pk.pack_uint64(j.policy.seed);
+  pk.pack(j.policy.measure);
+  pk.pack_uint32(j.policy.measure_runs);
+  pk.pack_uint32(j.policy.warmup_runs);
+  pk.pack_uint32(j.policy.determinism_runs);
+  pk.pack_array(static_cast<uint32_t>(j.input_stats.size()));
+  for (const wire::InputStats& s : j.input_stats) pack_stats(pk, s);
+  pk.pack_array(static_cast<uint32_t>(j.captured.size()));
+  for (const wire::CapturedInputs& c : j.captured) pack_bin(pk, wire::encode(c));
+  pk.pack_uint32(j.compile_budget_ms);
+  pk.pack_uint32(j.run_budget_ms);
+}
+
+StatusOr<EvalMessage> read_job(const Reader& b) {
+  KFORGE_RETURN_IF_ERROR(open_record(b, 8));
+  EvalJob j;
+  KFORGE_RETURN_IF_ERROR(read_uint(b.field(0, "job_id"), &j.job_id));
+  KFORGE_RETURN_IF_ERROR(read_embedded(b.field(1, "signature"), 1u << 20, &j.signature));
+  KFORGE_RETURN_IF_ERROR(read_embedded(b.field(2, "spec"), kMaxKernelSourceBytes + (1u << 20), &j.spec));
+  Reader p = b.field(3, "policy");
+  KFORGE_RETURN_IF_ERROR(open_record(p, 6));
+  KFORGE_RETURN_IF_ERROR(read_uint(p.field(0, "trials"), &j.policy.trials, 1000));
+  KFORGE_RETURN_IF_ERROR(read_uint(p.field(1, "seed"), &j.policy.seed));
+  KFORGE_RETURN_IF_ERROR(read_bool(p.field(2, "measure"), &j.policy.measure));
+  KFORGE_RETURN_IF_ERROR(read_uint(p.field(3, "measure_runs"), &j.policy.measure_runs, 100000));
+  KFORGE_RETURN_IF_ERROR(read_uint(p.field(4, "warmup_runs"), &j.policy.warmup_runs, 10000));
+  KFORGE_RETURN_IF_ERROR(read_uint(p.field(5, "determinism_runs"), &j.policy.determinism_runs, 100));
+  Reader stats = b.field(4, "input_stats");
+  KFORGE_ASSIGN_OR_RETURN(size_t ns, stats.array_size());
+  if (ns > wire::kMaxStatsPerEntry) return stats.error("more than " + std::to_string(wire::kMaxStatsPerEntry) + " entries");
+  j.input_stats.resize(ns);
+  for (size_t i = 0; i < ns; ++i) KFORGE_RETURN_IF_ERROR(read_stats(stats.at(i), &j.input_stats[i]));
+  Reader cap = b.field(5, "captured");
+  KFORGE_ASSIGN_OR_RETURN(size_t nc, cap.array_size());
+  if (nc > kMaxCapturedCalls) return cap.error("more than " + std::to_string(kMaxCapturedCalls) + " captured calls");
+  for (size_t i = 0; i < nc; ++i) {
+    Reader c = cap.at(i);
+    KFORGE_ASSIGN_OR_RETURN(std::string bytes, c.bin(wire::kMaxCapturedInputsBytes));
+    StatusOr<wire::WireMessage> m = wire::decode(bytes);
+    if (!m.ok()) return c.error(m.status().message());
+    auto* ci = std::get_if<wire::CapturedInputs>(&*m);
+    if (ci == nullptr) return c.error("expected a CapturedInputs message");
+    j.captured.push_back(std::move(*ci));
+  }
+  KFORGE_RETURN_IF_ERROR(read_uint(b.field(6, "compile_budget_ms"), &j.compile_budget_ms));
+  KFORGE_RETURN_IF_ERROR(read_uint(b.field(7, "run_budget_ms"), &j.run_budget_ms));
+  return EvalMessage(std::move(j));
+}
+
+void pack_verify(Packer& pk, const VerifyOutcome& v) {
+  pk.pack_array(10);
+  pk.pack_uint32(v.trials_run);
+  pk.pack_uint32(v.trials_passed);
+  pack_str(pk, v.failed_check);
+  pack_str(pk, v.trial);
+  pack_str(pk, v.detail);
+  pk.pack_f64(v.max_abs_error);
+  pk.pack_f64(v.rel_error);
+  pk.pack_f64(v.torch_max_abs_error);
+  pk.pack_f64(v.torch_rel_error);
+  pack_str(pk, v.checks);
+}
+
+Status read_verify(const Reader& r, VerifyOutcome* v) {
+  KFORGE_RETURN_IF_ERROR(open_record(r, 10));
+  KFORGE_RETURN_IF_ERROR(read_uint(r.field(0, "trials_run"), &v->trials_run));
+  KFORGE_RETURN_IF_ERROR(read_uint(r.field(1, "trials_passed"), &v->trials_passed));
+  KFORGE_RETURN_IF_ERROR(read_str(r.field(2, "failed_check"), 64, &v->failed_check));
+  KFORGE_RETURN_IF_ERROR(read_str(r.field(3, "trial"), 256, &v->trial));
+  KFORGE_RETURN_IF_ERROR(read_str(r.field(4, "detail"), kMaxText, &v->detail));
+  KFORGE_RETURN_IF_ERROR(read_f64(r.field(5, "max_abs_error"), &v->max_abs_error));
+  KFORGE_RETURN_IF_ERROR(read_f64(r.field(6, "rel_error"), &v->rel_error));
+  KFORGE_RETURN_IF_ERROR(read_f64(r.field(7, "torch_max_abs_error"), &v->torch_max_abs_error));
+  KFORGE_RETURN_IF_ERROR(read_f64(r.field(8, "torch_rel_error"), &v->torch_rel_error));
+  KFORGE_RETURN_IF_ERROR(read_str(r.field(9, "checks"), kMaxText, &v->checks));
+  return Status();
+}
+
+void pack_timing(Packer& pk, const TimingOutcome& t) {
+  pk.pack_array(14);
+  pack_str(pk, t.clock);
+  pk.pack_uint32(t.runs);
+  pk.pack_f64(t.baseline_median_ns);
+  pk.pack_f64(t.candidate_median_ns);
+  pk.pack_f64(t.baseline_spread);
+  pk.pack_f64(t.candidate_spread);
+  pk.pack_f64(t.speedup);
+  pk.pack_f64(t.noise_band);
+  pk.pack(t.significant);
+  pk.pack_f64(t.bytes);
+  pk.pack_f64(t.flops);
+  pk.pack_f64(t.achieved_bytes_per_s);
+  pk.pack_f64(t.achieved_flops_per_s);
+  pk.pack_f64(t.bandwidth_ceiling_bytes_per_s);
+}
+
+Status read_timing(const Reader& r, TimingOutcome* t) {
+  KFORGE_RETURN_IF_ERROR(open_record(r, 14));
+  KFORGE_RETURN_IF_ERROR(read_str(r.field(0, "clock"), 64, &t->clock));
+  KFORGE_RETURN_IF_ERROR(read_uint(r.field(1, "runs"), &t->runs));
+  KFORGE_RETURN_IF_ERROR(read_f64(r.field(2, "baseline_median_ns"), &t->baseline_median_ns));
+  KFORGE_RETURN_IF_ERROR(read_f64(r.field(3, "candidate_median_ns"), &t->candidate_median_ns));
+  KFORGE_RETURN_IF_ERROR(read_f64(r.field(4, "baseline_spread"), &t->baseline_spread));
+  KFORGE_RETURN_IF_ERROR(read_f64(r.field(5, "candidate_spread"), &t->candidate_spread));
+  KFORGE_RETURN_IF_ERROR(read_f64(r.field(6, "speedup"), &t->speedup));
+  KFORGE_RETURN_IF_ERROR(read_f64(r.field(7, "noise_band"), &t->noise_band));
+  KFORGE_RETURN_IF_ERROR(read_bool(r.field(8, "significant"), &t->significant));
+  KFORGE_RETURN_IF_ERROR(read_f64(r.field(9, "bytes"), &t->bytes));
+  KFORGE_RETURN_IF_ERROR(read_f64(r.field(10, "flops"), &t->flops));
+  KFORGE_RETURN_IF_ERROR(read_f64(r.field(11, "achieved_bytes_per_s"), &t->achieved_bytes_per_s));
+  KFORGE_RETURN_IF_ERROR(read_f64(r.field(12, "achieved_flops_per_s"), &t->achieved_flops_per_s));
+  KFORGE_RETURN_IF_ERROR(read_f64(r.field(13, "bandwidth_ceiling_bytes_per_s"), &t->bandwidth_ceiling_bytes_per_s));
+  return Status();
+}
+
+// An environment that was never filled in travels as an empty bin.
+void pack_environment(Packer& pk, const Environment& env) {
+  pack_bin(pk, env == Environment{} ? std::string() : env.encode());
+}
+
+Status read_environment_field(const Reader& r, Environment* env) {
+  KFORGE_ASSIGN_OR_RETURN(std::string bytes, r.bin(64u << 10));
+  if (bytes.empty()) {
+    *env = Environment{};
+    return Status();
+  }
+  StatusOr<Environment> e = Environment::decode(bytes);
+  if (!e.ok()) return r.error(e.status().message());
+  *env = std::move(*e);
+  return Status();
+}
+
+void pack_body(Packer& pk, const EvalResult& r) {
+  pk.pack_array(13);
+  pk.pack_uint64(r.job_id);
+  pk.pack_uint8(static_cast<uint8_t>(r.status));
+  pack_str(pk, r.message);
+  pack_str(pk, r.build_log.size() > kMaxLogBytes ? std::string_view(r.build_log).substr(0, kMaxLogBytes)
+                                                 : std::string_view(r.build_log));
+  pk.pack(r.build_cached);
+  pk.pack_f64(r.build_ms);
+  pack_str(pk, r.artifact_name);
+  pack_bin(pk, r.artifact);
+  pack_verify(pk, r.verify);
+  pack_timing(pk, r.timing);
+  pack_environment(pk, r.environment);
+  pk.pack_int32(r.worker_pid);
+  pack_str(pk, r.phase);
+}
+
+StatusOr<EvalMessage> read_result(const Reader& b) {
+  KFORGE_RETURN_IF_ERROR(open_record(b, 13));
+  EvalResult r;
+  KFORGE_RETURN_IF_ERROR(read_uint(b.field(0, "job_id"), &r.job_id));
+  uint8_t status = 0;
+  KFORGE_RETURN_IF_ERROR(read_uint(b.field(1, "status"), &status, static_cast<uint8_t>(EvalStatus::kWorkerError)));
+  r.status = static_cast<EvalStatus>(status);
+  KFORGE_RETURN_IF_ERROR(read_str(b.field(2, "message"), kMaxText, &r.message));
+  KFORGE_RETURN_IF_ERROR(read_str(b.field(3, "build_log"), kMaxLogBytes, &r.build_log));
+  KFORGE_RETURN_IF_ERROR(read_bool(b.field(4, "build_cached"), &r.build_cached));
+  KFORGE_RETURN_IF_ERROR(read_f64(b.field(5, "build_ms"), &r.build_ms));
+  KFORGE_RETURN_IF_ERROR(read_str(b.field(6, "artifact_name"), 16, &r.artifact_name));
+  KFORGE_ASSIGN_OR_RETURN(r.artifact, b.field(7, "artifact").bin(kMaxArtifactBytes));
+  KFORGE_RETURN_IF_ERROR(read_verify(b.field(8, "verify"), &r.verify));
+  KFORGE_RETURN_IF_ERROR(read_timing(b.field(9, "timing"), &r.timing));
+  KFORGE_RETURN_IF_ERROR(read_environment_field(b.field(10, "environment"), &r.environment));
+  KFORGE_ASSIGN_OR_RETURN(int64_t pid, b.field(11, "worker_pid").i64_in(0, INT32_MAX));
+  r.worker_pid = static_cast<int32_t>(pid);
+  KFORGE_RETURN_IF_ERROR(read_str(b.field(12, "phase"), 64, &r.phase));
+  return EvalMessage(std::move(r));
+}
+
+void pack_body(Packer& pk, const WorkerReady& w) {
+  pk.pack_array(6);
+  pk.pack_int32(w.pid);
+  pack_str(pk, w.device);
+  pack_environment(pk, w.environment);
+  pk.pack_f64(w.bandwidth_ceiling_bytes_per_s);
+  pk.pack_int64(w.max_shared_mem_bytes);
+  pack_str(pk, w.note);
+}
+
+StatusOr<EvalMessage> read_ready(const Reader& b) {
+  KFORGE_RETURN_IF_ERROR(open_record(b, 6));
+  WorkerReady w;
+  KFORGE_ASSIGN_OR_RETURN(int64_t pid, b.field(0, "pid").i64_in(1, INT32_MAX));
+  w.pid = static_cast<int32_t>(pid);
+  KFORGE_RETURN_IF_ERROR(read_str(b.field(1, "device"), 64, &w.device));
+  KFORGE_RETURN_IF_ERROR(read_environment_field(b.field(2, "environment"), &w.environment));
+  KFORGE_RETURN_IF_ERROR(read_f64(b.field(3, "bandwidth_ceiling_bytes_per_s"), &w.bandwidth_ceiling_bytes_per_s));
+  KFORGE_ASSIGN_OR_RETURN(w.max_shared_mem_bytes, b.field(4, "max_shared_mem_bytes").i64_in(0, INT64_MAX));
+  KFORGE_RETURN_IF_ERROR(read_str(b.field(5, "note"), kMaxText, &w.note));
+  return EvalMessage(std::move(w));
+}
+
+void pack_body(Packer& pk, const JobPhase& p) {
+  pk.pack_array(3);
+  pk.pack_uint64(p.job_id);
+  pack_str(pk, p.phase);
+  pk.pack_uint32(p.budget_ms);
+}
+
+StatusOr<EvalMessage> read_phase(const Reader& b) {
+  KFORGE_RETURN_IF_ERROR(open_record(b, 3));
+  JobPhase p;
+  KFORGE_RETURN_IF_ERROR(read_uint(b.field(0, "job_id"), &p.job_id));
+  KFORGE_RETURN_IF_ERROR(read_str(b.field(1, "phase"), 64, &p.phase));
+  KFORGE_RETURN_IF_ERROR(read_uint(b.field(2, "budget_ms"), &p.budget_ms));
+  return EvalMessage(std::move(p));
+}
+
+const char* type_label(uint64_t t) {
+  switch (t) {
+    case 1: return "EvalJob";
+    case 2: return "EvalResult";
+    case 3: return "WorkerReady";
+    case 4: return "JobPhase";
+  }
+  return "?";
+}
+
+}  // namespace
+
+std::string_view eval_status_name(EvalStatus s) noexcept {
+  switch (s) {
+    case EvalStatus::kMeasured: return "measured";
+    case EvalStatus::kVerified: return "verified";
+    case EvalStatus::kCompileError: return "compile_error";
+    case EvalStatus::kRejected: return "rejected";
+    case EvalStatus::kVerifyFailed: return "verify_failed";
+    case EvalStatus::kFault: return "fault";
+    case EvalStatus::kTimeout: return "timeout";
+    case EvalStatus::kWorkerError: return "worker_error";
+  }
+  return "unknown";
+}
+
+VerificationReport EvalResult::verification_report() const {
+  VerificationReport v;
+  v.trials = verify.trials_run;
+  v.max_abs_error = verify.max_abs_error;
+  v.rel_error = verify.rel_error;
+  v.torch_max_abs_error = verify.torch_max_abs_error;
+  v.torch_rel_error = verify.torch_rel_error;
+  v.passed = passed();
+  v.details = verify.checks;
+  if (!verify.failed_check.empty()) v.details += "; failed " + verify.failed_check + ": " + verify.detail;
+  return v;
+}
+
+Timings EvalResult::timings() const {
+  Timings t;
+  t.baseline_ns = timing.baseline_median_ns;
+  t.candidate_ns = timing.candidate_median_ns;
+  t.spread = timing.candidate_spread;
+  t.runs = timing.runs;
+  return t;
+}
+
+std::string encode(const EvalMessage& m) {
+  msgpack::sbuffer buf;
+  Packer pk(buf);
+  pk.pack_array(4);
+  pack_str(pk, kEvalMagic);
+  pk.pack_uint16(kEvalVersion);
+  std::visit(
+      [&](const auto& body) {
+        pk.pack_uint8(static_cast<uint8_t>(std::decay_t<decltype(body)>::kType));
+        pack_body(pk, body);
+      },
+      m);
+  return std::string(buf.data(), buf.size());
+}
+
+StatusOr<EvalMessage> decode_eval_message(std::string_view bytes) {
+  codec::Limits limits;
+  limits.max_bytes = kMaxEvalMessageBytes;
+  limits.max_array = kMaxEvalArray;
+  limits.max_map = 0;
+  limits.max_str = kMaxKernelSourceBytes + (1u << 20);
+  limits.max_bin = kMaxEvalMessageBytes;
+  limits.max_depth = kMaxEvalDepth;
+  KFORGE_ASSIGN_OR_RETURN(msgpack::object_handle oh, codec::parse(bytes, limits));
+  Reader env(oh.get(), "message");
+  KFORGE_RETURN_IF_ERROR(env.expect_array(4));
+  KFORGE_ASSIGN_OR_RETURN(std::string magic, env.field(0, "magic").str(32));
+  if (magic != kEvalMagic) return env.error("not a kforge evaluation message (magic '" + magic + "')");
+  KFORGE_ASSIGN_OR_RETURN(int64_t version, env.field(1, "version").i64_in(0, 65535));
+  if (version != kEvalVersion) {
+    return env.error("evaluation protocol version " + std::to_string(version) + " is not supported (this side speaks " +
+                     std::to_string(kEvalVersion) + ")");
+  }
+  KFORGE_ASSIGN_OR_RETURN(int64_t type, env.field(2, "type").i64_in(0, 255));
+  const Reader body(oh.get().via.array.ptr[3], type_label(static_cast<uint64_t>(type)));
+  switch (type) {
+    case 1: return read_job(body);
+    case 2: return read_result(body);
+    case 3: return read_ready(body);
+    case 4: return read_phase(body);
+  }
+  return env.error("unknown message type " + std::to_string(type));
+}
+
+}  // namespace kforge::eval

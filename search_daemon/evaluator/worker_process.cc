@@ -1,0 +1,289 @@
+#include "search_daemon/evaluator/worker_process.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+
+namespace kforge::eval {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string errno_text(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
+
+std::string describe_wait_status(int status) {
+  if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    const char* abbrev = sigabbrev_np(sig);
+    return std::string("died of ") + (abbrev != nullptr ? std::string("SIG") + abbrev : "signal") + " (signal " +
+           std::to_string(sig) + ")";
+  }
+  return "ended (wait status " + std::to_string(status) + ")";
+}
+
+int ms_until(Clock::time_point deadline) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  if (left <= 0) return 0;
+  return left > INT_MAX ? INT_MAX : static_cast<int>(left);
+}
+
+}  // namespace
+
+// The ZeroMQ side of one worker: a context, a PAIR socket bound in a private directory.
+struct WorkerProcess::Channel {
+  void* context = nullptr;
+  void* socket = nullptr;
+  std::string dir;
+  std::string endpoint;
+
+  ~Channel() {
+    if (socket != nullptr) zmq_close(socket);
+    if (context != nullptr) zmq_ctx_term(context);
+    if (!dir.empty()) {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+  }
+
+  static StatusOr<std::unique_ptr<Channel>> open() {
+    auto c = std::make_unique<Channel>();
+    const char* runtime = std::getenv("XDG_RUNTIME_DIR");
+    std::string base = (runtime != nullptr && *runtime == '/') ? runtime : "/tmp";
+    std::string tmpl = base + "/kforge-eval-XXXXXX";
+    if (tmpl.size() + 16 > 100) tmpl = "/tmp/kforge-eval-XXXXXX";   // ipc paths must fit sun_path
+    if (::mkdtemp(tmpl.data()) == nullptr) return unavailable(errno_text(("mkdtemp " + tmpl).c_str()));
+    c->dir = tmpl;
+    c->endpoint = "ipc://" + c->dir + "/worker.sock";
+    c->context = zmq_ctx_new();
+    if (c->context == nullptr) return unavailable(errno_text("zmq_ctx_new"));
+    c->socket = zmq_socket(c->context, ZMQ_PAIR);
+    if (c->socket == nullptr) return unavailable(errno_text("zmq_socket"));
+    const int linger = 0;
+    zmq_setsockopt(c->socket, ZMQ_LINGER, &linger, sizeof linger);
+    const int64_t max_msg = static_cast<int64_t>(kMaxEvalMessageBytes);
+    zmq_setsockopt(c->socket, ZMQ_MAXMSGSIZE, &max_msg, sizeof max_msg);
+    const int send_timeout_ms = 30000;
+    zmq_setsockopt(c->socket, ZMQ_SNDTIMEO, &send_timeout_ms, sizeof send_timeout_ms);
+    if (zmq_bind(c->socket, c->endpoint.c_str()) != 0) {
+      return unavailable("cannot bind " + c->endpoint + ": " + zmq_strerror(zmq_errno()));
+    }
+    return c;
+  }
+};
+
+std::string WorkerOptions::default_program() {
+  if (const char* p = std::getenv("KFORGE_WORKER"); p != nullptr && *p != '\0') return p;
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return "kforge-worker";
+  return (self.parent_path() / "kforge-worker").string();
+}
+
+WorkerProcess::WorkerProcess(WorkerOptions options) : options_(std::move(options)) {}
+
+WorkerProcess::~WorkerProcess() { stop(true); }
+
+std::string WorkerProcess::stop(bool kill_first) {
+  std::string how;
+  if (pid_ > 0) {
+    if (kill_first) ::kill(pid_, SIGKILL);
+    int status = 0;
+    pid_t r;
+    do {
+      r = ::waitpid(pid_, &status, 0);
+    } while (r < 0 && errno == EINTR);
+    how = r == pid_ ? describe_wait_status(status) : "could not be reaped";
+  }
+  pid_ = -1;
+  if (alive_fd_ >= 0) ::close(alive_fd_);
+  alive_fd_ = -1;
+  ready_.reset();
+  // A fresh socket for the next worker: nothing the dead one queued can reach its successor.
+  channel_.reset();
+  return how;
+}
+
+Status WorkerProcess::start() {
+  if (pid_ > 0) return Status();
+  if (options_.program.empty()) return invalid_argument("no kforge-worker program given");
+  if (options_.build_cache_dir.empty()) return invalid_argument("no build cache directory given");
+  KFORGE_ASSIGN_OR_RETURN(channel_, Channel::open());
+
+  // Everything the child needs is built before fork: between fork and exec only async-signal-safe
+  // calls are allowed (the daemon has other threads).
+  std::vector<std::string> args = {options_.program, "--endpoint", channel_->endpoint, "--device", options_.device,
+                                   "--build-cache", options_.build_cache_dir};
+  int life[2];
+  if (::pipe2(life, O_CLOEXEC) != 0) return unavailable(errno_text("pipe2"));
+  args.push_back("--alive-fd");
+  args.push_back(std::to_string(life[1]));
+  for (const std::string& a : options_.extra_args) args.push_back(a);
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string_view kv(*e);
+    bool overridden = false;
+    for (const auto& [k, v] : options_.env) overridden = overridden || kv.substr(0, kv.find('=')) == k;
+    if (!overridden) env_strings.emplace_back(kv);
+  }
+  for (const auto& [k, v] : options_.env) env_strings.push_back(k + "=" + v);
+  std::vector<char*> envp;
+  for (std::string& e : env_strings) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  const pid_t parent = ::getpid();
+
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(life[0]);
+    ::close(life[1]);
+    return unavailable(errno_text("fork"));
+  }
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(126);
+    ::fcntl(life[1], F_SETFD, 0);   // the write end survives exec: the worker holds it until it dies
+    ::execve(argv[0], argv.data(), envp.data());
+    ::_exit(127);
+  }
+  ::close(life[1]);
+  pid_ = pid;
+  alive_fd_ = life[0];
+  ++starts_;
+
+  // Wait for WorkerReady, or the worker's end.
+  const Clock::time_point deadline = Clock::now() + std::chrono::milliseconds(options_.start_budget_ms);
+  for (;;) {
+    zmq_pollitem_t items[2] = {{channel_->socket, 0, ZMQ_POLLIN, 0}, {nullptr, alive_fd_, ZMQ_POLLIN, 0}};
+    const int n = zmq_poll(items, 2, ms_until(deadline));
+    if (n < 0 && zmq_errno() == EINTR) continue;
+    if (n < 0) {
+      const std::string err = zmq_strerror(zmq_errno());
+      stop(true);
+      return unavailable("zmq_poll: " + err);
+    }
+    if (n == 0) {
+      stop(true);
+      return unavailable(options_.program + " did not report ready within " + std::to_string(options_.start_budget_ms) +
+                         " ms and was killed");
+    }
+    if (items[0].revents & ZMQ_POLLIN) {
+      zmq_msg_t msg;
+      zmq_msg_init(&msg);
+      const int got = zmq_msg_recv(&msg, channel_->socket, ZMQ_DONTWAIT);
+      std::string bytes;
+      if (got >= 0) bytes.assign(static_cast<const char*>(zmq_msg_data(&msg)), zmq_msg_size(&msg));
+      zmq_msg_close(&msg);
+      if (got < 0) continue;
+      StatusOr<EvalMessage> m = decode_eval_message(bytes);
+      if (!m.ok() || !std::holds_alternative<WorkerReady>(*m)) {
+        stop(true);
+        return unavailable("the worker's first message is not WorkerReady: " +
+                           (m.ok() ? std::string("another message type") : m.status().message()));
+      }
+      ready_ = std::get<WorkerReady>(std::move(*m));
+      return Status();
+    }
+    if (items[1].revents & (ZMQ_POLLIN | ZMQ_POLLERR)) {
+      const std::string how = stop(false);
+      return unavailable(options_.program + " " + how + " before it was ready (its stderr says why)");
+    }
+  }
+}
+
+EvalResult WorkerProcess::failure(const EvalJob& job, EvalStatus status, std::string message, std::string phase) const {
+  EvalResult r;
+  r.job_id = job.job_id;
+  r.status = status;
+  r.message = std::move(message);
+  r.phase = std::move(phase);
+  return r;
+}
+
+EvalResult WorkerProcess::evaluate(const EvalJob& job) {
+  if (Status s = start(); !s.ok()) return failure(job, EvalStatus::kWorkerError, "cannot start the worker: " + s.message(), "start");
+  const pid_t worker_pid = pid_;
+
+  const std::string bytes = encode(EvalMessage(job));
+  if (zmq_send(channel_->socket, bytes.data(), bytes.size(), 0) < 0) {
+    const std::string err = zmq_strerror(zmq_errno());
+    stop(true);
+    return failure(job, EvalStatus::kWorkerError, "cannot send the job to the worker: " + err, "start");
+  }
+
+  std::string phase = "start";
+  uint32_t budget = options_.start_budget_ms;
+  Clock::time_point deadline = Clock::now() + std::chrono::milliseconds(budget);
+  for (;;) {
+    zmq_pollitem_t items[2] = {{channel_->socket, 0, ZMQ_POLLIN, 0}, {nullptr, alive_fd_, ZMQ_POLLIN, 0}};
+    const int n = zmq_poll(items, 2, ms_until(deadline));
+    if (n < 0 && zmq_errno() == EINTR) continue;
+    if (n < 0) {
+      const std::string err = zmq_strerror(zmq_errno());
+      stop(true);
+      return failure(job, EvalStatus::kWorkerError, "zmq_poll: " + err, phase);
+    }
+    if (n == 0) {
+      stop(true);
+      EvalResult r = failure(job, EvalStatus::kTimeout,
+                             "no result within the " + phase + " budget of " + std::to_string(budget) +
+                                 " ms: the worker was killed",
+                             phase);
+      r.worker_pid = worker_pid;
+      return r;
+    }
+    // Messages first: a result that arrived just before the worker exited still counts.
+    if (items[0].revents & ZMQ_POLLIN) {
+      zmq_msg_t msg;
+      zmq_msg_init(&msg);
+      const int got = zmq_msg_recv(&msg, channel_->socket, ZMQ_DONTWAIT);
+      std::string in;
+      if (got >= 0) in.assign(static_cast<const char*>(zmq_msg_data(&msg)), zmq_msg_size(&msg));
+      zmq_msg_close(&msg);
+      if (got < 0) continue;
+      StatusOr<EvalMessage> m = decode_eval_message(in);
+      if (!m.ok()) {
+        stop(true);
+        return failure(job, EvalStatus::kWorkerError, "the worker sent a malformed message: " + m.status().message(), phase);
+      }
+      if (auto* p = std::get_if<JobPhase>(&*m)) {
+        if (p->job_id != job.job_id) continue;
+        phase = p->phase;
+        budget = p->budget_ms;
+        deadline = Clock::now() + std::chrono::milliseconds(static_cast<uint64_t>(budget) + options_.grace_ms);
+        continue;
+      }
+      if (auto* r = std::get_if<EvalResult>(&*m)) {
+        if (r->job_id != job.job_id) continue;   // a stale answer; cannot happen with one job in flight
+        EvalResult out = std::move(*r);
+        out.worker_pid = worker_pid;
+        // A fault the worker reported itself (a sticky CUDA error leaves its context unusable):
+        // this worker is done; the next job gets a new one.
+        if (out.status == EvalStatus::kFault) stop(true);
+        return out;
+      }
+      continue;
+    }
+    if (items[1].revents & (ZMQ_POLLIN | ZMQ_POLLERR)) {
+      const std::string how = stop(false);
+      EvalResult r = failure(job, EvalStatus::kFault, "the worker " + how + " during " + phase, phase);
+      r.worker_pid = worker_pid;
+      return r;
+    }
+  }
+}
+
+}  // namespace kforge::eval

@@ -1,0 +1,109 @@
+// The daemon <-> worker protocol (search_daemon/evaluator/eval_protocol.h): every message survives
+// encode -> decode unchanged, and malformed bytes are rejected with a reason naming the field,
+// never a crash.
+#include <catch2/catch.hpp>
+
+#include <random>
+
+#include "search_daemon/evaluator/eval_protocol.h"
+
+using namespace kforge;
+using namespace kforge::eval;
+
+namespace {
+
+EvalJob sample_job() {
+  EvalJob j;
+  j.job_id = 42;
+  TensorMeta t;
+  t.sizes = {4, 16};
+  t.strides = {16, 1};
+  j.signature = OpSignature{"aten::_softmax", "", {Arg::tensor(t), Arg::integer(-1), Arg::boolean(false)},
+                            Target{Backend::kCpu, "x86_64-avx2"}};
+  j.spec.backend = Backend::kCpu;
+  j.spec.language = SourceLanguage::kCpp;
+  j.spec.source = "extern \"C\" void k(const void*, void* const*) {}";
+  j.spec.entry_points = {"k"};
+  j.spec.plan.outputs = {OutputSpec::like(0)};
+  Launch l;
+  l.entry = "k";
+  l.args = {ArgBinding::input(0), ArgBinding::output(0)};
+  j.spec.plan.launches = {l};
+  j.policy.trials = 7;
+  j.policy.seed = 99;
+  j.input_stats.push_back(wire::InputStats{0, -3, 3, 0.1, 1.2, 0, 0, 0.25});
+  wire::CapturedInputs c;
+  c.pid = 7;
+  c.signature_id = j.signature.id();
+  c.tensors.push_back(wire::CapturedTensor{0, DType::kFloat32, {2}, {1}, std::string(8, '\1')});
+  j.captured.push_back(c);
+  j.run_budget_ms = 1234;
+  return j;
+}
+
+}  // namespace
+
+TEST_CASE("every evaluation message round-trips through encode and decode", "[eval_protocol]") {
+  REQUIRE(sample_job().spec.validate().ok());
+  EvalResult r;
+  r.job_id = 42;
+  r.status = EvalStatus::kVerifyFailed;
+  r.message = "output 0 element [3, 15]: 0.5 vs 0.25";
+  r.build_log = "warning: unused";
+  r.artifact_name = "so";
+  r.artifact = std::string("\x7f" "ELF\0\1", 6);
+  r.verify.failed_check = "accuracy";
+  r.verify.trial = "large";
+  r.verify.max_abs_error = 0.25;
+  r.timing.clock = "steady_clock";
+  r.timing.runs = 30;
+  r.environment = cpu_host_environment("2.11.0");
+  r.worker_pid = 1234;
+  r.phase = "verify";
+  WorkerReady w{77, "cpu", cpu_host_environment("2.11.0"), 1e10, 1 << 20, "note"};
+  JobPhase p{42, "measure", 3000};
+
+  for (const EvalMessage& m : {EvalMessage(sample_job()), EvalMessage(r), EvalMessage(w), EvalMessage(p)}) {
+    StatusOr<EvalMessage> back = decode_eval_message(encode(m));
+    REQUIRE(back.ok());
+    CHECK(*back == m);
+  }
+}
+
+TEST_CASE("malformed evaluation messages are rejected with the field named, never a crash", "[eval_protocol]") {
+  const std::string good = encode(EvalMessage(sample_job()));
+  CHECK_FALSE(decode_eval_message("").ok());
+  CHECK_FALSE(decode_eval_message(good.substr(0, good.size() / 2)).ok());
+  // A result that claims a status beyond the known ones.
+  EvalResult r;
+  std::string bytes = encode(EvalMessage(r));
+  // Every truncation, and random byte flips, decode to an error or a valid message.
+  for (size_t n = 0; n < good.size(); n += 7) CHECK_FALSE(decode_eval_message(good.substr(0, n)).ok());
+  std::mt19937 rng(1);
+  for (int i = 0; i < 2000; ++i) {
+    std::string b = i % 2 ? good : bytes;
+    b[rng() % b.size()] = static_cast<char>(rng());
+    (void)decode_eval_message(b);   // must not crash
+  }
+  JobPhase p{1, "verify", 10};
+  std::string phase = encode(EvalMessage(p));
+  phase[2] = 'X';   // inside the magic string
+  StatusOr<EvalMessage> bad = decode_eval_message(phase);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.status().message().find("magic") != std::string::npos);
+}
+
+TEST_CASE("a passing result maps onto the cache's verification report and timings", "[eval_protocol]") {
+  EvalResult r;
+  r.status = EvalStatus::kMeasured;
+  r.verify.trials_run = 6;
+  r.verify.checks = "6 trials";
+  r.timing.baseline_median_ns = 200;
+  r.timing.candidate_median_ns = 100;
+  r.timing.runs = 30;
+  CHECK(r.verification_report().passed);
+  CHECK(r.verification_report().trials == 6);
+  CHECK(r.timings().speedup() == Approx(2.0));
+  r.status = EvalStatus::kTimeout;
+  CHECK_FALSE(r.verification_report().passed);
+}

@@ -502,7 +502,9 @@ StatusOr<ProcessResult> run_process(const std::vector<std::string>& args, const 
     }
     if (pid_slot < 2 && pfds[pid_slot].revents != 0) leader_exited = true;
   }
-  if (result.timed_out) child.kill_group();
+  // On a timeout, everything goes. After a normal exit the leader is a zombie until reaped, so its
+  // group id cannot be reused yet: killing the group now removes only tools it left behind.
+  if (result.timed_out || leader_exited) child.kill_group();
   int status = 0;
   if (!child.wait(&status)) return internal_error("waitpid failed: " + errno_text(errno));
   if (WIFEXITED(status)) {

@@ -363,7 +363,7 @@ extern "C" void scale(const kforge_cpu_block*, void* const* p) { *(void**)p[0] =
   CHECK(!again.compiled);
 }
 
-TEST_CASE("builder: a damaged cache file is never served; the build runs again and replaces it") {
+TEST_CASE("builder: a damaged cache file is never served: the build runs again and replaces it") {
   TempDir t;
   const CpuCompiler cxx = host_compiler();
   const fs::path cache = t.path / "cache";

@@ -9,8 +9,9 @@
 //
 // Promises: reads the ELF image's dynamic symbol table from memory (no loading, no running);
 // bounded and safe on any bytes (truncated or hostile images give an error, never a crash);
-// returns the undefined, non-weak dynamic symbols not in the allowed set, sorted. Weak undefined
-// references the toolchain always emits (__cxa_finalize, __gmon_start__, _ITM_*) are ignored.
+// returns the undefined dynamic symbols not in the allowed set, sorted. Weak references count too
+// (the loader binds a weak pthread_create whenever the process has one); the ones the toolchain
+// always emits (__cxa_finalize, __gmon_start__, _ITM_*) are in the allowed set.
 // A DT_NEEDED other than libc, libm, libstdc++ and libgcc_s is reported as "needs <soname>".
 #pragma once
 

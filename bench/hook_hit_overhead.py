@@ -27,7 +27,8 @@ round, the paired differences against "without" give the added ns per call: the 
 medians, and the differences' median balanced over which of the two ran first, with a bootstrap
 95% interval.
 CPU threads are fixed with --threads. Target: at most 150 ns added on a miss.
---device cuda (CUDA entries swap in from commit 25eda8f on) has not been run yet: no GPU here.
+--device cuda ran once on the H200 (bench/results/2026-12-03-h200-cuda-hook-hit-overhead.log): per-call
+times of 6.5-11.3 us vary more between children than the 150 ns target, so that run is inconclusive.
 """
 import argparse
 import os

@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "runtime/msgpack_codec.h"
+#include "runtime/unique_fd.h"
 
 // Note [Bundle format]
 // ~~~~~~~~~~~~~~~~~~~~
@@ -74,31 +75,6 @@ static_assert(crypto_sign_SECRETKEYBYTES == 64 && crypto_sign_SEEDBYTES == 32);
 
 // ---- small RAII handles -------------------------------------------------------------------------
 
-class Fd {
- public:
-  explicit Fd(int fd = -1) noexcept : fd_(fd) {}
-  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  Fd& operator=(Fd&& o) noexcept {
-    if (this != &o) {
-      reset();
-      fd_ = std::exchange(o.fd_, -1);
-    }
-    return *this;
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() { reset(); }
-  int get() const noexcept { return fd_; }
-  bool valid() const noexcept { return fd_ >= 0; }
-  // close() reports write-back errors on some filesystems, so writers close explicitly.
-  int close() noexcept { return ::close(std::exchange(fd_, -1)); }
-  void reset() noexcept {
-    if (fd_ >= 0) ::close(std::exchange(fd_, -1));
-  }
-
- private:
-  int fd_;
-};
 
 // Removes a temporary file unless the caller commits (renamed or linked it into place).
 class TempFile {
@@ -210,7 +186,7 @@ Status write_all(int fd, std::string_view data, const std::string& path) {
 
 // fsync of the directory makes a rename or link durable, not just the file's contents.
 Status sync_dir(const std::string& dir) {
-  Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!fd.valid()) return errno_error("cannot open directory", dir, errno);
   if (::fsync(fd.get()) != 0) return errno_error("cannot fsync directory", dir, errno);
   return Status();
@@ -225,7 +201,7 @@ enum class Placement { kReplace, kRefuseExisting };
 Status write_file_atomically(const std::string& path, std::string_view data, mode_t mode, bool exact_mode,
                              Placement placement) {
   TempFile tmp(path + ".tmp." + random_suffix());
-  Fd fd(::open(tmp.path().c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode));
+  UniqueFd fd(::open(tmp.path().c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode));
   if (!fd.valid()) return errno_error("cannot create", tmp.path(), errno);
   if (exact_mode && ::fchmod(fd.get(), mode) != 0) return errno_error("cannot chmod", tmp.path(), errno);
   KFORGE_RETURN_IF_ERROR(write_all(fd.get(), data, tmp.path()));
@@ -252,7 +228,7 @@ struct FileBytes {
 // Reads a whole regular file of at most `max_bytes`. `nofollow` refuses a symlink at `path`.
 StatusOr<FileBytes> read_file_bounded(const std::string& path, uint64_t max_bytes, bool nofollow,
                                       std::string_view what) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | (nofollow ? O_NOFOLLOW : 0)));
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | (nofollow ? O_NOFOLLOW : 0)));
   if (!fd.valid()) {
     if (errno == ELOOP && nofollow) {
       return invalid_argument(std::string(what) + " " + path + " is a symbolic link; refusing it");

@@ -22,6 +22,7 @@
 #include "cache/cache_dir.h"
 #include "cache/manifest_generated.h"
 #include "runtime/msgpack_codec.h"
+#include "runtime/unique_fd.h"
 
 // Note [Cache layout]
 // ~~~~~~~~~~~~~~~~~~~
@@ -172,31 +173,6 @@ auto guarded(std::string_view op, F&& f) -> decltype(f()) {
   }
 }
 
-class UniqueFd {
- public:
-  UniqueFd() = default;
-  explicit UniqueFd(int fd) : fd_(fd) {}
-  UniqueFd(UniqueFd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  UniqueFd& operator=(UniqueFd&& o) noexcept {
-    if (this != &o) {
-      reset();
-      fd_ = std::exchange(o.fd_, -1);
-    }
-    return *this;
-  }
-  UniqueFd(const UniqueFd&) = delete;
-  UniqueFd& operator=(const UniqueFd&) = delete;
-  ~UniqueFd() { reset(); }
-  int get() const noexcept { return fd_; }
-  bool valid() const noexcept { return fd_ >= 0; }
-  void reset() noexcept {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-
- private:
-  int fd_ = -1;
-};
 
 struct DirCloser {
   void operator()(DIR* d) const noexcept { ::closedir(d); }

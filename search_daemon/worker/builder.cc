@@ -27,6 +27,7 @@
 #include "runtime/nvrtc.h"
 #include "search_daemon/worker/cpu_kernel_abi_text.h"
 #include "search_daemon/worker/cpu_symbol_policy.h"
+#include "runtime/unique_fd.h"
 
 extern char** environ;
 
@@ -68,31 +69,6 @@ constexpr std::array<const char*, 4> kFixedCpuFlags = {"-std=c++17", "-O2", "-fP
 
 // ---- small RAII types and I/O helpers ------------------------------------------------------------
 
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  Fd& operator=(Fd&& o) noexcept {
-    if (this != &o) {
-      reset();
-      fd_ = std::exchange(o.fd_, -1);
-    }
-    return *this;
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() { reset(); }
-  int get() const noexcept { return fd_; }
-  bool valid() const noexcept { return fd_ >= 0; }
-  void reset() noexcept {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-
- private:
-  int fd_ = -1;
-};
 
 std::string errno_text(int err) { return std::strerror(err); }
 
@@ -139,14 +115,14 @@ Status write_all(int fd, std::string_view bytes, const std::string& path) {
 }
 
 Status write_new_file(const std::string& path, std::string_view bytes) {
-  Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
   if (!fd.valid()) return io_error("cannot create", path, errno);
   return write_all(fd.get(), bytes, path);
 }
 
 // A whole regular file of at most max_bytes; symbolic links refused. not_found when absent.
 StatusOr<std::string> read_regular_file(const std::string& path, uint64_t max_bytes) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
   if (!fd.valid()) {
     if (errno == ENOENT) return not_found(path + ": missing");
     if (errno == ELOOP) return invalid_argument(path + ": is a symbolic link");
@@ -173,7 +149,7 @@ StatusOr<std::string> read_regular_file(const std::string& path, uint64_t max_by
 }
 
 Status fsync_dir(const std::string& dir) {
-  Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!fd.valid()) return io_error("cannot open directory", dir, errno);
   if (::fsync(fd.get()) != 0) return io_error("cannot fsync directory", dir, errno);
   return Status();
@@ -435,7 +411,7 @@ StatusOr<ProcessResult> run_process(const std::vector<std::string>& args, const 
 
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) return unavailable("cannot create a pipe: " + errno_text(errno));
-  Fd read_end(fds[0]), write_end(fds[1]);
+  UniqueFd read_end(fds[0]), write_end(fds[1]);
 
   SpawnFileActions fa;
   SpawnAttr attr;
@@ -463,9 +439,9 @@ StatusOr<ProcessResult> run_process(const std::vector<std::string>& args, const 
 
   // A pidfd tells us when the driver exits even if a tool it started keeps the pipe open. Without
   // one (kernel before 5.3) we wait for EOF, then reap.
-  Fd pidfd;
+  UniqueFd pidfd;
 #ifdef SYS_pidfd_open
-  pidfd = Fd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
+  pidfd = UniqueFd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
 #endif
 
   ProcessResult result;
@@ -786,7 +762,7 @@ StatusOr<BuildOutput> CandidateBuilder::build(const KernelSpec& spec, uint32_t b
     const std::string tmp = cache_dir_ + "/tmp/" + out.key + "." + std::to_string(::getpid()) + "." + hex_of(rnd, sizeof rnd);
     const std::string frame = encode_frame(out.key, rec);
     {
-      Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+      UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
       if (!fd.valid()) return io_error("cannot create", tmp, errno);
       Status s = write_all(fd.get(), frame, tmp);
       if (s.ok() && ::fsync(fd.get()) != 0) s = io_error("cannot fsync", tmp, errno);

@@ -57,6 +57,16 @@ struct WorkerProcess::Channel {
     }
   }
 
+  // One message without waiting; false when none could be read (the caller polls again).
+  bool receive(std::string& bytes) {
+    zmq_msg_t msg;
+    zmq_msg_init(&msg);
+    const int got = zmq_msg_recv(&msg, socket, ZMQ_DONTWAIT);
+    if (got >= 0) bytes.assign(static_cast<const char*>(zmq_msg_data(&msg)), zmq_msg_size(&msg));
+    zmq_msg_close(&msg);
+    return got >= 0;
+  }
+
   static StatusOr<std::unique_ptr<Channel>> open() {
     auto c = std::make_unique<Channel>();
     const char* runtime = std::getenv("XDG_RUNTIME_DIR");
@@ -181,13 +191,8 @@ Status WorkerProcess::start() {
                          " ms and was killed");
     }
     if (items[0].revents & ZMQ_POLLIN) {
-      zmq_msg_t msg;
-      zmq_msg_init(&msg);
-      const int got = zmq_msg_recv(&msg, channel_->socket, ZMQ_DONTWAIT);
       std::string bytes;
-      if (got >= 0) bytes.assign(static_cast<const char*>(zmq_msg_data(&msg)), zmq_msg_size(&msg));
-      zmq_msg_close(&msg);
-      if (got < 0) continue;
+      if (!channel_->receive(bytes)) continue;
       StatusOr<EvalMessage> m = decode_eval_message(bytes);
       if (!m.ok() || !std::holds_alternative<WorkerReady>(*m)) {
         stop(true);
@@ -247,13 +252,8 @@ EvalResult WorkerProcess::evaluate(const EvalJob& job) {
     }
     // Messages first: a result that arrived just before the worker exited still counts.
     if (items[0].revents & ZMQ_POLLIN) {
-      zmq_msg_t msg;
-      zmq_msg_init(&msg);
-      const int got = zmq_msg_recv(&msg, channel_->socket, ZMQ_DONTWAIT);
       std::string in;
-      if (got >= 0) in.assign(static_cast<const char*>(zmq_msg_data(&msg)), zmq_msg_size(&msg));
-      zmq_msg_close(&msg);
-      if (got < 0) continue;
+      if (!channel_->receive(in)) continue;
       StatusOr<EvalMessage> m = decode_eval_message(in);
       if (!m.ok()) {
         stop(true);

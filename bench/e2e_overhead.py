@@ -142,14 +142,16 @@ def main():
 
     # A first hooked child, not counted: it warms the file cache and says which operators a
     # decode step sends through the hook (every measured child then times those per call).
-    probe = sbs.run_child(base + ["--child", "with", "--steps", "4"], hooked_env, timeout=900)
+    probe = sbs.run_child(base + ["--child", "with", "--steps", "4"], hooked_env,
+                          timeout=900, cpus=args.cpus)
     ops = sorted(op for op, n in probe["calls_per_step"].items() if n > 0)
     print(f"# hook config: {probe['config']}")
     print(f"# transformers {probe['transformers']}, attention {probe['attn']}, {probe['threads']} CPU "
           f"thread(s), {args.warmup} warm-up + {args.steps} timed decode steps per child, {args.pairs} pairs")
 
     def start(name, env):
-        return sbs.run_child(base + ["--child", name, "--ops", ",".join(ops)], env, timeout=900)
+        return sbs.run_child(base + ["--child", name, "--ops", ",".join(ops)], env,
+                             timeout=900, cpus=args.cpus)
 
     res, orders = sbs.run_rounds(variants, args.pairs, args.seed, start)
     sbs.remove_private_dirs()

@@ -190,7 +190,8 @@ def main():
             "--threads", str(args.threads), "--shadow-calls", str(args.shadow_calls)]
 
     # The signature exactly as the hook encodes it, from an observe-mode child.
-    probe = sbs.run_child(base + ["--child", "signature"], sbs.child_env(files, args.load), timeout=600)
+    probe = sbs.run_child(base + ["--child", "signature"], sbs.child_env(files, args.load),
+                          timeout=600, cpus=args.cpus)
     sig = probe["signature"]
     work = sbs.private_dir("kforge-bench-work-")
     cache, key = publish_entry(args, files, sig, probe["torch_version"], work)
@@ -202,7 +203,8 @@ def main():
                 "hit": sbs.child_env(files, args.load, KFORGE_CACHE_DIR=cache, **hooked)}
 
     def start(name, env):
-        return sbs.run_child(base + ["--child", name], env, timeout=600)
+        return sbs.run_child(base + ["--child", name], env,
+                             timeout=600, cpus=args.cpus)
 
     res, orders = sbs.run_rounds(variants, args.rounds, args.seed, start)
     hit = res["hit"]

@@ -12,6 +12,7 @@ extremes.
 Used by bench/e2e_overhead.py and bench/hook_hit_overhead.py. Everything here is standard library
 only: the GPU host has python3 with torch but no pip.
 """
+import argparse
 import ctypes
 import itertools
 import json
@@ -40,6 +41,25 @@ def add_kforge_arguments(parser):
     g.add_argument("--load", choices=("preload", "ctypes"), default="preload",
                    help="preload: LD_PRELOAD the shim, which loads the hook once torch is in the process "
                         "(how users run kforge); ctypes: load the hook with ctypes right after import torch")
+    parser.add_argument("--cpus", type=parse_cpu_list, metavar="LIST",
+                        help="run every child on these CPUs only (Linux list syntax, e.g. 2-3 or 2,5): on a "
+                             "many-core host, children otherwise land on different cores and their "
+                             "per-child medians spread more than the effect being measured")
+
+
+def parse_cpu_list(text):
+    """'2-3,6' -> {2, 3, 6}; a CPU this process may not run on is an error."""
+    cpus = set()
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.partition("-")
+            cpus.update(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a CPU list like 2-3 or 2,5") from None
+    allowed = os.sched_getaffinity(0)
+    if not cpus or not cpus <= allowed:
+        raise argparse.ArgumentTypeError(f"{text!r}: this process may run only on CPUs {sorted(allowed)}")
+    return cpus
 
 
 def torch_major_minor(version):
@@ -164,8 +184,11 @@ def emit(obj):
 
 # ---- in the parent -----------------------------------------------------------------------------
 
-def run_child(cmd, env, timeout):
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+def run_child(cmd, env, timeout, cpus=None):
+    """Runs one child (on `cpus` only, when given) and returns its RESULT dict; exits with its
+    output if it fails."""
+    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, preexec_fn=pin)
     lines = [l[len(RESULT_PREFIX):] for l in proc.stdout.splitlines() if l.startswith(RESULT_PREFIX)]
     if proc.returncode != 0 or not lines:
         sys.exit(f"child failed (exit {proc.returncode}): {' '.join(map(str, cmd))}\n"
@@ -230,7 +253,8 @@ def parent_start(args):
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("--device cuda: torch sees no CUDA device")
     files = kforge_files(args, torch.__version__)
-    print(f"# {machine_line(torch)}")
+    print(f"# {machine_line(torch)}"
+          + (f"; children pinned to CPUs {sorted(args.cpus)}" if args.cpus else ""))
     print(f"# hook {files['hook']}, loaded by "
           + (f"LD_PRELOAD={files['shim']}" if args.load == "preload" else "ctypes after import torch"))
     return torch, files

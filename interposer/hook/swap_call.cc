@@ -14,6 +14,7 @@
 
 #include "interposer/hook/log.h"
 #include "interposer/hook/swapper.h"
+#include "runtime/accuracy.h"
 #include "runtime/cpu_backend.h"
 #include "runtime/cuda_driver.h"
 #include "runtime/cuda_launcher.h"
@@ -51,6 +52,16 @@ c10::ScalarType scalar_type_of(DType t) {
     case DType::kFloat8E5M2: return c10::ScalarType::Float8_e5m2;
   }
   return c10::ScalarType::Undefined;
+}
+
+bool to_dtype(c10::ScalarType st, DType& out) {
+  for (uint8_t i = 0; i < kDTypeCount; ++i) {
+    if (scalar_type_of(static_cast<DType>(i)) == st) {
+      out = static_cast<DType>(i);
+      return true;
+    }
+  }
+  return false;
 }
 
 // Empty when the plan's outputs are what the operator returns, else why not.
@@ -237,33 +248,14 @@ std::string run_candidate(const InterceptedOp& op, const Replacement& r, const c
   return {};
 }
 
-// Machine epsilon of an output dtype, for the accuracy floor.
-double epsilon_of(c10::ScalarType t) {
-  switch (t) {
-    case c10::ScalarType::Double: return 2.220446049250313e-16;
-    case c10::ScalarType::Float: return 1.1920928955078125e-07;
-    case c10::ScalarType::Half: return 9.765625e-04;
-    case c10::ScalarType::BFloat16: return 7.8125e-03;
-    default: return 0.125;   // float8 and anything else floating
-  }
-}
-
-std::string fmt(double x) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.3g", x);
-  return buf;
-}
-
 // Note [Shadow comparison]
 // One output of a shadow call: the candidate's (`cand`) against PyTorch's (`orig`, what the
 // caller got), both against `ref`, PyTorch's own kernel run on the inputs converted to float64.
 // Passes iff dtype, sizes and strides equal the original's; NaN positions match and Inf positions
-// (and signs) match; and, over the elements finite in both orig and ref, in both measures
-//   max|cand - ref|            <= 2 * max|orig - ref|            + 8 * eps(dtype) * max|ref|
-//   ||cand - ref|| / ||ref||   <= 2 * ||orig - ref|| / ||ref||   + 8 * eps(dtype)
-// (eps: float32 1.19e-7, float16 9.8e-4, bfloat16 7.8e-3, float64 2.2e-16; the floor lets a
-// candidate that is exact to a few ulps pass when PyTorch's error happens to be 0). Non-floating
-// outputs must be equal. Empty string: passed.
+// (and signs) match; and, over the elements finite in both orig and ref, the accuracy criterion the
+// worker verified it with holds (Note [Accuracy criterion] in runtime/accuracy.h: within 2x
+// PyTorch's error plus a floor of a few ulps, in max-abs and relative L2). Non-floating outputs
+// must be equal. Empty string: passed.
 std::string compare_output(size_t i, const at::Tensor& orig, const at::Tensor& cand, const at::Tensor& ref) {
   const std::string out = "output " + std::to_string(i) + ": ";
   if (cand.scalar_type() != orig.scalar_type()) {
@@ -290,22 +282,16 @@ std::string compare_output(size_t i, const at::Tensor& orig, const at::Tensor& c
   const at::Tensor oz = at::where(finite, o, 0.0);
   const at::Tensor cz = at::where(finite, c, 0.0);
   const at::Tensor fz = at::where(finite, f, 0.0);
-  const double eps = epsilon_of(orig.scalar_type());
-  const double ref_max = fz.abs().max().item<double>();
-  const double err_cand = (cz - fz).abs().max().item<double>();
-  const double err_torch = (oz - fz).abs().max().item<double>();
   const double ref_norm = fz.norm().item<double>();
   const double scale = ref_norm > 0 ? ref_norm : 1.0;
-  const double rel_cand = (cz - fz).norm().item<double>() / scale;
-  const double rel_torch = (oz - fz).norm().item<double>() / scale;
-  if (!(err_cand <= 2 * err_torch + 8 * eps * ref_max)) {
-    return out + "max abs error " + fmt(err_cand) + " > 2 x PyTorch's " + fmt(err_torch) + " + floor " +
-           fmt(8 * eps * ref_max);
-  }
-  if (!(rel_cand <= 2 * rel_torch + 8 * eps)) {
-    return out + "relative L2 error " + fmt(rel_cand) + " > 2 x PyTorch's " + fmt(rel_torch) + " + floor " +
-           fmt(8 * eps);
-  }
+  const ErrorMeasures candidate{(cz - fz).abs().max().item<double>(), (cz - fz).norm().item<double>() / scale,
+                                fz.abs().max().item<double>()};
+  const ErrorMeasures torch{(oz - fz).abs().max().item<double>(), (oz - fz).norm().item<double>() / scale,
+                            candidate.ref_max};
+  DType dtype = DType::kFloat32;
+  if (!to_dtype(orig.scalar_type(), dtype)) return out + "unsupported output dtype";
+  const AccuracyVerdict verdict = judge_accuracy(candidate, torch, dtype);
+  if (!verdict.passed) return out + verdict.detail;
   return {};
 }
 

@@ -10,6 +10,8 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <random>
+#include <vector>
 
 #include "runtime/shared_library.h"
 
@@ -69,7 +71,14 @@ StatusOr<CpuModule> CpuModule::load_image(std::string_view image, std::string_vi
   // The fd stays open for as long as the module lives (forever): glibc finds already-loaded
   // objects by path name, so if the number were reused for the next image, dlopen of the same
   // "/proc/self/fd/N" would silently return this module instead of loading the new one.
-  return CpuModule(handle, std::string(name));
+  return CpuModule(handle, std::string(name), fd);
+}
+
+void CpuModule::unload() {
+  if (handle_ != nullptr) ::dlclose(handle_);
+  handle_ = nullptr;
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
 }
 
 StatusOr<CpuModule> CpuModule::load_file(const std::string& path) {
@@ -92,7 +101,7 @@ StatusOr<kforge_cpu_entry> CpuModule::entry(const std::string& symbol) const {
 }
 
 Status run_cpu_plan(const CpuModule& module, const KernelSpec& spec, const ResolvedLaunchPlan& plan,
-                    const CpuBuffers& buffers) {
+                    const CpuBuffers& buffers, const CpuRunOptions& options) {
   if (buffers.outputs.size() != plan.outputs.size()) {
     return invalid_argument("plan has " + std::to_string(plan.outputs.size()) + " outputs but " +
                             std::to_string(buffers.outputs.size()) + " output buffers were given");
@@ -170,6 +179,14 @@ Status run_cpu_plan(const CpuModule& module, const KernelSpec& spec, const Resol
     const uint64_t gx = launch.grid[0], gy = launch.grid[1], gz = launch.grid[2];
     const uint64_t blocks = gx * gy * gz;
     const uint32_t shared = launch.shared_mem_bytes;
+    // CpuRunOptions::block_order_seed: a Fisher-Yates shuffle of the block indices.
+    std::vector<uint64_t> order;
+    if (options.block_order_seed != 0 && blocks > 1) {
+      order.resize(blocks);
+      for (uint64_t i = 0; i < blocks; ++i) order[i] = i;
+      std::mt19937_64 rng(options.block_order_seed + li);
+      for (uint64_t i = blocks - 1; i > 0; --i) std::swap(order[i], order[std::uniform_int_distribution<uint64_t>(0, i)(rng)]);
+    }
     // Each task gets its own shared-memory buffer, reused for the blocks it runs (blocks of one
     // task run one after another, like blocks that share an SM).
     tbb::parallel_for(tbb::blocked_range<uint64_t>(0, blocks), [&](const tbb::blocked_range<uint64_t>& r) {
@@ -184,7 +201,9 @@ Status run_cpu_plan(const CpuModule& module, const KernelSpec& spec, const Resol
       b.block_dim[2] = launch.block[2];
       b.shared_mem_bytes = shared;
       b.shared_mem = smem.get();
-      for (uint64_t i = r.begin(); i != r.end(); ++i) {
+      for (uint64_t pos = r.begin(); pos != r.end(); ++pos) {
+        const uint64_t i = order.empty() ? pos : order[pos];
+        if (options.shared_mem_poison >= 0 && shared > 0) std::memset(smem.get(), options.shared_mem_poison, shared);
         b.block_idx[0] = static_cast<uint32_t>(i % gx);
         b.block_idx[1] = static_cast<uint32_t>((i / gx) % gy);
         b.block_idx[2] = static_cast<uint32_t>(i / (gx * gy));

@@ -40,10 +40,16 @@ class CpuModule {
   StatusOr<kforge_cpu_entry> entry(const std::string& symbol) const;
   const std::string& name() const noexcept { return name_; }
 
+  // dlcloses the module and closes its memfd. For the evaluation worker only, which loads one
+  // module per candidate and must not accumulate them (a serving process never unloads, see
+  // above); no entry point of this module may run afterwards.
+  void unload();
+
  private:
-  CpuModule(void* handle, std::string name) : handle_(handle), name_(std::move(name)) {}
+  CpuModule(void* handle, std::string name, int fd = -1) : handle_(handle), name_(std::move(name)), fd_(fd) {}
   void* handle_ = nullptr;   // never dlclosed (see above)
   std::string name_;
+  int fd_ = -1;              // load_image's memfd, open for as long as the module is loaded
 };
 
 struct CpuBuffers {
@@ -58,7 +64,19 @@ struct CpuBuffers {
 // like a GPU's opt-in maximum per block): run_cpu_plan refuses a launch that asks for more.
 inline constexpr int64_t kCpuMaxSharedMemBytes = int64_t{1} << 20;
 
+// How the blocks of a launch are run. The defaults are the serving path's; the worker sets both
+// knobs to make kernels that depend on what they must not depend on give different results.
+struct CpuRunOptions {
+  // Nonzero: the blocks of each launch are started in a pseudo-random order drawn from this seed
+  // (another seed, another order) instead of block index order, so a kernel whose result depends
+  // on the order blocks run in (a race between blocks) changes its output from run to run.
+  uint64_t block_order_seed = 0;
+  // 0..255: every block's shared memory is filled with this byte before the block runs, so a
+  // kernel that reads shared memory it did not write (or a previous block's) shows it.
+  int shared_mem_poison = -1;
+};
+
 Status run_cpu_plan(const CpuModule& module, const KernelSpec& spec, const ResolvedLaunchPlan& plan,
-                    const CpuBuffers& buffers);
+                    const CpuBuffers& buffers, const CpuRunOptions& options = {});
 
 }  // namespace kforge

@@ -73,6 +73,8 @@ namespace kforge {
   X(cuEventRecord, 2000)               \
   X(cuEventQuery, 2000)                \
   X(cuEventElapsedTime, 2000)          \
+  X(cuEventSynchronize, 2000)          \
+  X(cuEventDestroy, 4000)              \
   X(cuThreadExchangeStreamCaptureMode, 10010)
 
 // Entry points that may be missing; their members are null when the driver lacks them.

@@ -33,6 +33,15 @@ StatusOr<CudaKernel> CudaKernel::load(const CudaDriver& driver, const void* imag
   return k;
 }
 
+Status CudaKernel::unload() {
+  if (module_ == nullptr) return Status();
+  const CUmodule m = module_;
+  module_ = nullptr;
+  functions_.clear();
+  KFORGE_CU_RETURN_IF_ERROR(*driver_, driver_->cuModuleUnload(m));
+  return Status();
+}
+
 Status CudaKernel::launch(const ResolvedLaunchPlan& plan, const CudaBuffers& buffers, CUstream stream) const {
   const CudaDriver& cu = *driver_;
   if (buffers.outputs.size() < plan.outputs.size()) {

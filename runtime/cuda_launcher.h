@@ -49,6 +49,11 @@ class CudaKernel {
 
   const std::vector<std::string>& entry_points() const noexcept { return names_; }
 
+  // Unloads the module (in the current context, which must be the one it was loaded into). For the
+  // evaluation worker only, which loads a module per candidate and must not accumulate them: a
+  // serving process never unloads (see above). Afterwards the kernel cannot be launched.
+  Status unload();
+
  private:
   CudaKernel() = default;
   const CudaDriver* driver_ = nullptr;

@@ -5,6 +5,9 @@
 
 #include <unistd.h>
 
+#include <tbb/global_control.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <cstdlib>
@@ -186,4 +189,74 @@ TEST_CASE("CPU backend: bad images, missing symbols and missing buffers are erro
   CHECK_THAT(s.message(), Catch::Contains("launch 0, arg 0: no tensor for input 0"));
   CpuBuffers no_output{{y.data(), nullptr}, {}, {}};
   CHECK_FALSE(run_cpu_plan(*module, spec, *plan, no_output).ok());
+}
+
+TEST_CASE("CPU backend: the worker's knobs: blocks in a seeded order, shared memory poisoned, modules unloaded") {
+  // Each block records the order it ran in and the first byte of its shared memory.
+  constexpr const char* kOrder = R"(
+#include <stdint.h>
+#include "runtime/cpu_kernel_abi.h"
+extern "C" void order(const kforge_cpu_block* b, void* const* p) {
+  int64_t* seq = *(int64_t* const*)p[0];
+  int64_t* smem_byte = *(int64_t* const*)p[1];
+  int64_t ticket = __atomic_fetch_add(&seq[0], 1, __ATOMIC_SEQ_CST);
+  seq[1 + b->block_idx[0]] = ticket;
+  smem_byte[b->block_idx[0]] = ((unsigned char*)b->shared_mem)[0];
+  ((unsigned char*)b->shared_mem)[0] = 0x11;   // what the next block on this thread would see
+}
+)";
+  TempDir t;
+  auto module = CpuModule::load_image(compile_shared_object(t, kOrder), "order");
+  REQUIRE(module.ok());
+  KernelSpec spec;
+  spec.backend = Backend::kCpu;
+  spec.language = SourceLanguage::kCpp;
+  spec.source = kOrder;
+  spec.entry_points = {"order"};
+  Launch l;
+  l.entry = "order";
+  l.grid = {"64", "1", "1"};
+  l.shared_mem_bytes = "16";
+  l.args = {ArgBinding::input(0), ArgBinding::input(1)};
+  spec.plan.launches = {l};
+  OpSignature sig{"test::order", "", {Arg::tensor(contiguous({65})), Arg::tensor(contiguous({64}))},
+                  Target{Backend::kCpu, "x86_64"}};
+  auto plan = spec.resolve(sig);
+  REQUIRE(plan.ok());
+  auto run = [&](const CpuRunOptions& o) {
+    std::vector<int64_t> seq(65, 0), smem(64, -1);
+    CpuBuffers io{{seq.data(), smem.data()}, {}, {}};
+    REQUIRE(run_cpu_plan(*module, spec, *plan, io, o).ok());
+    std::sort(seq.begin() + 1, seq.end());
+    for (int64_t i = 0; i < 64; ++i) REQUIRE(seq[static_cast<size_t>(i + 1)] == i);   // every block ran once
+    return smem;
+  };
+  // Poisoned: every block sees the poison, never the previous block's 0x11.
+  for (int64_t v : run(CpuRunOptions{0, 0xAB})) CHECK(v == 0xAB);
+  // On one thread the start order is exactly the schedule: index order without a seed, a fixed
+  // permutation per seed, another one for another seed.
+  {
+    tbb::global_control one_thread(tbb::global_control::max_allowed_parallelism, 1);
+    auto order_of = [&](uint64_t seed) {
+      std::vector<int64_t> seq(65, 0), smem(64, 0);
+      CpuBuffers io{{seq.data(), smem.data()}, {}, {}};
+      REQUIRE(run_cpu_plan(*module, spec, *plan, io, CpuRunOptions{seed, -1}).ok());
+      return std::vector<int64_t>(seq.begin() + 1, seq.end());
+    };
+    std::vector<int64_t> identity(64);
+    for (int64_t i = 0; i < 64; ++i) identity[static_cast<size_t>(i)] = i;
+    CHECK(order_of(0) == identity);
+    CHECK(order_of(1) == order_of(1));
+    CHECK(order_of(1) != identity);
+    CHECK(order_of(1) != order_of(2));
+  }
+
+  // After unload() the module's memfd is closed (no fd leak across thousands of candidates).
+  const auto fds = [] { return std::distance(fs::directory_iterator("/proc/self/fd"), fs::directory_iterator{}); };
+  const auto before = fds();
+  auto extra = CpuModule::load_image(compile_shared_object(t, "extern \"C\" int f() { return 3; }"), "extra");
+  REQUIRE(extra.ok());
+  CHECK(fds() == before + 1);
+  extra->unload();
+  CHECK(fds() == before);
 }

@@ -1,0 +1,138 @@
+#include "search_daemon/worker/measurer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <exception>
+
+#include "search_daemon/worker/op_cost.h"
+#include "search_daemon/worker/timing_stats.h"
+#include "search_daemon/worker/trial_data.h"
+
+namespace kforge::eval {
+
+namespace {
+
+constexpr int64_t kRotationBytes = int64_t{128} << 20;
+
+// One timed call of the candidate as the hook's active path makes it. Throws on a launch error.
+void run_candidate(EvalDevice& device, const LoadedCandidate& c, const ResolvedLaunchPlan& plan,
+                   const std::vector<void*>& inputs, std::vector<at::Tensor>& keep) {
+  keep.clear();
+  std::vector<void*> outs, scratch;
+  for (const ResolvedOutput& o : plan.outputs) {
+    keep.push_back(at::empty_strided(o.sizes, o.strides, device.options(to_scalar_type(o.dtype))));
+    outs.push_back(keep.back().data_ptr());
+  }
+  for (const ResolvedScratch& s : plan.scratch) {
+    if (s.bytes <= 0) {
+      scratch.push_back(nullptr);
+      continue;
+    }
+    keep.push_back(at::empty({s.bytes}, device.options(at::kByte)));
+    scratch.push_back(keep.back().data_ptr());
+  }
+  const Status st = c.launch(plan, inputs, outs, scratch, CpuRunOptions{});
+  if (!st.ok()) throw std::runtime_error("candidate launch failed: " + st.message());
+}
+
+}  // namespace
+
+MeasureRun measure(EvalDevice& device, const LoadedCandidate& candidate, const MeasureRequest& r) {
+  MeasureRun m;
+  const c10::DispatchKey key = r.signature->target.backend == Backend::kCuda ? c10::DispatchKey::CUDA
+                                                                              : c10::DispatchKey::CPU;
+  try {
+    std::vector<TrialInputs> sets;
+    StatusOr<TrialInputs> first =
+        TrialInputs::make(*r.signature, device.device(), Distribution::kNormal, r.policy.seed * 7919 + 1, {}, nullptr);
+    if (!first.ok()) {
+      m.error = "cannot make timing inputs: " + first.status().message();
+      return m;
+    }
+    const int64_t set_bytes = std::max<int64_t>(first->data_bytes(), 1);
+    const int64_t rotation = std::clamp<int64_t>((kRotationBytes + set_bytes - 1) / set_bytes, 2, 8);
+    sets.push_back(std::move(*first));
+    for (int64_t i = 1; i < rotation && set_bytes <= (int64_t{1} << 31); ++i) {
+      StatusOr<TrialInputs> more = TrialInputs::make(*r.signature, device.device(), Distribution::kNormal,
+                                                     r.policy.seed * 7919 + 1 + static_cast<uint64_t>(i), {}, nullptr);
+      if (!more.ok()) break;
+      sets.push_back(std::move(*more));
+    }
+    std::vector<std::vector<void*>> pointers;
+    for (const TrialInputs& s : sets) pointers.push_back(s.tensor_pointers());
+
+    std::vector<at::Tensor> keep;
+    auto time_baseline = [&](size_t set) {
+      torch::jit::Stack stack = sets[set].stack();
+      device.flush_caches();
+      EvalDevice::Interval t = device.start_interval();
+      r.op.callBoxedForDispatchKey(key, stack);
+      const double ns = device.finish_interval(t);
+      stack.clear();
+      return ns;
+    };
+    auto time_candidate = [&](size_t set) {
+      device.flush_caches();
+      EvalDevice::Interval t = device.start_interval();
+      run_candidate(device, candidate, *r.plan, pointers[set], keep);
+      const double ns = device.finish_interval(t);
+      keep.clear();
+      return ns;
+    };
+
+    for (uint32_t i = 0; i < r.policy.warmup_runs; ++i) {
+      (void)time_baseline(i % sets.size());
+      (void)time_candidate(i % sets.size());
+    }
+    const uint32_t runs = std::max(r.policy.measure_runs, kMinMeasureRuns);
+    std::vector<TimedPair> pairs;
+    pairs.reserve(runs);
+    for (uint32_t i = 0; i < runs; ++i) {
+      const size_t set = i % sets.size();
+      TimedPair p;
+      if (i % 2 == 0) {
+        p.baseline_ns = time_baseline(set);
+        p.candidate_ns = time_candidate(set);
+      } else {
+        p.candidate_ns = time_candidate(set);
+        p.baseline_ns = time_baseline(set);
+      }
+      pairs.push_back(p);
+    }
+    const Status done = device.synchronize();
+    if (!done.ok()) {
+      m.fault = device.context_lost();
+      m.error = "the device failed during timing: " + done.message();
+      return m;
+    }
+    StatusOr<PairedTiming> s = summarize_pairs(pairs);
+    if (!s.ok()) {
+      m.error = s.status().message();
+      return m;
+    }
+    TimingOutcome& t = m.timing;
+    t.clock = device.clock_name();
+    t.runs = s->runs;
+    t.baseline_median_ns = s->baseline_median_ns;
+    t.candidate_median_ns = s->candidate_median_ns;
+    t.baseline_spread = s->baseline_spread;
+    t.candidate_spread = s->candidate_spread;
+    t.speedup = s->speedup;
+    t.noise_band = s->noise_band;
+    t.significant = s->significant;
+    const OpCost cost = op_cost(*r.signature, r.plan->outputs);
+    t.bytes = cost.bytes;
+    t.flops = cost.flops;
+    const double seconds = t.candidate_median_ns * 1e-9;
+    t.achieved_bytes_per_s = seconds > 0 ? cost.bytes / seconds : 0;
+    t.achieved_flops_per_s = seconds > 0 ? cost.flops / seconds : 0;
+    t.bandwidth_ceiling_bytes_per_s = device.bandwidth_ceiling();
+  } catch (const std::exception& e) {
+    (void)device.synchronize();
+    m.fault = device.context_lost();
+    m.error = std::string("timing failed: ") + std::string(e.what()).substr(0, 400);
+  }
+  return m;
+}
+
+}  // namespace kforge::eval

@@ -1,0 +1,186 @@
+// kforge_worker_main: the evaluation worker's loop, inside the python3 that kforge-worker started
+// (worker_launcher.cc): connect to the supervisor's PAIR socket, say WorkerReady, then one EvalJob
+// at a time to its EvalResult (job_runner.h), announcing each phase for the watchdog.
+//
+// Exit status: 0 when the supervisor goes away, 3 when the worker cannot start (the reason on
+// stderr, which the supervisor's log shows), 4 after reporting a fault that lost the CUDA context
+// (nothing more can run in this process; the supervisor starts a new worker).
+#include <c10/core/InferenceMode.h>
+#include <fcntl.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "runtime/nvrtc.h"
+#include "search_daemon/evaluator/eval_protocol.h"
+#include "search_daemon/worker/builder.h"
+#include "search_daemon/worker/eval_device.h"
+#include "search_daemon/worker/job_runner.h"
+
+namespace kforge::eval {
+namespace {
+
+struct Args {
+  std::string endpoint;
+  std::string device = "cpu";
+  std::string build_cache;
+  std::string torch_version;
+  int alive_fd = -1;
+};
+
+int fail(const std::string& why) {
+  std::fprintf(stderr, "kforge-worker: %s\n", why.c_str());
+  std::fflush(stderr);
+  return 3;
+}
+
+bool parse(int argc, char** argv, Args& a, std::string& why) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    if (i + 1 >= argc) {
+      why = "option " + k + " needs a value";
+      return false;
+    }
+    const std::string v = argv[++i];
+    if (k == "--endpoint") a.endpoint = v;
+    else if (k == "--device") a.device = v;
+    else if (k == "--build-cache") a.build_cache = v;
+    else if (k == "--torch-version") a.torch_version = v;
+    else if (k == "--alive-fd") a.alive_fd = std::atoi(v.c_str());
+    else {
+      why = "unknown option " + k;
+      return false;
+    }
+  }
+  if (a.endpoint.empty()) why = "no --endpoint";
+  else if (a.build_cache.empty()) why = "no --build-cache";
+  return why.empty();
+}
+
+// The ZeroMQ side: one PAIR socket connected to the supervisor.
+class Channel {
+ public:
+  ~Channel() {
+    if (socket_ != nullptr) zmq_close(socket_);
+    if (context_ != nullptr) zmq_ctx_term(context_);
+  }
+  Status open(const std::string& endpoint) {
+    context_ = zmq_ctx_new();
+    if (context_ == nullptr) return unavailable("zmq_ctx_new failed");
+    socket_ = zmq_socket(context_, ZMQ_PAIR);
+    if (socket_ == nullptr) return unavailable("zmq_socket failed");
+    const int linger = 0;
+    zmq_setsockopt(socket_, ZMQ_LINGER, &linger, sizeof linger);
+    const int64_t max_msg = static_cast<int64_t>(kMaxEvalMessageBytes);
+    zmq_setsockopt(socket_, ZMQ_MAXMSGSIZE, &max_msg, sizeof max_msg);
+    if (zmq_connect(socket_, endpoint.c_str()) != 0) {
+      return unavailable("cannot connect to " + endpoint + ": " + zmq_strerror(zmq_errno()));
+    }
+    return Status();
+  }
+  bool send(const EvalMessage& m) {
+    const std::string bytes = encode(m);
+    return zmq_send(socket_, bytes.data(), bytes.size(), 0) >= 0;
+  }
+  // Blocks for the next message; false when the socket is gone.
+  bool receive(std::string& out) {
+    zmq_msg_t msg;
+    zmq_msg_init(&msg);
+    int got;
+    do {
+      got = zmq_msg_recv(&msg, socket_, 0);
+    } while (got < 0 && zmq_errno() == EINTR);
+    if (got >= 0) out.assign(static_cast<const char*>(zmq_msg_data(&msg)), zmq_msg_size(&msg));
+    zmq_msg_close(&msg);
+    return got >= 0;
+  }
+
+ private:
+  void* context_ = nullptr;
+  void* socket_ = nullptr;
+};
+
+int worker_main(int argc, char** argv) {
+  Args args;
+  std::string why;
+  if (!parse(argc, argv, args, why)) return fail(why);
+  // The life pipe is for the supervisor to see this process end; the compilers the builder starts
+  // must not hold it open after we die.
+  if (args.alive_fd >= 0) ::fcntl(args.alive_fd, F_SETFD, FD_CLOEXEC);
+
+  // The worker computes, never trains: no autograd bookkeeping around the reference kernels.
+  c10::InferenceMode inference;
+
+  StatusOr<std::unique_ptr<EvalDevice>> device = EvalDevice::open(args.device, args.torch_version);
+  if (!device.ok()) return fail("cannot use " + args.device + ": " + device.status().message());
+  EvalDevice& dev = **device;
+
+  std::string compiler_identity;
+  std::string note;
+  StatusOr<CandidateBuilder> builder = invalid_argument("no builder");
+  if (dev.is_cuda()) {
+    StatusOr<const Nvrtc*> nvrtc = Nvrtc::load();
+    if (!nvrtc.ok()) return fail("no NVRTC: " + nvrtc.status().message());
+    builder = CandidateBuilder::for_cuda(args.build_cache, *nvrtc, dev.sm_major(), dev.sm_minor());
+    note = "NVRTC " + std::to_string((*nvrtc)->version().major) + "." + std::to_string((*nvrtc)->version().minor) +
+           " from " + (*nvrtc)->library_path();
+  } else {
+    StatusOr<CpuCompiler> cxx = CpuCompiler::detect();
+    if (!cxx.ok()) return fail("no C++ compiler for CPU candidates: " + cxx.status().message());
+    compiler_identity = cxx->identity;
+    note = "CPU candidates compiled by " + cxx->command + " (" + cxx->identity + ")";
+    builder = CandidateBuilder::for_cpu(args.build_cache, *cxx);
+  }
+  if (!builder.ok()) return fail("cannot use the build cache " + args.build_cache + ": " + builder.status().message());
+
+  Channel channel;
+  if (Status s = channel.open(args.endpoint); !s.ok()) return fail(s.message());
+  WorkerReady ready;
+  ready.pid = static_cast<int32_t>(::getpid());
+  ready.device = args.device;
+  ready.environment = dev.environment();
+  if (!dev.is_cuda()) ready.environment.compiler = compiler_identity;
+  ready.bandwidth_ceiling_bytes_per_s = dev.bandwidth_ceiling();
+  ready.max_shared_mem_bytes = dev.max_shared_mem_bytes();
+  ready.note = note;
+  if (!channel.send(EvalMessage(ready))) return fail("cannot send WorkerReady");
+
+  JobRunner runner(dev, *builder, compiler_identity, [&](const JobPhase& p) { (void)channel.send(EvalMessage(p)); });
+  std::string bytes;
+  while (channel.receive(bytes)) {
+    StatusOr<EvalMessage> m = decode_eval_message(bytes);
+    if (!m.ok()) {
+      std::fprintf(stderr, "kforge-worker: ignoring a malformed message: %s\n", m.status().message().c_str());
+      continue;
+    }
+    const auto* job = std::get_if<EvalJob>(&*m);
+    if (job == nullptr) {
+      std::fprintf(stderr, "kforge-worker: ignoring a message that is not an EvalJob\n");
+      continue;
+    }
+    EvalResult result = runner.run(*job);
+    result.worker_pid = ready.pid;
+    if (!channel.send(EvalMessage(result))) return fail("cannot send a result");
+    if (result.status == EvalStatus::kFault && dev.context_lost()) return 4;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace kforge::eval
+
+// Called by the launcher's python bootstrap through ctypes; never throws into it.
+extern "C" __attribute__((visibility("default"))) int kforge_worker_main(int argc, char** argv) {
+  try {
+    return kforge::eval::worker_main(argc, argv);
+  } catch (const std::exception& e) {
+    return kforge::eval::fail(std::string("internal error: ") + e.what());
+  } catch (...) {
+    return kforge::eval::fail("internal error");
+  }
+}

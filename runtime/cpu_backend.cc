@@ -189,27 +189,41 @@ Status run_cpu_plan(const CpuModule& module, const KernelSpec& spec, const Resol
     }
     // Each task gets its own shared-memory buffer, reused for the blocks it runs (blocks of one
     // task run one after another, like blocks that share an SM).
-    tbb::parallel_for(tbb::blocked_range<uint64_t>(0, blocks), [&](const tbb::blocked_range<uint64_t>& r) {
-      AlignedBuffer smem = shared > 0 ? aligned_buffer(shared) : AlignedBuffer();
+    struct Task {
+      const ResolvedLaunch* launch;
+      const std::vector<uint64_t>* order;
+      const CpuRunOptions* options;
+      kforge_cpu_entry fn;
+      void* const* params;
+      uint64_t gx, gy;
+      uint32_t shared;
+    } task{&launch, &order, &options, fn, params.data(), gx, gy, shared};
+    auto body = [](void* ctx, uint64_t begin, uint64_t end) {
+      const Task& t = *static_cast<const Task*>(ctx);
+      AlignedBuffer smem = t.shared > 0 ? aligned_buffer(t.shared) : AlignedBuffer();
       kforge_cpu_block b{};
       b.abi_version = KFORGE_CPU_ABI_VERSION;
-      b.grid_dim[0] = launch.grid[0];
-      b.grid_dim[1] = launch.grid[1];
-      b.grid_dim[2] = launch.grid[2];
-      b.block_dim[0] = launch.block[0];
-      b.block_dim[1] = launch.block[1];
-      b.block_dim[2] = launch.block[2];
-      b.shared_mem_bytes = shared;
-      b.shared_mem = smem.get();
-      for (uint64_t pos = r.begin(); pos != r.end(); ++pos) {
-        const uint64_t i = order.empty() ? pos : order[pos];
-        if (options.shared_mem_poison >= 0 && shared > 0) std::memset(smem.get(), options.shared_mem_poison, shared);
-        b.block_idx[0] = static_cast<uint32_t>(i % gx);
-        b.block_idx[1] = static_cast<uint32_t>((i / gx) % gy);
-        b.block_idx[2] = static_cast<uint32_t>(i / (gx * gy));
-        fn(&b, params.data());
+      for (int d = 0; d < 3; ++d) {
+        b.grid_dim[d] = t.launch->grid[d];
+        b.block_dim[d] = t.launch->block[d];
       }
-    });
+      b.shared_mem_bytes = t.shared;
+      b.shared_mem = smem.get();
+      for (uint64_t pos = begin; pos != end; ++pos) {
+        const uint64_t i = t.order->empty() ? pos : (*t.order)[pos];
+        if (t.options->shared_mem_poison >= 0 && t.shared > 0) std::memset(smem.get(), t.options->shared_mem_poison, t.shared);
+        b.block_idx[0] = static_cast<uint32_t>(i % t.gx);
+        b.block_idx[1] = static_cast<uint32_t>((i / t.gx) % t.gy);
+        b.block_idx[2] = static_cast<uint32_t>(i / (t.gx * t.gy));
+        t.fn(&b, t.params);
+      }
+    };
+    if (options.parallel_for != nullptr) {
+      options.parallel_for(blocks, &task, body);
+    } else {
+      tbb::parallel_for(tbb::blocked_range<uint64_t>(0, blocks),
+                        [&](const tbb::blocked_range<uint64_t>& r) { body(&task, r.begin(), r.end()); });
+    }
   }
   return Status();
 }

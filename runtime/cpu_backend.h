@@ -66,6 +66,12 @@ inline constexpr int64_t kCpuMaxSharedMemBytes = int64_t{1} << 20;
 
 // How the blocks of a launch are run. The defaults are the serving path's; the worker sets both
 // knobs to make kernels that depend on what they must not depend on give different results.
+// Runs body(ctx, begin, end) over [0, n) split into ranges, in parallel, and returns when all are
+// done. Callers in a torch process pass one that uses torch's own thread pool (at::parallel_for):
+// a second pool (TBB's) beside torch's oversubscribes the cores, and each pool's spinning threads
+// slow the other's work.
+using CpuParallelFor = void (*)(uint64_t n, void* ctx, void (*body)(void* ctx, uint64_t begin, uint64_t end));
+
 struct CpuRunOptions {
   // Nonzero: the blocks of each launch are started in a pseudo-random order drawn from this seed
   // (another seed, another order) instead of block index order, so a kernel whose result depends
@@ -74,6 +80,8 @@ struct CpuRunOptions {
   // 0..255: every block's shared memory is filled with this byte before the block runs, so a
   // kernel that reads shared memory it did not write (or a previous block's) shows it.
   int shared_mem_poison = -1;
+  // Null: TBB's parallel_for.
+  CpuParallelFor parallel_for = nullptr;
 };
 
 Status run_cpu_plan(const CpuModule& module, const KernelSpec& spec, const ResolvedLaunchPlan& plan,

@@ -1,6 +1,7 @@
 #include "interposer/hook/swap_call.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
@@ -62,6 +63,13 @@ bool to_dtype(c10::ScalarType st, DType& out) {
     }
   }
   return false;
+}
+
+// CPU entries run on torch's thread pool, beside the user's other CPU ops (CpuParallelFor).
+void torch_parallel_for(uint64_t n, void* ctx, void (*body)(void*, uint64_t, uint64_t)) {
+  at::parallel_for(0, static_cast<int64_t>(n), 1, [&](int64_t begin, int64_t end) {
+    body(ctx, static_cast<uint64_t>(begin), static_cast<uint64_t>(end));
+  });
 }
 
 // Empty when the plan's outputs are what the operator returns, else why not.
@@ -243,7 +251,9 @@ std::string run_candidate(const InterceptedOp& op, const Replacement& r, const c
                                      at::TensorOptions().dtype(scalar_type_of(o.dtype)).device(at::kCPU)));
     io.outputs.push_back(outs.back().data_ptr());
   }
-  const Status s = run_cpu_plan(*r.module, *r.spec, plan, io);
+  CpuRunOptions run_options;
+  run_options.parallel_for = &torch_parallel_for;
+  const Status s = run_cpu_plan(*r.module, *r.spec, plan, io, run_options);
   if (!s.ok()) return "launch failed: " + s.message();
   return {};
 }

@@ -107,13 +107,14 @@ void pack_body(Packer& pk, const EvalJob& j) {
   pk.pack_uint64(j.job_id);
   pack_bin(pk, j.signature.encode());
   pack_bin(pk, j.spec.encode());
-  pk.pack_array(6);
+  pk.pack_array(7);
   pk.pack_uint32(j.policy.trials);
   pk.pack_uint64(j.policy.seed);
   pk.pack(j.policy.measure);
   pk.pack_uint32(j.policy.measure_runs);
   pk.pack_uint32(j.policy.warmup_runs);
   pk.pack_uint32(j.policy.determinism_runs);
+  pk.pack(j.policy.self_baseline);
   pk.pack_array(static_cast<uint32_t>(j.input_stats.size()));
   for (const wire::InputStats& s : j.input_stats) pack_stats(pk, s);
   pk.pack_array(static_cast<uint32_t>(j.captured.size()));
@@ -136,6 +137,9 @@ StatusOr<EvalMessage> read_job(const Reader& b) {
   KFORGE_RETURN_IF_ERROR(read_uint(p.field(3, "measure_runs"), &j.policy.measure_runs, 100000));
   KFORGE_RETURN_IF_ERROR(read_uint(p.field(4, "warmup_runs"), &j.policy.warmup_runs, 10000));
   KFORGE_RETURN_IF_ERROR(read_uint(p.field(5, "determinism_runs"), &j.policy.determinism_runs, 100));
+  // Appended after version 1's first release: absent means false.
+  KFORGE_ASSIGN_OR_RETURN(size_t policy_fields, p.array_size());
+  if (policy_fields > 6) KFORGE_RETURN_IF_ERROR(read_bool(p.field(6, "self_baseline"), &j.policy.self_baseline));
   Reader stats = b.field(4, "input_stats");
   KFORGE_ASSIGN_OR_RETURN(size_t ns, stats.array_size());
   if (ns > wire::kMaxStatsPerEntry) return stats.error("more than " + std::to_string(wire::kMaxStatsPerEntry) + " entries");

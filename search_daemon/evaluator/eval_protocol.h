@@ -49,7 +49,8 @@ inline constexpr uint32_t kMinMeasureRuns = 30;           // DESIGN.md: median o
 enum class EvalMessageType : uint8_t { kJob = 1, kResult = 2, kReady = 3, kPhase = 4 };
 
 // How the worker draws inputs and times. Encoded as
-// [trials, seed, measure, measure_runs, warmup_runs, determinism_runs].
+// [trials, seed, measure, measure_runs, warmup_runs, determinism_runs, self_baseline]
+// (self_baseline appended later; a policy of 6 fields has it false).
 struct InputPolicy {
   uint32_t trials = 6;             // fresh input sets; raised to kMinTrials by the worker
   uint64_t seed = 0;               // the trials' inputs are a function of (seed, trial)
@@ -57,6 +58,9 @@ struct InputPolicy {
   uint32_t measure_runs = 30;      // timed pairs (baseline, candidate); raised to kMinMeasureRuns
   uint32_t warmup_runs = 3;
   uint32_t determinism_runs = 2;   // extra runs per trial that must agree bit for bit (>= 1)
+  // The baseline slot times the candidate too: the timing's spread against itself (bench/), never
+  // a speedup to publish.
+  bool self_baseline = false;
   friend bool operator==(const InputPolicy&, const InputPolicy&) = default;
 };
 
@@ -119,7 +123,8 @@ struct TimingOutcome {
   double candidate_median_ns = 0;
   double baseline_spread = 0;      // (p90 - p10) / median of the runs
   double candidate_spread = 0;
-  double speedup = 0;              // baseline_median / candidate_median
+  double speedup = 0;              // exp(median ln(baseline_i / candidate_i)) over the interleaved
+                                   // pairs (Note [Paired timing] in worker/timing_stats.h)
   double noise_band = 0;           // relative: |ln speedup| <= noise_band counts as no speedup
   bool significant = false;        // the speedup (or slowdown) is outside the noise band
   double bytes = 0;                // fewest bytes the op must move (inputs read, outputs written)

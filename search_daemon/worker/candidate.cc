@@ -1,8 +1,21 @@
 #include "search_daemon/worker/candidate.h"
 
+#include <ATen/Parallel.h>
+
 #include <utility>
 
 namespace kforge::eval {
+
+namespace {
+
+// CPU candidates run on torch's thread pool, as PyTorch's baseline kernel does (CpuParallelFor).
+void torch_parallel_for(uint64_t n, void* ctx, void (*body)(void*, uint64_t, uint64_t)) {
+  at::parallel_for(0, static_cast<int64_t>(n), 1, [&](int64_t begin, int64_t end) {
+    body(ctx, static_cast<uint64_t>(begin), static_cast<uint64_t>(end));
+  });
+}
+
+}  // namespace
 
 StatusOr<LoadedCandidate> LoadedCandidate::load(EvalDevice& device, const KernelSpec& spec,
                                                 const std::string& artifact_name, const std::string& artifact) {
@@ -53,7 +66,9 @@ Status LoadedCandidate::launch(const ResolvedLaunchPlan& plan, const std::vector
                                const CpuRunOptions& cpu_options) const {
   if (cpu_) {
     CpuBuffers io{inputs, outputs, scratch};
-    return run_cpu_plan(*cpu_, *spec_, plan, io, cpu_options);
+    CpuRunOptions o = cpu_options;
+    o.parallel_for = &torch_parallel_for;
+    return run_cpu_plan(*cpu_, *spec_, plan, io, o);
   }
   CudaBuffers io;
   for (void* p : inputs) io.inputs.push_back(reinterpret_cast<CUdeviceptr>(p));

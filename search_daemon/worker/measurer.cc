@@ -62,21 +62,22 @@ MeasureRun measure(EvalDevice& device, const LoadedCandidate& candidate, const M
     for (const TrialInputs& s : sets) pointers.push_back(s.tensor_pointers());
 
     std::vector<at::Tensor> keep;
-    auto time_baseline = [&](size_t set) {
-      torch::jit::Stack stack = sets[set].stack();
-      device.flush_caches();
-      EvalDevice::Interval t = device.start_interval();
-      r.op.callBoxedForDispatchKey(key, stack);
-      const double ns = device.finish_interval(t);
-      stack.clear();
-      return ns;
-    };
     auto time_candidate = [&](size_t set) {
       device.flush_caches();
       EvalDevice::Interval t = device.start_interval();
       run_candidate(device, candidate, *r.plan, pointers[set], keep);
       const double ns = device.finish_interval(t);
       keep.clear();
+      return ns;
+    };
+    auto time_baseline = [&](size_t set) {
+      if (r.policy.self_baseline) return time_candidate(set);
+      torch::jit::Stack stack = sets[set].stack();
+      device.flush_caches();
+      EvalDevice::Interval t = device.start_interval();
+      r.op.callBoxedForDispatchKey(key, stack);
+      const double ns = device.finish_interval(t);
+      stack.clear();
       return ns;
     };
 

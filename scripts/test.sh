@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Quickstart, command 2 (and what CI runs): install what is needed, build with warnings as
 # errors, and run every test that this machine can run:
-#   1. Catch2 unit tests and the bundle test (ctest -L 'unit|bundle')
+#   1. Catch2 unit tests, the bundle test and the integration tests (ctest -L 'unit|bundle|integration':
+#      the latter start real kforge-worker processes in the venv's python)
 #   2. the libFuzzer targets, each for KFORGE_FUZZ_SECONDS (clang build in build-fuzz/)
 #   3. the unit tests again under AddressSanitizer + UBSan (build-asan/)
 #   4. the Python tests (pytest, in the project's venv)
@@ -17,7 +18,7 @@ t0=$(date +%s)
 t_build=$(date +%s)
 
 status=0
-ctest --test-dir "$BUILD" -L 'unit|bundle' --output-on-failure -j "$(nproc)" || status=1
+ctest --test-dir "$BUILD" -L 'unit|bundle|integration' --output-on-failure -j "$(nproc)" || status=1
 
 gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
 if [[ ! -f "$FUZZ_BUILD/CMakeCache.txt" ]]; then

@@ -48,4 +48,15 @@ echo "$maps" | grep -q "$root/share/kforge/tests/../../../lib/libkforge_runtime.
 rc=0; env -i PATH=/usr/bin:/bin "$tool" --cache "$tmp/c" >/dev/null 2>&1 || rc=$?
 [[ $rc == 2 ]] || fail "kforge-publish-test-entry with missing options exited $rc, not 2 (usage error)"
 echo "ok: kforge-publish-test-entry runs from the bundle"
+
+# The evaluation worker: the launcher in bin/, the worker library for the build's torch in lib/,
+# its corpus test and the worker bench. Without torch the launcher says so in one line (status 3).
+[[ -x "$root/bin/kforge-worker" ]] || fail "bin/kforge-worker missing from the bundle"
+ls "$root"/lib/libkforge_worker-torch*.so >/dev/null 2>&1 || fail "lib/libkforge_worker-torch*.so missing from the bundle"
+[[ -x "$root/bin/bench_worker" ]] || fail "bin/bench_worker missing from the bundle"
+[[ -x "$root/share/kforge/tests/bin/kforge_worker_eval_tests" ]] || fail "the worker's corpus test is missing from the bundle"
+rc=0; out="$(env -i PATH=/usr/bin:/bin KFORGE_PYTHON=/nonexistent/python3 "$root/bin/kforge-worker" --device cpu 2>&1)" || rc=$?
+[[ $rc == 3 && "$out" == *"set KFORGE_PYTHON to a python3 with torch"* ]] \
+  || fail "kforge-worker with no usable python: exit $rc, '$out' (want 3 and one line saying what to set)"
+echo "ok: kforge-worker and its library are in the bundle"
 echo "ok: bundle is relocatable ($(du -h "$tarball" | cut -f1))"

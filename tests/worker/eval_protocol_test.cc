@@ -31,6 +31,7 @@ EvalJob sample_job() {
   j.spec.plan.launches = {l};
   j.policy.trials = 7;
   j.policy.seed = 99;
+  j.policy.self_baseline = true;
   j.input_stats.push_back(wire::InputStats{0, -3, 3, 0.1, 1.2, 0, 0, 0.25});
   wire::CapturedInputs c;
   c.pid = 7;

@@ -20,6 +20,8 @@
 #include "runtime/op_signature.h"
 #include "search_daemon/evaluator/eval_protocol.h"
 #include "search_daemon/evaluator/worker_process.h"
+#include "search_daemon/worker/builder.h"
+#include "runtime/nvrtc.h"
 #include "tests/support/temp_dir.h"
 
 using namespace kforge;
@@ -546,4 +548,28 @@ TEST_CASE("worker: CUDA candidates that cheat are rejected with the right reason
   one_pass.replace(one_pass.find(final_var), final_var.size(), "rsqrt((double)((float)(red[0] / cols) - (float)mean * (float)mean) + eps)");
   run_corpus("cuda:0", sm, ln, cuda_corpus(sm), row_spec(Backend::kCuda, cuda_softmax("")),
              layer_norm_spec(Backend::kCuda, kCudaLayerNorm), layer_norm_spec(Backend::kCuda, one_pass), "cuda_events");
+}
+
+// The CUDA corpus is compiled by the GPU run only; here NVRTC (no GPU needed) checks that every
+// CUDA case builds except those meant not to, so a typo in a kernel cannot pass for a rejection.
+TEST_CASE("worker: the CUDA corpus builds with NVRTC exactly where it should", "[cpu]") {
+  StatusOr<const Nvrtc*> nvrtc = Nvrtc::load();
+  if (!nvrtc.ok()) {
+    WARN("no NVRTC on this host: " << nvrtc.status().to_string());
+    return;
+  }
+  TempDir t("kforge-worker-eval-test");
+  StatusOr<CandidateBuilder> b = CandidateBuilder::for_cuda((t.path / "cache").string(), *nvrtc, 9, 0);
+  REQUIRE(b.ok());
+  const OpSignature sm = softmax_signature(Backend::kCuda, "sm_90");
+  std::vector<Case> all = cuda_corpus(sm);
+  all.push_back(Case{"correct softmax", row_spec(Backend::kCuda, cuda_softmax("")), EvalStatus::kMeasured, "", "", "", 0, sm});
+  all.push_back(Case{"correct layer_norm", layer_norm_spec(Backend::kCuda, kCudaLayerNorm), EvalStatus::kMeasured, "", "", "", 0, sm});
+  for (const Case& c : all) {
+    StatusOr<BuildOutput> out = b->build(c.spec, 60000);
+    REQUIRE(out.ok());
+    INFO("case: " << c.name << "\n" << out->log);
+    CHECK(out->compiled == (c.status != EvalStatus::kCompileError));
+    CHECK(c.spec.validate().ok());
+  }
 }

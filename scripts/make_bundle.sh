@@ -16,7 +16,8 @@ command -v patchelf >/dev/null || die "missing patchelf (Debian: patchelf; scrip
 is_system() {
   case "$(basename "$1")" in
     linux-vdso.so*|ld-linux*|libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|libresolv.so*|\
-    libutil.so*|libstdc++.so*|libgcc_s.so*|libcuda.so*|libnvrtc*|libcudart*|libtorch*|libc10*) return 0 ;;
+    libutil.so*|libstdc++.so*|libgcc_s.so*|libcuda.so*|libnvrtc*|libcudart*|libtorch*|libc10*|\
+    libgomp.so*) return 0 ;;   # libgomp: torch's own OpenMP runtime, in every process our torch-side libraries load into
   esac
   return 1
 }

@@ -26,7 +26,7 @@ echo "$maps" | grep -q "$root/bin/../lib/libkforge_runtime.so\|$root/lib/libkfor
 # Everything resolves inside the bundle or the system, except torch's own libraries, which only the
 # hook needs and which are in every process the hook is loaded into.
 for f in "$root"/bin/* "$root"/lib/*.so*; do
-  missing="$(ldd "$f" | grep "not found" | grep -vE "^\s*(libtorch[a-z_]*|libc10[a-z_]*)\.so" || true)"
+  missing="$(ldd "$f" | grep "not found" | grep -vE "^\s*(libtorch[a-z_]*|libc10[a-z_]*|libgomp)\.so" || true)"
   [[ -z "$missing" ]] || fail "$f has unresolved libraries: $missing"
 done
 [[ -x "$root/share/kforge/tests/run-gpu-tests" ]] || fail "GPU suite runner missing from the bundle"

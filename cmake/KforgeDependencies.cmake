@@ -64,6 +64,17 @@ if(NOT nlohmann_json_FOUND)
   kforge_missing("nlohmann-json (Debian: nlohmann-json3-dev)")
 endif()
 
+# The daemon: its configuration file (TOML), and HTTP for its metrics and GUI endpoints (and the
+# scripted LLM server of the tests).
+find_package(tomlplusplus QUIET CONFIG)
+if(NOT tomlplusplus_FOUND)
+  kforge_missing("toml++ (Debian: libtomlplusplus-dev)")
+endif()
+pkg_check_modules(HTTPLIB QUIET IMPORTED_TARGET cpp-httplib)
+if(NOT HTTPLIB_FOUND)
+  kforge_missing("cpp-httplib (Debian: libcpp-httplib-dev)")
+endif()
+
 if(KFORGE_BUILD_TESTS)
   find_package(Catch2 QUIET CONFIG)
   if(NOT Catch2_FOUND)

@@ -28,6 +28,8 @@ DEB_PACKAGES=(
   libsodium-dev                       # Ed25519 bundle signing, SHA-256
   libzstd-dev zstd                    # bundle compression
   nlohmann-json3-dev                  # GUI JSON API, TOML-free config dumps
+  libtomlplusplus-dev                 # the daemon's configuration file
+  libcpp-httplib-dev                  # the daemon's HTTP endpoints (metrics, GUI); the tests' LLM server
   python3-venv
 )
 

@@ -12,6 +12,7 @@
 #include "runtime/version.h"
 #include "runtime/wire.h"
 #include "tools/cache_commands.h"
+#include "tools/status_command.h"
 
 namespace kforge {
 
@@ -29,6 +30,8 @@ constexpr std::string_view kUsage =
     "\n"
     "commands:\n"
     "  cache <subcommand>            inspect and manage the kernel cache ('kforge cache help')\n"
+    "  status [--json] [--endpoint E]  what the running kforged does: processes, signatures,\n"
+    "                                searches, budgets, best speedups (exit 3: no daemon)\n"
     "  --version, version [--json]   print the kforge version and format versions\n"
     "  env [--json]                  what kforge sees on this host: CPU, CUDA driver, GPUs,\n"
     "                                NVRTC, cache directory\n"
@@ -238,6 +241,7 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
       return cmd_env(as_json, out);
     }
     if (cmd == "selftest") return cmd_selftest(args, out, err);
+    if (cmd == "status") return run_status_command(std::vector<std::string>(args.begin() + 2, args.end()), out, err);
     if (cmd == "cache") {
       return run_cache_command(std::vector<std::string>(args.begin() + 2, args.end()), cache_dir, out, err);
     }

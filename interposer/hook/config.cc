@@ -101,42 +101,6 @@ std::string_view hook_mode_name(HookMode m) noexcept {
   return "observe";
 }
 
-Status secure_ipc_directory(std::string_view endpoint) {
-  constexpr std::string_view kIpc = "ipc://";
-  if (endpoint.substr(0, kIpc.size()) != kIpc) return Status();
-  const std::string path(endpoint.substr(kIpc.size()));
-  const size_t slash = path.rfind('/');
-  if (path.empty() || path[0] != '/' || slash == std::string::npos || slash == 0) {
-    return invalid_argument("daemon endpoint " + std::string(endpoint) + " is not an absolute ipc:// path in a directory");
-  }
-  const std::string dir = path.substr(0, slash);
-  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
-    return unavailable("cannot create " + dir + " for the daemon socket: " + std::strerror(errno));
-  }
-  struct stat st {};
-  if (::lstat(dir.c_str(), &st) != 0) return unavailable("cannot stat " + dir + ": " + std::strerror(errno));
-  if (S_ISLNK(st.st_mode)) return invalid_argument("daemon socket directory " + dir + " is a symbolic link; not connecting");
-  if (!S_ISDIR(st.st_mode)) return invalid_argument("daemon socket directory " + dir + " is not a directory; not connecting");
-  if (st.st_uid != ::geteuid()) {
-    return invalid_argument("daemon socket directory " + dir + " is owned by uid " + std::to_string(st.st_uid) +
-                            ", not this user; not connecting");
-  }
-  if ((st.st_mode & 077) != 0) {
-    char mode[8];
-    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
-    return invalid_argument("daemon socket directory " + dir + " has mode " + mode +
-                            " (must be 0700); not connecting. Fix: chmod 700 " + dir);
-  }
-  return Status();
-}
-
-std::string default_daemon_endpoint(std::string_view xdg_runtime_dir, unsigned uid) {
-  if (!xdg_runtime_dir.empty() && xdg_runtime_dir.front() == '/') {
-    return "ipc://" + std::string(xdg_runtime_dir) + "/kforge/daemon.sock";
-  }
-  return "ipc:///tmp/kforge-" + std::to_string(uid) + "/daemon.sock";
-}
-
 bool op_name_matches(std::string_view entry, std::string_view name, std::string_view overload) {
   entry = strip_namespace(entry);
   name = strip_namespace(name);

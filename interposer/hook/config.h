@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "cache/cache_dir.h"   // EnvLookup, process_env()
+#include "runtime/daemon_endpoint.h"
 
 namespace kforge::hook {
 
@@ -67,15 +68,9 @@ struct HookConfig {
 
 HookConfig parse_config(const EnvLookup& env);
 
-// For an ipc:// endpoint, makes sure the socket's directory is this user's and private before the
-// hook connects: creates it (0700) if missing, and refuses a symlink, another owner, or any group/
-// other permission, naming the path and the problem. Otherwise a local user who created, say,
-// /tmp/kforge-<uid> first would receive this process's reports (and, later, captured inputs).
-// tcp:// endpoints are not checked here (they need CURVE keys; see DESIGN.md).
-Status secure_ipc_directory(std::string_view endpoint);
-
-// The default endpoint for the given XDG_RUNTIME_DIR (empty: unset) and uid.
-std::string default_daemon_endpoint(std::string_view xdg_runtime_dir, unsigned uid);
+// Shared with the daemon and the CLI (runtime/daemon_endpoint.h).
+using kforge::default_daemon_endpoint;
+using kforge::secure_ipc_directory;
 
 // Whether a KFORGE_OPS entry names the operator: "aten::add.Tensor", "add.Tensor", "aten::add"
 // and "add" all name aten::add.Tensor; the namespace is optional, the overload too.

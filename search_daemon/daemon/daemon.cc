@@ -1,0 +1,663 @@
+#include "search_daemon/daemon/daemon.h"
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+#include <signal.h>
+#include <sys/eventfd.h>
+#include <sys/file.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <deque>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "cache/cache_dir.h"
+#include "runtime/daemon_endpoint.h"
+#include "runtime/unique_fd.h"
+#include "runtime/version.h"
+#include "runtime/wire.h"
+#include "search_daemon/daemon/journal.h"
+#include "search_daemon/worker/op_cost.h"
+
+namespace kforge::daemon {
+
+namespace {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+std::string iso_now() {
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t t = std::chrono::system_clock::to_time_t(now);
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
+  std::tm tm {};
+  gmtime_r(&t, &tm);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
+                tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<int>(ms));
+  return buf;
+}
+
+std::string ipc_path(const std::string& endpoint) {
+  return endpoint.rfind("ipc://", 0) == 0 ? endpoint.substr(6) : "";
+}
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+}  // namespace
+
+struct Daemon::Impl {
+  DaemonConfig config;
+  std::vector<search::Proposer*> proposers;
+  Daemon* self = nullptr;
+
+  void* zctx = nullptr;
+  void* router = nullptr;
+  void* pub = nullptr;
+  UniqueFd wake_fd;      // eventfd: session events queued, or a stop request
+  UniqueFd signal_fd;    // SIGTERM, SIGINT
+  UniqueFd lock_fd;      // one daemon per endpoint directory
+  std::atomic<bool> stopping{false};
+
+  std::unique_ptr<eval::EvaluatorPool> pool;
+  std::unique_ptr<httplib::Server> http;
+  std::thread http_thread;
+
+  // Guarded by mu: the registry, the sessions' table and the counters (the HTTP thread reads them).
+  mutable std::mutex mu;
+  HotSignatures hot;
+  std::map<SignatureId, std::unique_ptr<SearchSession>> sessions;
+  std::deque<SessionEvent> events;
+  std::map<std::string, uint64_t> counters;
+  std::set<std::string> malformed_logged;   // peers already logged once
+  Clock::time_point started = Clock::now();
+
+  std::atomic<uint64_t> evaluations_total{0};
+  std::atomic<uint64_t> next_job_id{1};
+
+  explicit Impl(DaemonConfig c) : config(std::move(c)), hot(HotOptions{config.min_calls, config.min_time_share}) {}
+
+  void count(const std::string& name, uint64_t n = 1) { counters[name] += n; }
+
+  void log(const std::string& level, const std::string& message) const {
+    if (config.log_format == "json") {
+      json j{{"ts", iso_now()}, {"level", level}, {"msg", message}, {"pid", ::getpid()}};
+      std::fprintf(stderr, "%s\n", j.dump().c_str());
+    } else {
+      std::fprintf(stderr, "%s kforged %s: %s\n", iso_now().c_str(), level.c_str(), message.c_str());
+    }
+    std::fflush(stderr);
+  }
+
+  Status bind_sockets();
+  Status start_http();
+  void resume_journals();
+  void schedule();
+  void start_session(SignatureRecord& r);
+  void handle_router();
+  void handle_wire(const std::string& peer, const std::string& bytes);
+  void handle_control(const std::string& peer, const std::string& bytes);
+  void handle_events();
+  void send_to(const std::string& peer, const std::string& bytes);
+  void publish_event(const std::string& topic, const json& body);
+  json status_locked() const;
+};
+
+Status Daemon::Impl::bind_sockets() {
+  for (const std::string& e : {config.endpoint, config.events_endpoint}) {
+    if (!ipc_path(e).empty()) {
+      KFORGE_RETURN_IF_ERROR(secure_ipc_directory(e));
+    }
+  }
+  // One daemon per socket directory: a second one would take the first's ipc socket over.
+  if (const std::string path = ipc_path(config.endpoint); !path.empty()) {
+    const std::string lock_path = path + ".lock";
+    lock_fd = UniqueFd(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+    if (!lock_fd.valid()) return unavailable("cannot open " + lock_path + ": " + std::strerror(errno));
+    if (::flock(lock_fd.get(), LOCK_EX | LOCK_NB) != 0) {
+      const std::string other = read_text_file(lock_path);
+      return unavailable("another kforged serves " + config.endpoint + (other.empty() ? "" : " (pid " + other + ")"));
+    }
+    const std::string pid = std::to_string(::getpid());
+    if (::ftruncate(lock_fd.get(), 0) != 0 || ::pwrite(lock_fd.get(), pid.data(), pid.size(), 0) < 0) {
+      return unavailable("cannot write " + lock_path);
+    }
+  }
+  zctx = zmq_ctx_new();
+  router = zmq_socket(zctx, ZMQ_ROUTER);
+  pub = zmq_socket(zctx, ZMQ_PUB);
+  if (router == nullptr || pub == nullptr) return unavailable("cannot create ZeroMQ sockets");
+  const int linger = 0;
+  zmq_setsockopt(router, ZMQ_LINGER, &linger, sizeof linger);
+  zmq_setsockopt(pub, ZMQ_LINGER, &linger, sizeof linger);
+  const int64_t max_msg = 80ll << 20;   // a CapturedInputs message: 64 MiB of tensors and framing
+  zmq_setsockopt(router, ZMQ_MAXMSGSIZE, &max_msg, sizeof max_msg);
+  // A hook that is gone must not make the daemon queue replies for it forever.
+  const int mandatory = 0;
+  zmq_setsockopt(router, ZMQ_ROUTER_MANDATORY, &mandatory, sizeof mandatory);
+  const int hwm = 1000;
+  zmq_setsockopt(router, ZMQ_SNDHWM, &hwm, sizeof hwm);
+  if (!config.curve_secret_key_file.empty()) {
+    std::string key = read_text_file(config.curve_secret_key_file);
+    while (!key.empty() && (key.back() == '\n' || key.back() == ' ')) key.pop_back();
+    if (key.size() != 40) return invalid_argument(config.curve_secret_key_file + ": expected a 40-character z85 CURVE secret key");
+    const int server = 1;
+    for (void* s : {router, pub}) {
+      zmq_setsockopt(s, ZMQ_CURVE_SERVER, &server, sizeof server);
+      if (zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, key.data(), key.size()) != 0) {
+        return invalid_argument(config.curve_secret_key_file + ": not a valid CURVE secret key: " + zmq_strerror(zmq_errno()));
+      }
+    }
+  }
+  if (zmq_bind(router, config.endpoint.c_str()) != 0) {
+    return unavailable("cannot bind " + config.endpoint + ": " + zmq_strerror(zmq_errno()));
+  }
+  if (zmq_bind(pub, config.events_endpoint.c_str()) != 0) {
+    return unavailable("cannot bind " + config.events_endpoint + ": " + zmq_strerror(zmq_errno()));
+  }
+  return Status();
+}
+
+Status Daemon::Impl::start_http() {
+  if (config.http.empty()) return Status();
+  const size_t colon = config.http.rfind(':');
+  const std::string host = config.http.substr(0, colon);
+  const int port = std::stoi(config.http.substr(colon + 1));
+  http = std::make_unique<httplib::Server>();
+  http->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(self->metrics_text(), "text/plain; version=0.0.4");
+  });
+  http->Get("/api/status", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(self->status_json(), "application/json");
+  });
+  if (!http->bind_to_port(host, port)) return unavailable("cannot listen on " + config.http);
+  http_thread = std::thread([this] { http->listen_after_bind(); });
+  log("info", "HTTP on http://" + config.http + " (/metrics, /api/status)");
+  return Status();
+}
+
+void Daemon::Impl::resume_journals() {
+  for (const std::string& path : SearchJournal::list(config.state_dir)) {
+    StatusOr<SearchJournal::Contents> c = SearchJournal::read(path);
+    if (!c.ok()) {
+      log("warn", "skipping a journal that cannot be read: " + c.status().message());
+      continue;
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    SignatureRecord& r = hot.adopt(c->signature);
+    r.evaluations = c->tree.evaluated();
+    if (const search::Node* b = c->tree.best()) r.best_speedup = b->outcome->speedup;
+    if (c->done) {
+      r.state = r.best_speedup > 1 ? SearchState::kPublished : SearchState::kDone;
+      r.note = c->done_reason;
+      continue;
+    }
+    if (pool->slots_for(r.signature) == 0) {
+      r.state = SearchState::kUnrunnable;
+      r.note = "journaled search waits for a slot that runs its target";
+      continue;
+    }
+    log("info", "resuming the search of " + r.signature.to_string() + " (" + std::to_string(c->tree.size() - 1) +
+                    " nodes, " + std::to_string(c->tree.evaluated()) + " evaluated)");
+    start_session(r);
+  }
+}
+
+void Daemon::Impl::start_session(SignatureRecord& r) {
+  r.state = SearchState::kSearching;
+  SessionContext ctx;
+  ctx.pool = pool.get();
+  ctx.proposers = proposers;
+  ctx.strategy = config.strategy;
+  ctx.options.max_evaluations = config.max_evaluations_per_signature;
+  ctx.options.seed = config.seed ^ r.id.lo;
+  ctx.options.c_puct = config.c_puct;
+  ctx.options.widening_c = config.widening_c;
+  ctx.options.widening_alpha = config.widening_alpha;
+  ctx.max_seconds = config.max_seconds_per_signature;
+  ctx.evaluations_total = &evaluations_total;
+  ctx.max_evaluations_total = config.max_evaluations_total;
+  ctx.next_job_id = &next_job_id;
+  ctx.state_dir = config.state_dir;
+  ctx.cache_dir = config.cache_dir;
+  ctx.measure_runs = config.measure_runs;
+  ctx.compile_budget_ms = config.compile_budget_ms;
+  ctx.run_budget_ms = config.run_budget_ms;
+  ctx.on_event = [this](SessionEvent e) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      events.push_back(std::move(e));
+    }
+    const uint64_t one = 1;
+    (void)::write(wake_fd.get(), &one, sizeof one);
+  };
+  ctx.log = [this](const std::string& line) { log("info", line); };
+  search::Roofline roof;
+  roof.baseline_ns = r.mean_ns();
+  roof.bandwidth_bytes_per_s = pool->bandwidth_for(r.signature);
+  std::vector<ResolvedOutput> outs;
+  for (const Arg& a : r.signature.args) {
+    if (const auto* t = std::get_if<TensorMeta>(&a.value)) {
+      outs.push_back(ResolvedOutput{t->dtype, t->sizes, t->strides, t->numel() * dtype_size_bytes(t->dtype)});
+      break;
+    }
+  }
+  const OpCost cost = op_cost(r.signature, outs);
+  roof.bytes = cost.bytes;
+  roof.flops = cost.flops;
+  auto s = std::make_unique<SearchSession>(r.signature, r.input_stats, r.captured, roof, std::move(ctx));
+  log("info", "searching " + r.signature.to_string() + " (" + std::to_string(r.calls()) + " calls, " +
+                  std::to_string(r.mean_ns()) + " ns each, strategy " + config.strategy + ")");
+  s->start();
+  sessions[r.id] = std::move(s);
+  count("searches_started");
+}
+
+void Daemon::Impl::schedule() {
+  if (stopping.load()) return;
+  std::lock_guard<std::mutex> lock(mu);
+  size_t active = 0;
+  for (const auto& [id, s] : sessions) active += s->finished() ? 0 : 1;
+  while (active < config.concurrent_searches) {
+    if (evaluations_total.load() >= config.max_evaluations_total) return;
+    std::optional<SignatureId> next = hot.next_to_search(
+        [this](const OpSignature& sig) { return pool->slots_for(sig) > 0; },
+        [this](const OpSignature& sig) { return pool->bandwidth_for(sig); });
+    if (!next) return;
+    SignatureRecord* r = hot.find(*next);
+    start_session(*r);
+    ++active;
+  }
+}
+
+void Daemon::Impl::send_to(const std::string& peer, const std::string& bytes) {
+  if (zmq_send(router, peer.data(), peer.size(), ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) return;
+  (void)zmq_send(router, bytes.data(), bytes.size(), ZMQ_DONTWAIT);
+}
+
+void Daemon::Impl::publish_event(const std::string& topic, const json& body) {
+  json j = body;
+  j["event"] = topic;
+  j["ts"] = iso_now();
+  const std::string text = topic + " " + j.dump();
+  (void)zmq_send(pub, text.data(), text.size(), ZMQ_DONTWAIT);
+}
+
+void Daemon::Impl::handle_wire(const std::string& peer, const std::string& bytes) {
+  StatusOr<wire::WireMessage> m = wire::decode(bytes);
+  std::lock_guard<std::mutex> lock(mu);
+  if (!m.ok()) {
+    count("messages_malformed");
+    if (malformed_logged.insert(peer).second) log("warn", "malformed message from a peer (logged once per peer): " + m.status().message());
+    return;
+  }
+  count("messages_received");
+  if (const auto* h = std::get_if<wire::Hello>(&*m)) {
+    hot.on_hello(peer, *h);
+    log("info", "process " + std::to_string(h->pid) + " attached (torch " + h->torch_version + ")");
+  } else if (const auto* r = std::get_if<wire::HotReport>(&*m)) {
+    hot.on_report(peer, *r);
+    count("reports_received");
+  } else if (const auto* c = std::get_if<wire::CapturedInputs>(&*m)) {
+    hot.on_captured(peer, *c);
+    count("captured_inputs_received");
+  } else if (const auto* g = std::get_if<wire::Goodbye>(&*m)) {
+    hot.on_goodbye(peer, *g);
+    log("info", "process " + std::to_string(g->pid) + " detached: " + g->reason);
+  } else {
+    count("messages_malformed");
+    if (malformed_logged.insert(peer).second) log("warn", "a peer sent a daemon-to-hook message type (logged once per peer)");
+  }
+}
+
+void Daemon::Impl::handle_control(const std::string& peer, const std::string& bytes) {
+  json reply{{"kforge_ctl", 1}};
+  json req = json::parse(bytes, nullptr, false);
+  if (req.is_discarded() || !req.is_object() || req.value("kforge_ctl", 0) != 1 || !req.contains("request")) {
+    reply["ok"] = false;
+    reply["error"] = "expected {\"kforge_ctl\": 1, \"request\": ...}";
+  } else if (req["request"] == "status") {
+    std::lock_guard<std::mutex> lock(mu);
+    reply["ok"] = true;
+    reply["status"] = status_locked();
+  } else {
+    reply["ok"] = false;
+    reply["error"] = "unknown request " + req["request"].dump() + " (known: status)";
+  }
+  send_to(peer, reply.dump());
+}
+
+void Daemon::Impl::handle_router() {
+  for (;;) {
+    zmq_msg_t id, body;
+    zmq_msg_init(&id);
+    if (zmq_msg_recv(&id, router, ZMQ_DONTWAIT) < 0) {
+      zmq_msg_close(&id);
+      return;
+    }
+    const std::string peer(static_cast<const char*>(zmq_msg_data(&id)), zmq_msg_size(&id));
+    const bool more = zmq_msg_more(&id);
+    zmq_msg_close(&id);
+    if (!more) continue;
+    zmq_msg_init(&body);
+    if (zmq_msg_recv(&body, router, 0) < 0) {
+      zmq_msg_close(&body);
+      continue;
+    }
+    const std::string bytes(static_cast<const char*>(zmq_msg_data(&body)), zmq_msg_size(&body));
+    bool extra = zmq_msg_more(&body);
+    zmq_msg_close(&body);
+    // One message per frame: a multi-part message is drained and refused.
+    const bool multipart = extra;
+    while (extra) {
+      zmq_msg_t part;
+      zmq_msg_init(&part);
+      (void)zmq_msg_recv(&part, router, 0);
+      extra = zmq_msg_more(&part);
+      zmq_msg_close(&part);
+    }
+    if (multipart) {
+      std::lock_guard<std::mutex> lock(mu);
+      count("messages_malformed");
+      if (malformed_logged.insert(peer).second) log("warn", "a peer sent a multi-part message (logged once per peer)");
+      continue;
+    }
+    if (!bytes.empty() && bytes[0] == '{') {
+      handle_control(peer, bytes);
+    } else {
+      handle_wire(peer, bytes);
+    }
+  }
+}
+
+void Daemon::Impl::handle_events() {
+  uint64_t n = 0;
+  (void)::read(wake_fd.get(), &n, sizeof n);
+  std::deque<SessionEvent> batch;
+  std::vector<SignatureId> finished;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    batch.swap(events);
+  }
+  for (const SessionEvent& e : batch) {
+    const std::string sig = e.signature.hex();
+    switch (e.kind) {
+      case SessionEvent::Kind::kNode:
+        publish_event("node", {{"signature", sig}, {"node", e.node}, {"parent", e.parent}, {"proposer", e.proposer}, {"label", e.label}});
+        break;
+      case SessionEvent::Kind::kResult: {
+        std::lock_guard<std::mutex> lock(mu);
+        count("evaluations_" + std::string(eval::eval_status_name(e.status)));
+        if (SignatureRecord* r = hot.find(e.signature)) ++r->evaluations;
+        publish_event("result", {{"signature", sig}, {"node", e.node}, {"status", eval::eval_status_name(e.status)},
+                                 {"speedup", e.speedup}, {"message", e.message}, {"label", e.label}});
+        break;
+      }
+      case SessionEvent::Kind::kPublished: {
+        std::vector<std::string> peers;
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          count("kernels_published");
+          if (SignatureRecord* r = hot.find(e.signature)) {
+            r->state = SearchState::kPublished;
+            r->best_speedup = e.speedup;
+            r->entry_key = e.entry_key;
+          }
+          peers = hot.live_peers();
+        }
+        wire::KernelReady k;
+        k.signature_id = e.signature;
+        k.environment_key = e.environment_key;
+        k.entry_key = e.entry_key;
+        k.speedup = e.speedup;
+        const std::string bytes = wire::encode(wire::WireMessage(k));
+        for (const std::string& p : peers) send_to(p, bytes);
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          count("kernel_ready_sent", peers.size());
+        }
+        publish_event("published", {{"signature", sig}, {"entry", e.entry_key}, {"speedup", e.speedup}, {"label", e.label}});
+        break;
+      }
+      case SessionEvent::Kind::kFinished: {
+        std::lock_guard<std::mutex> lock(mu);
+        if (SignatureRecord* r = hot.find(e.signature)) {
+          if (r->state != SearchState::kPublished) r->state = e.message.rfind("failed", 0) == 0 ? SearchState::kFailed : SearchState::kDone;
+          if (e.message.rfind("stopped", 0) == 0) r->state = SearchState::kObserved;
+          r->note = e.message;
+        }
+        finished.push_back(e.signature);
+        log("info", "search of " + sig.substr(0, 12) + " ended after " + std::to_string(e.evaluations) +
+                        " evaluations: " + e.message);
+        publish_event("finished", {{"signature", sig}, {"message", e.message}, {"evaluations", e.evaluations}});
+        break;
+      }
+    }
+  }
+  for (const SignatureId& id : finished) {
+    std::unique_ptr<SearchSession> s;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      auto it = sessions.find(id);
+      if (it == sessions.end()) continue;
+      s = std::move(it->second);
+      sessions.erase(it);
+    }
+    s->join();
+  }
+}
+
+json Daemon::Impl::status_locked() const {
+  json j;
+  const double uptime = std::chrono::duration<double>(Clock::now() - started).count();
+  j["daemon"] = {{"pid", ::getpid()},
+                 {"version", KFORGE_VERSION_STRING},
+                 {"uptime_s", uptime},
+                 {"endpoint", config.endpoint},
+                 {"events_endpoint", config.events_endpoint},
+                 {"strategy", config.strategy},
+                 {"cache_dir", config.cache_dir},
+                 {"state_dir", config.state_dir}};
+  j["budgets"] = {{"evaluations_total", evaluations_total.load()},
+                  {"max_evaluations_total", config.max_evaluations_total},
+                  {"max_evaluations_per_signature", config.max_evaluations_per_signature},
+                  {"max_seconds_per_signature", config.max_seconds_per_signature}};
+  json slots = json::array();
+  for (const eval::SlotInfo& s : pool->slots()) {
+    slots.push_back({{"device", s.device}, {"state", s.state}, {"arch", s.arch}, {"model", s.device_model},
+                     {"jobs", s.jobs}, {"restarts", s.restarts}, {"bandwidth_bytes_per_s", s.bandwidth_bytes_per_s}});
+  }
+  j["slots"] = slots;
+  json procs = json::array();
+  for (const auto& [peer, p] : hot.processes()) {
+    procs.push_back({{"pid", p.hello.pid}, {"torch", p.hello.torch_version}, {"reports", p.reports},
+                     {"reports_dropped", p.reports_dropped}, {"sequence_gaps", p.sequence_gaps},
+                     {"attached", !p.gone}, {"goodbye", p.goodbye_reason}});
+  }
+  j["processes"] = procs;
+  json sigs = json::array();
+  for (const auto& [id, r] : hot.signatures()) {
+    json s{{"id", id.hex()},
+           {"signature", r.signature.to_string()},
+           {"state", search_state_name(r.state)},
+           {"calls", r.calls()},
+           {"mean_ns", r.mean_ns()},
+           {"time_share", hot.time_share(r)},
+           {"evaluations", r.evaluations},
+           {"best_speedup", r.best_speedup},
+           {"entry", r.entry_key},
+           {"note", r.note}};
+    auto it = sessions.find(id);
+    if (it != sessions.end()) {
+      const SessionProgress p = it->second->progress();
+      s["search"] = {{"state", p.state}, {"nodes", p.nodes}, {"evaluated", p.evaluated}, {"in_flight", p.in_flight},
+                     {"best_speedup", p.best_speedup}, {"best", p.best_label}};
+      s["evaluations"] = p.evaluated;
+      if (p.best_speedup > r.best_speedup) s["best_speedup"] = p.best_speedup;
+    }
+    sigs.push_back(s);
+  }
+  j["signatures"] = sigs;
+  json c = json::object();
+  for (const auto& [k, v] : counters) c[k] = v;
+  j["counters"] = c;
+  return j;
+}
+
+// ---- Daemon -------------------------------------------------------------------------------------
+
+Daemon::Daemon(DaemonConfig config, std::vector<search::Proposer*> proposers) : impl_(std::make_unique<Impl>(std::move(config))) {
+  impl_->proposers = std::move(proposers);
+  impl_->self = this;
+}
+
+Daemon::~Daemon() {
+  request_stop();
+  std::map<SignatureId, std::unique_ptr<SearchSession>> sessions;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    sessions.swap(impl_->sessions);
+  }
+  for (auto& [id, s] : sessions) s->stop();
+  if (impl_->pool) impl_->pool->stop();
+  sessions.clear();   // joins
+  if (impl_->http) impl_->http->stop();
+  if (impl_->http_thread.joinable()) impl_->http_thread.join();
+  if (impl_->router != nullptr) zmq_close(impl_->router);
+  if (impl_->pub != nullptr) zmq_close(impl_->pub);
+  if (impl_->zctx != nullptr) zmq_ctx_term(impl_->zctx);
+}
+
+void Daemon::log(const std::string& level, const std::string& message) const { impl_->log(level, message); }
+
+Status Daemon::start() {
+  Impl& d = *impl_;
+  d.log("info", "kforged " KFORGE_VERSION_STRING " starting; config: " + d.config.to_string());
+  if (d.config.cache_dir.empty()) {
+    StatusOr<CacheDir::Resolved> r = CacheDir::resolve_path(process_env());
+    if (!r.ok()) return r.status();
+    d.config.cache_dir = r->path;
+  }
+  KFORGE_RETURN_IF_ERROR(CacheDir::open(d.config.cache_dir).status());
+  d.wake_fd = UniqueFd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  // Blocked here, before any thread starts, so every thread inherits the mask and the signals
+  // reach only the I/O loop's signalfd.
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  d.signal_fd = UniqueFd(::signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK));
+  KFORGE_RETURN_IF_ERROR(d.bind_sockets());
+  eval::PoolOptions po;
+  po.devices = d.config.devices;
+  po.cpu_slots = d.config.cpu_slots;
+  po.program = d.config.worker_program;
+  po.python = d.config.worker_python;
+  po.build_cache_dir = d.config.state_dir + "/builds";
+  po.log = [&d](const std::string& line) { d.log("info", line); };
+  d.pool = std::make_unique<eval::EvaluatorPool>(po);
+  KFORGE_RETURN_IF_ERROR(d.pool->start());
+  KFORGE_RETURN_IF_ERROR(d.start_http());
+  d.resume_journals();
+  d.log("info", "listening on " + d.config.endpoint + " (events on " + d.config.events_endpoint + ")");
+  return Status();
+}
+
+int Daemon::run() {
+  Impl& d = *impl_;
+  while (!d.stopping.load()) {
+    zmq_pollitem_t items[3] = {{d.router, 0, ZMQ_POLLIN, 0},
+                               {nullptr, d.wake_fd.get(), ZMQ_POLLIN, 0},
+                               {nullptr, d.signal_fd.get(), ZMQ_POLLIN, 0}};
+    // The timeout only re-checks budgets and thresholds that time alone changes (a search's wall
+    // clock ends inside its own thread); every message and event wakes the loop at once.
+    const int n = zmq_poll(items, 3, 1000);
+    if (n < 0 && zmq_errno() == EINTR) continue;
+    if (n < 0) {
+      d.log("error", std::string("zmq_poll: ") + zmq_strerror(zmq_errno()));
+      return 1;
+    }
+    if (items[2].revents & ZMQ_POLLIN) {
+      signalfd_siginfo si {};
+      (void)::read(d.signal_fd.get(), &si, sizeof si);
+      d.log("info", std::string("stopping on ") + (si.ssi_signo == SIGTERM ? "SIGTERM" : "SIGINT"));
+      break;
+    }
+    if (items[0].revents & ZMQ_POLLIN) d.handle_router();
+    if (items[1].revents & ZMQ_POLLIN) d.handle_events();
+    d.schedule();
+  }
+  d.stopping.store(true);
+  // Searches stop submitting; what is running finishes and is journaled; the journal resumes them.
+  std::vector<SearchSession*> running;
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    for (auto& [id, s] : d.sessions) {
+      s->stop();
+      running.push_back(s.get());
+    }
+  }
+  for (SearchSession* s : running) s->join();
+  d.log("info", "stopped");
+  return 0;
+}
+
+void Daemon::request_stop() {
+  impl_->stopping.store(true);
+  if (impl_->wake_fd.valid()) {
+    const uint64_t one = 1;
+    (void)::write(impl_->wake_fd.get(), &one, sizeof one);
+  }
+}
+
+std::string Daemon::status_json() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->status_locked().dump();
+}
+
+std::string Daemon::metrics_text() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  const Impl& d = *impl_;
+  std::ostringstream o;
+  auto gauge = [&](const std::string& name, const std::string& help, double v, const std::string& labels = "") {
+    o << "# HELP kforge_" << name << " " << help << "\n# TYPE kforge_" << name << " gauge\n";
+    o << "kforge_" << name << labels << " " << v << "\n";
+  };
+  size_t attached = 0;
+  for (const auto& [peer, p] : d.hot.processes()) attached += p.gone ? 0 : 1;
+  gauge("processes_attached", "serving processes attached", static_cast<double>(attached));
+  gauge("signatures_seen", "signatures reported", static_cast<double>(d.hot.signatures().size()));
+  size_t searching = 0;
+  for (const auto& [id, s] : d.sessions) searching += s->finished() ? 0 : 1;
+  gauge("searches_active", "searches running", static_cast<double>(searching));
+  gauge("evaluations_total", "evaluations submitted", static_cast<double>(d.evaluations_total.load()));
+  o << "# HELP kforge_events_total daemon events by kind\n# TYPE kforge_events_total counter\n";
+  for (const auto& [k, v] : d.counters) o << "kforge_events_total{kind=\"" << k << "\"} " << v << "\n";
+  o << "# HELP kforge_best_speedup best verified speedup per signature\n# TYPE kforge_best_speedup gauge\n";
+  for (const auto& [id, r] : d.hot.signatures()) {
+    if (r.best_speedup > 0) o << "kforge_best_speedup{signature=\"" << id.hex() << "\"} " << r.best_speedup << "\n";
+  }
+  o << "# HELP kforge_worker_restarts_total worker restarts per slot\n# TYPE kforge_worker_restarts_total counter\n";
+  for (const eval::SlotInfo& s : d.pool->slots()) {
+    o << "kforge_worker_restarts_total{device=\"" << s.device << "\"} " << s.restarts << "\n";
+  }
+  return o.str();
+}
+
+}  // namespace kforge::daemon

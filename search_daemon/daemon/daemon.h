@@ -1,0 +1,60 @@
+// Daemon: kforged itself. One I/O thread owns the ZeroMQ sockets and the HotSignatures registry;
+// search sessions run on threads of their own and talk back through an event queue; the evaluator
+// pool runs one thread per slot; an HTTP server (optional, loopback only) serves /metrics and the
+// JSON status.
+//
+//   StatusOr<DaemonConfig> config = load_daemon_config(args, process_env());
+//   Daemon d(*config, proposers);
+//   KFORGE_RETURN_IF_ERROR(d.start());      // binds, starts workers, resumes journaled searches
+//   return d.run();                         // until SIGTERM/SIGINT (or request_stop())
+//
+// Note [Daemon messages]
+// ROUTER socket (config.endpoint): hooks send wire messages (Hello, HotReport, CapturedInputs,
+// Goodbye: runtime/wire.h), each one frame after the routing id; the daemon sends KernelReady to
+// every live hook when a search publishes (hooks of other environments ignore it). The CLI sends
+// one JSON frame {"kforge_ctl": 1, "request": "status"} and gets one JSON frame back. Wire
+// messages are msgpack arrays, control messages JSON objects: the first byte tells them apart. A
+// malformed message is counted and logged (once per peer), never fatal. PUB socket
+// (config.events_endpoint): every session event as one JSON frame, topic first ("published ...").
+// ipc:// endpoints live in a private directory (0700, ours); tcp:// needs CURVE keys.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "search_daemon/daemon/daemon_config.h"
+#include "search_daemon/daemon/hot_signatures.h"
+#include "search_daemon/daemon/search_session.h"
+#include "search_daemon/evaluator/evaluator_pool.h"
+#include "search_daemon/proposers/proposer.h"
+
+namespace kforge::daemon {
+
+class Daemon {
+ public:
+  Daemon(DaemonConfig config, std::vector<search::Proposer*> proposers);
+  ~Daemon();
+  Daemon(const Daemon&) = delete;
+  Daemon& operator=(const Daemon&) = delete;
+
+  Status start();
+  // The I/O loop; returns the process exit status (0 after a stop request).
+  int run();
+  // Thread-safe; also what SIGTERM/SIGINT do.
+  void request_stop();
+  // The status document the CLI and the HTTP API serve (JSON text). Thread-safe.
+  std::string status_json() const;
+  std::string metrics_text() const;
+  void log(const std::string& level, const std::string& message) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kforge::daemon

@@ -1,0 +1,88 @@
+// DaemonConfig: everything kforged can be told, from a TOML file and command-line flags (flags win),
+// validated once at start-up: a bad value stops the daemon with one line naming the key, the value
+// and what is allowed. The resolved configuration is logged at start (no secrets in it: the LLM key
+// is only ever named by its environment variable).
+//
+//   StatusOr<DaemonConfig> c = load_daemon_config(argc, argv, process_env());
+//   if (!c.ok()) { fprintf(stderr, "kforged: %s\n", c.status().message().c_str()); return 2; }
+//
+// The keys, their defaults and meaning: daemon_config_reference() (also `kforged --help-config`, and
+// docs/ARCHITECTURE.md).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cache/cache_dir.h"
+#include "runtime/status.h"
+
+namespace kforge::daemon {
+
+struct LlmSettings {
+  bool enabled = false;
+  std::string api = "openai";          // "openai" (chat completions; vLLM, llama.cpp, Ollama) or "anthropic"
+  std::string base_url;                // required when enabled
+  std::string model;                   // required when enabled
+  std::string api_key_env;             // the NAME of the variable holding the key; empty: no key
+  uint32_t max_tokens = 4096;          // per answer
+  double temperature = 0.2;
+  uint32_t timeout_ms = 120000;
+  uint32_t max_retries = 4;
+  uint64_t max_total_tokens = 2000000; // the daemon's whole LLM budget
+  double max_cost_usd = 20.0;
+  double price_input_per_mtok = 0;     // USD per million input tokens (0: free / local)
+  double price_output_per_mtok = 0;
+};
+
+struct DaemonConfig {
+  std::string config_file;             // the file read, if any
+  // [daemon]
+  std::string endpoint;                // ROUTER for hooks and the CLI (default: the hook's default)
+  std::string events_endpoint;         // PUB for notifications (default: beside endpoint, events.sock)
+  std::string http;                    // "127.0.0.1:PORT" for /metrics and the JSON API; "" = off
+  std::string cache_dir;               // the kernel cache (cache_dir.h rules when empty)
+  std::string state_dir;               // journals; default <cache_dir>/../kforge-state? see .cc
+  std::string curve_secret_key_file;   // required for tcp:// endpoints (CURVE server key, z85)
+  std::string log_format = "text";     // "text" or "json"
+  // [workers]
+  std::vector<std::string> devices;    // "cpu", "cuda:N", or "auto" (every visible GPU, plus cpu)
+  uint32_t cpu_slots = 1;              // CPU workers
+  std::string worker_program;          // kforge-worker; default beside kforged
+  std::string worker_python;           // KFORGE_PYTHON for workers; default: theirs (python3)
+  uint32_t compile_budget_ms = 60000;
+  uint32_t run_budget_ms = 30000;
+  // [search]
+  std::string strategy = "mcts";       // "mcts", "greedy", "random"
+  uint32_t max_evaluations_per_signature = 64;
+  uint64_t max_evaluations_total = 100000;
+  uint32_t max_seconds_per_signature = 1800;
+  uint32_t concurrent_searches = 2;
+  uint64_t min_calls = 50;             // a signature is a search candidate after this many calls
+  double min_time_share = 0.0;         // ... and this share of the process's intercepted time
+  uint64_t seed = 0;
+  uint32_t measure_runs = 30;
+  double c_puct = 1.0;
+  double widening_c = 2.0;
+  double widening_alpha = 0.5;
+  // [proposers]
+  bool templates = true;
+  LlmSettings llm;
+
+  // One line per key, for the start-up log.
+  std::string to_string() const;
+};
+
+// Parses `--config FILE` (else $KFORGE_DAEMON_CONFIG, else no file) and the flags. `env` gives the
+// defaults that depend on the environment (XDG directories, uid).
+StatusOr<DaemonConfig> load_daemon_config(const std::vector<std::string>& args, const EnvLookup& env);
+
+// The same, from TOML text (tests; `origin` names it in errors).
+StatusOr<DaemonConfig> parse_daemon_config(std::string_view toml, std::string_view origin, const EnvLookup& env);
+
+// Every key with its default and meaning, as a commented TOML file.
+std::string daemon_config_reference();
+
+}  // namespace kforge::daemon

@@ -1,0 +1,271 @@
+#include "search_daemon/daemon/search_session.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <exception>
+
+#include "cache/store.h"
+#include "runtime/version.h"
+#include "search_daemon/daemon/journal.h"
+
+namespace kforge::daemon {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string host_name() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0) return "";
+  return buf;
+}
+
+int64_t now_unix_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+SearchSession::SearchSession(OpSignature signature, std::vector<wire::InputStats> input_stats,
+                             std::vector<wire::CapturedInputs> captured, search::Roofline roofline,
+                             SessionContext context)
+    : signature_(std::move(signature)),
+      input_stats_(std::move(input_stats)),
+      captured_(std::move(captured)),
+      roofline_(roofline),
+      ctx_(std::move(context)) {}
+
+SearchSession::~SearchSession() {
+  stop();
+  join();
+}
+
+void SearchSession::start() { thread_ = std::thread([this] { run(); }); }
+
+void SearchSession::stop() {
+  stop_.store(true);
+  std::lock_guard<std::mutex> lock(mu_);
+  cv_.notify_all();
+}
+
+void SearchSession::join() {
+  if (thread_.joinable()) thread_.join();
+}
+
+SessionProgress SearchSession::progress() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return progress_;
+}
+
+void SearchSession::finish(const std::string& state, const std::string& reason) {
+  uint64_t evaluated = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    progress_.state = state;
+    progress_.reason = reason;
+    evaluated = progress_.evaluated;
+  }
+  SessionEvent e;
+  e.kind = SessionEvent::Kind::kFinished;
+  e.signature = signature_.id();
+  e.message = state + ": " + reason;
+  e.evaluations = evaluated;
+  if (ctx_.on_event) ctx_.on_event(e);
+  finished_.store(true);
+}
+
+void SearchSession::run() {
+  try {
+    const SignatureId sig_id = signature_.id();
+    auto log = [&](const std::string& line) {
+      if (ctx_.log) ctx_.log("search " + sig_id.hex().substr(0, 12) + ": " + line);
+    };
+    StatusOr<SearchJournal> journal = SearchJournal::open(ctx_.state_dir, signature_, ctx_.strategy);
+    if (!journal.ok()) return finish("failed", "journal: " + journal.status().message());
+    const SearchJournal::Contents& restored = journal->restored();
+    if (restored.done) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        progress_.nodes = restored.tree.size();
+        progress_.evaluated = restored.tree.evaluated();
+        if (const search::Node* b = restored.tree.best()) {
+          progress_.best_speedup = b->outcome->speedup;
+          progress_.best_label = b->move.label;
+        }
+      }
+      return finish("done", "finished earlier: " + restored.done_reason);
+    }
+    if (restored.tree.size() > 1) {
+      log("resuming from " + journal->path() + ": " + std::to_string(restored.tree.size() - 1) + " nodes, " +
+          std::to_string(restored.tree.evaluated()) + " evaluated" +
+          (restored.truncated_bytes > 0 ? ", a torn tail of " + std::to_string(restored.truncated_bytes) + " bytes cut" : ""));
+    }
+    StatusOr<Store> store = Store::open(ctx_.cache_dir);
+    if (!store.ok()) return finish("failed", "cache: " + store.status().message());
+
+    search::SearchTask task{signature_, roofline_};
+    std::unique_ptr<search::SearchStrategy> strategy =
+        search::make_strategy(ctx_.strategy, task, ctx_.proposers, ctx_.options, restored.tree);
+    if (!strategy) return finish("failed", "unknown strategy " + ctx_.strategy);
+
+    size_t journaled = strategy->tree().size();
+    double best = 0;
+    if (const search::Node* b = strategy->tree().best()) best = b->outcome->speedup;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      progress_.state = "searching";
+      progress_.best_speedup = best;
+    }
+    const Clock::time_point deadline = Clock::now() + std::chrono::seconds(ctx_.max_seconds);
+    uint64_t in_flight = 0;
+    std::string end_reason;
+
+    for (;;) {
+      const search::SearchTree& tree = strategy->tree();
+      const bool budget_left = tree.evaluated() + in_flight < ctx_.options.max_evaluations;
+      if (stop_.load()) end_reason = "stopped";
+      else if (Clock::now() >= deadline) end_reason = "wall-time budget of " + std::to_string(ctx_.max_seconds) + " s spent";
+      else if (!budget_left && in_flight == 0) end_reason = "evaluation budget of " + std::to_string(ctx_.options.max_evaluations) + " spent";
+      else if (strategy->done() && in_flight == 0) end_reason = "the search space is exhausted";
+      if (!end_reason.empty() && in_flight == 0) break;
+
+      // Submit what the slots can take now (at least one when nothing is running).
+      if (end_reason.empty() && budget_left) {
+        size_t want = ctx_.pool->idle_slots_for(signature_);
+        if (want == 0 && in_flight == 0) want = 1;
+        const uint64_t left = ctx_.options.max_evaluations - tree.evaluated() - in_flight;
+        want = std::min<size_t>(want, left);
+        std::vector<search::Candidate> batch;
+        if (want > 0) batch = strategy->next_candidates(want);
+        // Every node the strategy added (the candidates and their untried siblings) is journaled
+        // before anything is evaluated.
+        for (; journaled < strategy->tree().size(); ++journaled) {
+          const search::Node& n = strategy->tree().node(journaled);
+          if (Status s = journal->append_node(n); !s.ok()) {
+            end_reason = "journal: " + s.message();
+            break;
+          }
+          SessionEvent e;
+          e.kind = SessionEvent::Kind::kNode;
+          e.signature = sig_id;
+          e.node = n.id;
+          e.parent = n.parent;
+          e.proposer = n.move.proposer;
+          e.label = n.move.label;
+          if (ctx_.on_event) ctx_.on_event(e);
+        }
+        for (search::Candidate& c : batch) {
+          if (ctx_.evaluations_total->fetch_add(1) >= ctx_.max_evaluations_total) {
+            ctx_.evaluations_total->fetch_sub(1);
+            end_reason = "the daemon's evaluation budget of " + std::to_string(ctx_.max_evaluations_total) + " is spent";
+            break;
+          }
+          eval::EvalJob job;
+          job.job_id = ctx_.next_job_id->fetch_add(1);
+          job.signature = signature_;
+          job.spec = std::move(c.move.spec);
+          job.policy.seed = ctx_.options.seed ^ (c.node * 0x9E3779B97F4A7C15ull);
+          job.policy.measure_runs = ctx_.measure_runs;
+          job.input_stats = input_stats_;
+          job.captured = captured_;
+          job.compile_budget_ms = ctx_.compile_budget_ms;
+          job.run_budget_ms = ctx_.run_budget_ms;
+          ++in_flight;
+          const uint64_t node = c.node;
+          ctx_.pool->submit(std::move(job), [this, node](eval::EvalResult r) {
+            std::lock_guard<std::mutex> lock(mu_);
+            results_.emplace_back(node, std::move(r));
+            cv_.notify_all();
+          });
+        }
+        if (in_flight == 0 && batch.empty() && end_reason.empty()) {
+          end_reason = strategy->done() ? "the search space is exhausted" : "the proposers have nothing to evaluate";
+          continue;
+        }
+      }
+
+      if (in_flight == 0) continue;   // nothing to wait for: the loop's top decides what is next
+      // Wait for results (or a stop).
+      std::deque<std::pair<uint64_t, eval::EvalResult>> ready;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        progress_.nodes = strategy->tree().size();
+        progress_.evaluated = strategy->tree().evaluated();
+        progress_.in_flight = in_flight;
+        cv_.wait(lock, [&] { return !results_.empty() || (stop_.load() && in_flight == 0); });
+        ready.swap(results_);
+      }
+      std::vector<std::pair<uint64_t, search::Outcome>> outcomes;
+      for (auto& [node, r] : ready) {
+        --in_flight;
+        search::Outcome o = search::outcome_of(r);
+        const search::Node& n = strategy->tree().node(node);
+        if (o.improves() && o.speedup > best) {
+          CacheEntry entry;
+          entry.signature = signature_;
+          entry.environment = r.environment;
+          entry.spec = n.move.spec;
+          entry.blobs.push_back(BlobData{r.artifact_name, r.artifact});
+          entry.verification = r.verification_report();
+          entry.timings = r.timings();
+          entry.provenance.proposer = n.move.proposer + ":" + n.move.label;
+          entry.provenance.search_id = sig_id.hex();
+          entry.provenance.kforge_version = KFORGE_VERSION_STRING;
+          entry.provenance.created_unix_ms = now_unix_ms();
+          entry.provenance.host = host_name();
+          StatusOr<EntryKey> key = store->publish(entry);
+          if (key.ok()) {
+            best = o.speedup;
+            log("published " + key->hex() + ": " + n.move.label + " at " + std::to_string(o.speedup) + "x");
+            {
+              std::lock_guard<std::mutex> lock(mu_);
+              progress_.best_speedup = best;
+              progress_.best_label = n.move.label;
+              progress_.entry_key = key->hex();
+            }
+            SessionEvent e;
+            e.kind = SessionEvent::Kind::kPublished;
+            e.signature = sig_id;
+            e.node = node;
+            e.speedup = o.speedup;
+            e.entry_key = key->hex();
+            e.environment_key = r.environment.key();
+            e.label = n.move.label;
+            if (ctx_.on_event) ctx_.on_event(e);
+          } else {
+            log("cannot publish the winner " + n.move.label + ": " + key.status().message());
+          }
+        }
+        if (Status s = journal->append_outcome(node, o); !s.ok() && end_reason.empty()) end_reason = "journal: " + s.message();
+        SessionEvent e;
+        e.kind = SessionEvent::Kind::kResult;
+        e.signature = sig_id;
+        e.node = node;
+        e.parent = n.parent;
+        e.status = r.status;
+        e.speedup = o.speedup;
+        e.message = r.message;
+        e.label = n.move.label;
+        e.proposer = n.move.proposer;
+        if (ctx_.on_event) ctx_.on_event(e);
+        outcomes.emplace_back(node, std::move(o));
+      }
+      if (!outcomes.empty()) strategy->notify_results(outcomes);
+    }
+    // A search stopped by the daemon's shutdown is resumed next time; any other end is final.
+    if (end_reason != "stopped") (void)journal->append_done(end_reason);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      progress_.nodes = strategy->tree().size();
+      progress_.evaluated = strategy->tree().evaluated();
+      progress_.in_flight = 0;
+    }
+    finish(end_reason == "stopped" ? "stopped" : "done", end_reason);
+  } catch (const std::exception& e) {
+    finish("failed", std::string("internal error: ") + e.what());
+  }
+}
+
+}  // namespace kforge::daemon

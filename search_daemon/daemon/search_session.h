@@ -1,0 +1,123 @@
+// SearchSession: one signature's search, on a thread of its own: the loop generate -> evaluate ->
+// notify of its SearchStrategy, with the callbacks that give a result its effects: the journal
+// (resume after a crash), the cache (a verified winner becomes an entry the hooks load), and the
+// daemon's events (KernelReady to the processes, the GUI's event stream, metrics).
+//
+//   SearchSession s(signature_record, context);   // opens the journal, restores the tree
+//   s.start();                                    // the search thread
+//   ... s.progress() ...                          // for status, from any thread
+//   s.stop(); s.join();                           // in-flight evaluations finish first
+//
+// Promises:
+// - Candidates are submitted only while the budgets allow: the signature's max evaluations and
+//   wall time, and the daemon's max_evaluations_total (a shared counter), counting in-flight ones.
+// - Every outcome is journaled (fdatasync) after its effects: a winner is in the cache before its
+//   outcome is in the journal, so a daemon killed in between re-evaluates that one candidate once
+//   and never loses a published kernel.
+// - A result that improves (measured, significant, speedup > 1) and beats the best so far is
+//   published at once (Store::publish: atomic, replaces this signature's entry for that
+//   environment) and announced (Event::kPublished).
+// - Nothing throws out of the thread; a session that cannot run (journal unusable) ends with
+//   state failed and a reason.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/environment.h"
+#include "runtime/op_signature.h"
+#include "search_daemon/evaluator/evaluator_pool.h"
+#include "search_daemon/proposers/proposer.h"
+#include "search_daemon/search/search_strategy.h"
+
+namespace kforge::daemon {
+
+struct SessionEvent {
+  enum class Kind { kNode, kResult, kPublished, kFinished };
+  Kind kind = Kind::kNode;
+  SignatureId signature;
+  uint64_t node = 0;
+  uint64_t parent = 0;
+  std::string proposer;
+  std::string label;
+  eval::EvalStatus status = eval::EvalStatus::kWorkerError;
+  std::string message;              // result: why it failed; finished: why it ended
+  double speedup = 0;
+  std::string entry_key;            // published
+  EnvironmentKey environment_key;   // published
+  uint64_t evaluations = 0;         // finished: outcomes in the tree
+};
+
+struct SessionContext {
+  eval::EvaluatorPool* pool = nullptr;
+  std::vector<search::Proposer*> proposers;
+  std::string strategy = "mcts";
+  search::StrategyOptions options;           // max_evaluations = the per-signature budget
+  uint32_t max_seconds = 1800;
+  std::atomic<uint64_t>* evaluations_total = nullptr;   // shared by every session
+  uint64_t max_evaluations_total = 0;
+  std::atomic<uint64_t>* next_job_id = nullptr;
+  std::string state_dir;
+  std::string cache_dir;
+  uint32_t measure_runs = 30;
+  uint32_t compile_budget_ms = 60000;
+  uint32_t run_budget_ms = 30000;
+  std::function<void(SessionEvent)> on_event;   // called on the session thread
+  std::function<void(const std::string&)> log;
+};
+
+struct SessionProgress {
+  std::string state = "starting";   // "starting", "searching", "done", "failed"
+  std::string reason;
+  uint64_t nodes = 0;
+  uint64_t evaluated = 0;
+  uint64_t in_flight = 0;
+  double best_speedup = 0;
+  std::string best_label;
+  std::string entry_key;
+};
+
+class SearchSession {
+ public:
+  SearchSession(OpSignature signature, std::vector<wire::InputStats> input_stats,
+                std::vector<wire::CapturedInputs> captured, search::Roofline roofline, SessionContext context);
+  ~SearchSession();
+  SearchSession(const SearchSession&) = delete;
+  SearchSession& operator=(const SearchSession&) = delete;
+
+  void start();
+  // Asks the search to end: nothing new is submitted, in-flight evaluations are awaited.
+  void stop();
+  void join();
+  bool finished() const noexcept { return finished_.load(); }
+  SessionProgress progress() const;
+  const OpSignature& signature() const noexcept { return signature_; }
+
+ private:
+  void run();
+  void finish(const std::string& state, const std::string& reason);
+
+  OpSignature signature_;
+  std::vector<wire::InputStats> input_stats_;
+  std::vector<wire::CapturedInputs> captured_;
+  search::Roofline roofline_;
+  SessionContext ctx_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> finished_{false};
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::pair<uint64_t, eval::EvalResult>> results_;   // node id, result
+  SessionProgress progress_;
+};
+
+}  // namespace kforge::daemon

@@ -1,0 +1,208 @@
+#include "search_daemon/evaluator/evaluator_pool.h"
+
+#include <algorithm>
+
+#include "runtime/cuda_driver.h"
+
+namespace kforge::eval {
+
+struct EvaluatorPool::Slot {
+  SlotInfo info;
+  Backend backend = Backend::kCpu;
+  bool busy = false;
+  std::thread thread;
+};
+
+EvaluatorPool::EvaluatorPool(PoolOptions options) : options_(std::move(options)) {}
+
+EvaluatorPool::~EvaluatorPool() { stop(); }
+
+Status EvaluatorPool::start() {
+  std::vector<std::string> devices;
+  for (const std::string& d : options_.devices) {
+    if (d == "auto") {
+      int count = 0;
+      StatusOr<const CudaDriver*> cu = CudaDriver::load();
+      if (cu.ok() && (*cu)->cuDeviceGetCount(&count) == CUDA_SUCCESS) {
+        for (int i = 0; i < count; ++i) devices.push_back("cuda:" + std::to_string(i));
+      } else if (options_.log) {
+        options_.log("no CUDA devices (" + (cu.ok() ? std::string("cuDeviceGetCount failed") : cu.status().message()) +
+                     "): CPU slots only");
+      }
+      if (options_.cpu_slots > 0) devices.push_back("cpu");
+    } else {
+      devices.push_back(d);
+    }
+  }
+  // One slot per GPU (timing runs never share a GPU); cpu_slots CPU slots for "cpu".
+  std::vector<std::string> slots;
+  for (const std::string& d : devices) {
+    if (std::find(slots.begin(), slots.end(), d) != slots.end()) continue;
+    if (d == "cpu") {
+      for (uint32_t i = 0; i < options_.cpu_slots; ++i) slots.push_back("cpu");
+    } else {
+      int count = 0;
+      StatusOr<const CudaDriver*> cu = CudaDriver::load();
+      if (!cu.ok()) return unavailable(d + ": no CUDA driver: " + cu.status().message());
+      (void)(*cu)->cuDeviceGetCount(&count);
+      const int index = std::stoi(d.substr(5));
+      if (index >= count) return invalid_argument(d + " does not exist (" + std::to_string(count) + " CUDA devices visible)");
+      slots.push_back(d);
+    }
+  }
+  if (slots.empty()) return invalid_argument("no evaluation slots: no GPU and workers.cpu_slots = 0");
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const std::string& d : slots) {
+    auto s = std::make_unique<Slot>();
+    s->info.device = d;
+    s->info.state = "starting";
+    s->backend = d == "cpu" ? Backend::kCpu : Backend::kCuda;
+    slots_.push_back(std::move(s));
+  }
+  for (auto& s : slots_) {
+    Slot* raw = s.get();
+    raw->thread = std::thread([this, raw] { run_slot(*raw); });
+  }
+  return Status();
+}
+
+bool EvaluatorPool::matches(const Slot& s, const OpSignature& sig) const {
+  if (s.backend != sig.target.backend) return false;
+  // A slot whose worker has not reported yet takes its backend's jobs; once it has, only its arch.
+  return s.info.arch.empty() || s.info.arch == sig.target.arch;
+}
+
+size_t EvaluatorPool::slots_for(const OpSignature& sig) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t n = 0;
+  for (const auto& s : slots_) n += matches(*s, sig) ? 1 : 0;
+  return n;
+}
+
+size_t EvaluatorPool::idle_slots_for(const OpSignature& sig) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t n = 0;
+  for (const auto& s : slots_) n += (matches(*s, sig) && !s->busy) ? 1 : 0;
+  size_t queued = 0;
+  for (const auto& [job, done] : queue_) queued += job.signature.target == sig.target ? 1 : 0;
+  return n > queued ? n - queued : 0;
+}
+
+double EvaluatorPool::bandwidth_for(const OpSignature& sig) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& s : slots_) {
+    if (matches(*s, sig) && s->info.bandwidth_bytes_per_s > 0) return s->info.bandwidth_bytes_per_s;
+  }
+  return 0;
+}
+
+std::vector<SlotInfo> EvaluatorPool::slots() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<SlotInfo> out;
+  for (const auto& s : slots_) out.push_back(s->info);
+  return out;
+}
+
+void EvaluatorPool::submit(EvalJob job, Done done) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    bool runnable = false;
+    for (const auto& s : slots_) runnable = runnable || matches(*s, job.signature);
+    if (!stopping_ && runnable) {
+      queue_.emplace_back(std::move(job), std::move(done));
+      cv_.notify_all();
+      return;
+    }
+  }
+  EvalResult r;
+  r.job_id = job.job_id;
+  r.status = EvalStatus::kWorkerError;
+  r.phase = "start";
+  r.message = stopping_ ? "the daemon is stopping"
+                        : "no evaluation slot runs " + std::string(backend_name(job.signature.target.backend)) + " " +
+                              job.signature.target.arch + " signatures";
+  done(std::move(r));
+}
+
+void EvaluatorPool::run_slot(Slot& s) {
+  WorkerOptions wo;
+  wo.program = options_.program.empty() ? WorkerOptions::default_program() : options_.program;
+  wo.device = s.info.device;
+  wo.build_cache_dir = options_.build_cache_dir;
+  if (!options_.python.empty()) wo.env.emplace_back("KFORGE_PYTHON", options_.python);
+  // Never the hook inside a worker: its reference is PyTorch's own kernel.
+  wo.env.emplace_back("KFORGE_DISABLE", "1");
+  WorkerProcess worker(wo);
+  auto refresh = [&](const char* state) {
+    std::lock_guard<std::mutex> lock(mu_);
+    s.info.state = state;
+    s.info.restarts = worker.starts() > 0 ? worker.starts() - 1 : 0;
+    if (const auto& r = worker.ready()) {
+      s.info.arch = r->environment.arch;
+      s.info.device_model = r->environment.device_model;
+      s.info.bandwidth_bytes_per_s = r->bandwidth_ceiling_bytes_per_s;
+    }
+  };
+  if (Status st = worker.start(); !st.ok()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      s.info.state = "failed: " + st.message();
+    }
+    if (options_.log) options_.log("worker on " + s.info.device + " did not start: " + st.message());
+  } else {
+    refresh("idle");
+    if (options_.log) {
+      const auto& r = *worker.ready();
+      options_.log("worker pid " + std::to_string(r.pid) + " on " + s.info.device + " (" + r.environment.device_model +
+                   ", " + r.environment.arch + ") ready; " + r.note);
+    }
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    auto it = queue_.end();
+    cv_.wait(lock, [&] {
+      if (stopping_) return true;
+      it = std::find_if(queue_.begin(), queue_.end(), [&](const auto& q) { return matches(s, q.first.signature); });
+      return it != queue_.end();
+    });
+    if (stopping_) break;
+    std::pair<EvalJob, Done> item = std::move(*it);
+    queue_.erase(it);
+    s.busy = true;
+    s.info.state = "busy";
+    lock.unlock();
+    EvalResult r = worker.evaluate(item.first);
+    refresh("idle");
+    item.second(std::move(r));
+    lock.lock();
+    s.busy = false;
+    ++s.info.jobs;
+  }
+}
+
+void EvaluatorPool::stop() {
+  std::deque<std::pair<EvalJob, Done>> orphans;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_ && slots_.empty()) return;
+    stopping_ = true;
+    orphans.swap(queue_);
+    cv_.notify_all();
+  }
+  for (auto& [job, done] : orphans) {
+    EvalResult r;
+    r.job_id = job.job_id;
+    r.status = EvalStatus::kWorkerError;
+    r.phase = "start";
+    r.message = "the daemon is stopping";
+    done(std::move(r));
+  }
+  // A slot in the middle of an evaluation finishes it (bounded by the worker's watchdog).
+  for (auto& s : slots_) {
+    if (s->thread.joinable()) s->thread.join();
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  slots_.clear();
+}
+
+}  // namespace kforge::eval

@@ -1,0 +1,93 @@
+// EvaluatorPool: the daemon's evaluation slots, one supervised kforge-worker each (one per GPU, so
+// no two timing runs ever share a GPU; CPU slots as configured), and the queue that feeds them.
+//
+//   EvaluatorPool pool({.devices = {"cuda:0", "cpu"}, .cpu_slots = 1, .program = ..., .build_cache_dir = ...});
+//   pool.start();                                     // workers start in the background
+//   pool.submit(job, [](EvalResult r) { ... });       // r comes back on the slot's thread
+//   size_t n = pool.idle_slots_for(sig);              // how many jobs for `sig` could start now
+//
+// Promises:
+// - Each slot owns one WorkerProcess on its own thread; a job runs on a slot whose device matches
+//   the job's signature (backend, and for CUDA the arch its worker reported). Jobs for a signature
+//   no slot can run come back at once as kWorkerError saying so.
+// - submit() never blocks and never throws; every submitted job gets exactly one callback, also
+//   when the pool stops (kWorkerError "the daemon is stopping").
+// - A worker that dies (a candidate's fault, a hang killed by the watchdog) is replaced by the
+//   slot on its next job (WorkerProcess does it); restarts are counted.
+// - "auto" means every GPU the CUDA driver shows (CUDA_VISIBLE_DEVICES applies), plus cpu when
+//   cpu_slots > 0.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/op_signature.h"
+#include "search_daemon/evaluator/eval_protocol.h"
+#include "search_daemon/evaluator/worker_process.h"
+
+namespace kforge::eval {
+
+struct PoolOptions {
+  std::vector<std::string> devices = {"auto"};
+  uint32_t cpu_slots = 1;
+  std::string program;                   // kforge-worker
+  std::string python;                    // KFORGE_PYTHON for the workers ("" = theirs)
+  std::string build_cache_dir;
+  std::function<void(const std::string&)> log;   // one line per event worth an operator's eyes
+};
+
+struct SlotInfo {
+  std::string device;                    // "cpu", "cuda:0"
+  std::string state;                     // "starting", "idle", "busy", "failed: <why>"
+  std::string arch;                      // from WorkerReady ("sm_90", "x86_64-avx2")
+  std::string device_model;
+  uint64_t jobs = 0;
+  uint64_t restarts = 0;                 // worker starts beyond the first
+  double bandwidth_bytes_per_s = 0;
+};
+
+class EvaluatorPool {
+ public:
+  using Done = std::function<void(EvalResult)>;
+  explicit EvaluatorPool(PoolOptions options);
+  ~EvaluatorPool();   // stop()
+  EvaluatorPool(const EvaluatorPool&) = delete;
+  EvaluatorPool& operator=(const EvaluatorPool&) = delete;
+
+  // Resolves the devices and starts one thread (and worker) per slot. Fails for a device that does
+  // not exist; a worker that fails to start is a slot in state "failed: ..." (retried per job).
+  Status start();
+  void submit(EvalJob job, Done done);
+  // Slots that could take a job for `sig` and have nothing queued or running.
+  size_t idle_slots_for(const OpSignature& sig) const;
+  // Slots that could ever take a job for `sig`.
+  size_t slots_for(const OpSignature& sig) const;
+  std::vector<SlotInfo> slots() const;
+  // The measured copy bandwidth of a slot that runs `sig` (0 if none reported yet).
+  double bandwidth_for(const OpSignature& sig) const;
+  // Fails every queued job, stops the threads and kills the workers.
+  void stop();
+
+ private:
+  struct Slot;
+  bool matches(const Slot& s, const OpSignature& sig) const;
+  void run_slot(Slot& s);
+
+  PoolOptions options_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::pair<EvalJob, Done>> queue_;
+  std::vector<std::unique_ptr<Slot>> slots_;
+  bool stopping_ = false;
+};
+
+}  // namespace kforge::eval

@@ -1,0 +1,146 @@
+#include "tools/status_command.h"
+
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+#include <zmq.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "runtime/daemon_endpoint.h"
+
+namespace kforge {
+
+namespace {
+
+using json = nlohmann::json;
+
+std::string fixed(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
+
+std::string human_ns(double ns) {
+  if (ns <= 0) return "-";
+  if (ns < 1e3) return fixed(ns, 0) + " ns";
+  if (ns < 1e6) return fixed(ns / 1e3, 1) + " us";
+  return fixed(ns / 1e6, 2) + " ms";
+}
+
+// One JSON request, one JSON reply, or an empty optional after the timeout.
+std::optional<std::string> ask(const std::string& endpoint, const std::string& request, int timeout_ms, std::string& why) {
+  void* ctx = zmq_ctx_new();
+  void* s = zmq_socket(ctx, ZMQ_DEALER);
+  const int linger = 0;
+  zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
+  std::optional<std::string> reply;
+  if (zmq_connect(s, endpoint.c_str()) != 0) {
+    why = std::string("cannot connect: ") + zmq_strerror(zmq_errno());
+  } else if (zmq_send(s, request.data(), request.size(), 0) < 0) {
+    why = std::string("cannot send: ") + zmq_strerror(zmq_errno());
+  } else {
+    zmq_pollitem_t item{s, 0, ZMQ_POLLIN, 0};
+    if (zmq_poll(&item, 1, timeout_ms) > 0) {
+      zmq_msg_t m;
+      zmq_msg_init(&m);
+      if (zmq_msg_recv(&m, s, 0) >= 0) reply = std::string(static_cast<const char*>(zmq_msg_data(&m)), zmq_msg_size(&m));
+      zmq_msg_close(&m);
+    } else {
+      why = "no answer within " + std::to_string(timeout_ms) + " ms";
+    }
+  }
+  zmq_close(s);
+  zmq_ctx_term(ctx);
+  return reply;
+}
+
+void print_table(const json& st, std::ostream& out) {
+  const json& d = st["daemon"];
+  out << "kforged " << d.value("version", "?") << " pid " << d.value("pid", 0) << ", up "
+      << fixed(d.value("uptime_s", 0.0), 0) << " s, strategy " << d.value("strategy", "?") << "\n";
+  const json& b = st["budgets"];
+  out << "evaluations: " << b.value("evaluations_total", 0) << " of " << b.value("max_evaluations_total", 0)
+      << " (at most " << b.value("max_evaluations_per_signature", 0) << " per signature)\n";
+  out << "\nslots:\n";
+  for (const json& s : st["slots"]) {
+    out << "  " << s.value("device", "?") << "  " << s.value("state", "?") << "  " << s.value("model", "") << " "
+        << s.value("arch", "") << "  jobs " << s.value("jobs", 0) << ", restarts " << s.value("restarts", 0) << "\n";
+  }
+  out << "\nprocesses:\n";
+  if (st["processes"].empty()) out << "  (none attached)\n";
+  for (const json& p : st["processes"]) {
+    out << "  pid " << p.value("pid", 0) << "  torch " << p.value("torch", "") << "  " << (p.value("attached", false) ? "attached" : "gone")
+        << "  reports " << p.value("reports", 0) << " (" << p.value("reports_dropped", 0) << " dropped by the hook)\n";
+  }
+  out << "\nsignatures:\n";
+  if (st["signatures"].empty()) out << "  (none reported)\n";
+  char line[512];
+  std::snprintf(line, sizeof line, "  %-11s %10s %10s %7s %6s %8s  %s\n", "state", "calls", "mean", "share", "evals",
+                "best", "signature");
+  out << line;
+  for (const json& s : st["signatures"]) {
+    const double best = s.value("best_speedup", 0.0);
+    std::snprintf(line, sizeof line, "  %-11s %10llu %10s %6.1f%% %6llu %8s  %s\n", s.value("state", "?").c_str(),
+                  static_cast<unsigned long long>(s.value("calls", 0ull)), human_ns(s.value("mean_ns", 0.0)).c_str(),
+                  100.0 * s.value("time_share", 0.0), static_cast<unsigned long long>(s.value("evaluations", 0ull)),
+                  best > 0 ? (fixed(best, 2) + "x").c_str() : "-", s.value("signature", "?").c_str());
+    out << line;
+    if (!s.value("note", "").empty()) out << "               " << s.value("note", "") << "\n";
+  }
+}
+
+}  // namespace
+
+int run_status_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  bool as_json = false;
+  int timeout_ms = 2000;
+  std::string endpoint;
+  if (const char* e = std::getenv("KFORGE_DAEMON_ENDPOINT"); e != nullptr && *e != '\0') endpoint = e;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--json") {
+      as_json = true;
+    } else if (args[i] == "--endpoint" && i + 1 < args.size()) {
+      endpoint = args[++i];
+    } else if (args[i] == "--timeout-ms" && i + 1 < args.size()) {
+      timeout_ms = std::atoi(args[++i].c_str());
+      if (timeout_ms <= 0) {
+        err << "kforge status: --timeout-ms needs a positive number\n";
+        return 2;
+      }
+    } else {
+      err << "kforge status: unknown option '" << args[i] << "' (usage: kforge status [--json] [--endpoint E] [--timeout-ms N])\n";
+      return 2;
+    }
+  }
+  if (endpoint.empty()) {
+    const char* xdg = std::getenv("XDG_RUNTIME_DIR");
+    endpoint = default_daemon_endpoint(xdg != nullptr ? xdg : "", static_cast<unsigned>(::getuid()));
+  }
+  // Only into a private directory of our own: the reply is trusted for display only, but a
+  // stranger's socket must not learn that we asked.
+  if (Status s = secure_ipc_directory(endpoint); !s.ok()) {
+    err << "kforge status: " << s.message() << "\n";
+    return 3;
+  }
+  std::string why;
+  std::optional<std::string> reply = ask(endpoint, R"({"kforge_ctl": 1, "request": "status"})", timeout_ms, why);
+  if (!reply) {
+    err << "kforge status: no kforged at " << endpoint << " (" << why << "); start one with `kforged`\n";
+    return 3;
+  }
+  json r = json::parse(*reply, nullptr, false);
+  if (r.is_discarded() || !r.is_object() || !r.value("ok", false)) {
+    err << "kforge status: the daemon at " << endpoint << " answered "
+        << (r.is_object() && r.contains("error") ? r["error"].dump() : std::string("something that is not a status")) << "\n";
+    return 1;
+  }
+  if (as_json) {
+    out << r["status"].dump(2) << "\n";
+  } else {
+    print_table(r["status"], out);
+  }
+  return 0;
+}
+
+}  // namespace kforge

@@ -1,6 +1,5 @@
 #include "search_daemon/daemon/daemon_config.h"
 
-#define TOML_EXCEPTIONS 0
 #include <toml++/toml.h>
 #include <unistd.h>
 
@@ -332,13 +331,14 @@ std::string DaemonConfig::to_string() const {
 namespace {
 
 Status parse_into(DaemonConfig& c, std::string_view text, std::string_view origin) {
-  toml::parse_result parsed = toml::parse(text, origin);
-  if (!parsed) {
-    const toml::parse_error& e = parsed.error();
+  // The system's toml++ is built with exceptions: its parse errors arrive as toml::parse_error.
+  toml::table root;
+  try {
+    root = toml::parse(text, origin);
+  } catch (const toml::parse_error& e) {
     return invalid_argument(std::string(origin) + ":" + std::to_string(e.source().begin.line) + ":" +
                             std::to_string(e.source().begin.column) + ": " + std::string(e.description()));
   }
-  const toml::table& root = parsed.table();
   for (const auto& [section, node] : root) {
     const toml::table* t = node.as_table();
     if (t == nullptr) {

@@ -117,7 +117,7 @@ struct VerifyOutcome {
 // candidate_spread, speedup, noise_band, significant, bytes, flops, achieved_bytes_per_s,
 // achieved_flops_per_s, bandwidth_ceiling_bytes_per_s].
 struct TimingOutcome {
-  std::string clock;               // "steady_clock" (CPU) or "cuda_events"
+  std::string clock;               // "steady_clock" (CPU), "cupti" (kernel durations) or "cuda_events"
   uint32_t runs = 0;
   double baseline_median_ns = 0;
   double candidate_median_ns = 0;

@@ -33,6 +33,7 @@
 #include "runtime/cuda_driver.h"
 #include "runtime/environment.h"
 #include "runtime/status.h"
+#include "search_daemon/worker/cupti_timer.h"
 
 namespace kforge {
 class Nvrtc;
@@ -84,12 +85,17 @@ class EvalDevice {
     CUevent start = nullptr;
     CUevent stop = nullptr;
   };
-  // Starts a timed interval: a host clock reading (CPU) or an event on the current stream (CUDA).
+  // Starts a timed interval: a host clock reading (CPU) or an event on the current stream (CUDA;
+  // with CUPTI, after the device is idle, so the interval's kernels are exactly those recorded).
   Interval start_interval();
-  // Ends it; returns nanoseconds (CUDA: waits for the stop event). NaN when the events failed.
+  // Ends it; returns nanoseconds (CUDA: waits for the stop event): with CUPTI the summed device
+  // time of the interval's kernels, memsets and copies (Note [Kernel time] in cupti_timer.h), else
+  // the time between the events. NaN when the events failed.
   double finish_interval(Interval& interval);
-  // "cuda_events" or "steady_clock".
-  const char* clock_name() const noexcept { return cuda_ ? "cuda_events" : "steady_clock"; }
+  // "cupti", "cuda_events" or "steady_clock".
+  const char* clock_name() const noexcept { return !cuda_ ? "steady_clock" : cupti_ ? "cupti" : "cuda_events"; }
+  // Why CUPTI is not used (empty when it is, or on CPU).
+  const std::string& cupti_note() const noexcept { return cupti_note_; }
 
  private:
   EvalDevice() = default;
@@ -109,6 +115,8 @@ class EvalDevice {
   int sm_major_ = 0;
   int sm_minor_ = 0;
   bool lost_ = false;
+  std::unique_ptr<CuptiKernelTimer> cupti_;
+  std::string cupti_note_;
   at::Tensor flush_buffer_;
   uint64_t flushes_ = 0;
   std::vector<CUevent> free_events_;

@@ -11,9 +11,10 @@
 // exactly what the hook's active path does. Each of max(measure_runs, 30) rounds times both, in
 // alternating order, each after the device's caches were flushed (EvalDevice::flush_caches), on
 // one of several input sets in rotation (fresh normal draws, as many as fit 128 MiB, 2 to 8), so
-// neither side is timed on inputs the cache still holds. CUDA times are device times between two
-// events on the stream (launch overhead on the host is not counted, on either side); CPU times are
-// steady_clock around the call. warmup_runs rounds before are not counted. The achieved bandwidth
+// neither side is timed on inputs the cache still holds. CUDA times are device times: the summed
+// durations of the kernels each side ran, from CUPTI (Note [Kernel time] in cupti_timer.h), or where
+// CUPTI is unavailable the time between two events on the stream (launch overhead on the host is not
+// counted, on either side); CPU times are steady_clock around the call. warmup_runs rounds before are not counted. The achieved bandwidth
 // and FLOP rate use op_cost.h's fewest bytes and FLOPs over the candidate's median time.
 #pragma once
 

@@ -128,7 +128,8 @@ int worker_main(int argc, char** argv) {
     if (!nvrtc.ok()) return fail("no NVRTC: " + nvrtc.status().message());
     builder = CandidateBuilder::for_cuda(args.build_cache, *nvrtc, dev.sm_major(), dev.sm_minor());
     note = "NVRTC " + std::to_string((*nvrtc)->version().major) + "." + std::to_string((*nvrtc)->version().minor) +
-           " from " + (*nvrtc)->library_path();
+           " from " + (*nvrtc)->library_path() + "; timing: " + dev.clock_name() +
+           (dev.cupti_note().empty() ? "" : " (" + dev.cupti_note() + ")");
   } else {
     StatusOr<CpuCompiler> cxx = CpuCompiler::detect();
     if (!cxx.ok()) return fail("no C++ compiler for CPU candidates: " + cxx.status().message());

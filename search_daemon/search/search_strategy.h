@@ -21,7 +21,13 @@
 // - notify_results() accepts outcomes of candidates it returned, in any order and batching.
 // - done() once max_evaluations outcomes were notified, or the proposers have nothing left.
 // - A strategy made from a restored tree (the journal's) continues it: nodes with outcomes are
-//   never proposed again, and nodes without (in flight when the daemon died) come back first.
+//   never proposed again, and nodes without come back first: those that were in flight when the
+//   daemon died (the journal marks each with Node::virtual_loss = 1; a tree copied from a live
+//   strategy has it already), then any that were proposed but not yet handed out, each group in
+//   id order. Visits and values are recomputed from the outcomes (stored statistics are ignored).
+// - next_candidates() returning nothing while nothing is in flight means done(); after done() it
+//   returns nothing. notify_results() ignores an id that is not in flight (unknown, the root, never
+//   handed out, or already answered).
 // - Nothing throws; proposers are called from next_candidates (the search's own thread).
 #pragma once
 
@@ -52,6 +58,9 @@ struct StrategyOptions {
   double widening_c = 2.0;          // progressive widening: children <= widening_c * visits^widening_alpha
   double widening_alpha = 0.5;
   double virtual_loss = 1.0;        // value subtracted per in-flight evaluation below a node
+  // Random search: consecutive samples that were already in the tree (or invalid) after which the
+  // proposers' spaces count as used up.
+  uint32_t max_duplicate_samples = 64;
 };
 
 struct Candidate {

@@ -13,7 +13,13 @@
 // - A kernel spec appears at most once: add() of a spec already in the tree (same KernelSpec::id())
 //   returns the existing node, so nothing is ever evaluated twice in one search.
 // - best() is the evaluated node with the highest speedup among those whose speedup is significant
-//   (outside the timing's noise band) and > 1; nullptr when there is none.
+//   (outside the timing's noise band) and > 1 (the earliest on a tie); nullptr when there is none.
+// - The structure (parent, move, spec_id, children, outcome) changes only through add() and
+//   set_outcome(), so any SearchTree is consistent; node(id) for writing is for the search
+//   statistics (visits, value_sum, virtual_loss, exhausted) alone, which strategies own.
+// - Nothing throws on any id: add() under a parent that does not exist adds under the root,
+//   set_outcome() of the root or of an unknown id is refused (false), lineage() of an unknown id
+//   is empty. node(id) requires id < size().
 #pragma once
 
 #include <cstdint>
@@ -63,6 +69,14 @@ Outcome outcome_of(const eval::EvalResult& r);
 // for failures, harsher for what is more likely to waste later evaluations: a compile error -0.5
 // (a repair may fix it), a rejection -0.7, a failed check -1.0 (a wrong kernel), a timeout or a
 // fault -1.5. A worker error (not the candidate's fault) gives 0.
+// Two edges: a measured slowdown is floored at -1.5 (a correct kernel, however slow, is never worth
+// less than one that crashes; without the floor one 100x-slower candidate would outweigh many
+// good siblings in a mean), and a measured speedup that is not a positive finite number gives 0.
+// A candidate verified but not timed (kVerified) gives 0: correct, speed unknown.
+inline constexpr double kRewardCompileError = -0.5;
+inline constexpr double kRewardRejected = -0.7;
+inline constexpr double kRewardVerifyFailed = -1.0;
+inline constexpr double kRewardFault = -1.5;   // also a timeout, and the floor of a slowdown
 double reward(const Outcome& o);
 
 struct Node {
@@ -72,10 +86,11 @@ struct Node {
   KernelId spec_id;
   std::optional<Outcome> outcome;    // set once evaluated
   std::vector<uint64_t> children;
-  // Search statistics (Note [MCTS] in mcts.h). Derivable from outcomes: restore() recomputes them.
-  uint32_t visits = 0;
-  double value_sum = 0;
-  uint32_t virtual_loss = 0;         // evaluations in flight below this node
+  // Search statistics (Note [MCTS] in mcts.h), kept by every strategy. visits and value_sum are
+  // derivable from the outcomes: a strategy made from a restored tree recomputes them.
+  uint32_t visits = 0;               // outcomes in this node's subtree, itself included
+  double value_sum = 0;              // sum of their reward()s
+  uint32_t virtual_loss = 0;         // evaluations in flight in this subtree, itself included
   bool exhausted = false;            // its proposers have nothing more to offer from here
 };
 
@@ -83,12 +98,16 @@ class SearchTree {
  public:
   SearchTree();
 
-  // Adds a child of `parent` (which must exist), or returns the node that already holds this spec.
+  // Adds a child of `parent`, or returns the node that already holds this spec (wherever it is; it
+  // does not become a child of `parent` too).
   uint64_t add(uint64_t parent, Move move);
-  void set_outcome(uint64_t id, Outcome outcome);
+  // Records (or replaces) a node's outcome; false for the root or an unknown id.
+  bool set_outcome(uint64_t id, Outcome outcome);
 
-  const Node& node(uint64_t id) const { return nodes_.at(id); }
-  Node& node(uint64_t id) { return nodes_.at(id); }
+  const Node& node(uint64_t id) const { return nodes_[id]; }
+  // For the search statistics only (see Promises).
+  Node& node(uint64_t id) { return nodes_[id]; }
+  bool contains(uint64_t id) const noexcept { return id < nodes_.size(); }
   size_t size() const noexcept { return nodes_.size(); }
   const std::vector<Node>& nodes() const noexcept { return nodes_; }
   // The node holding this spec, if any.

@@ -1,0 +1,109 @@
+#include "search_daemon/search/mcts.h"
+
+#include <cmath>
+#include <utility>
+
+namespace kforge::search {
+
+Mcts::Mcts(SearchTask task, std::vector<Proposer*> proposers, StrategyOptions options, SearchTree restored)
+    : StrategyBase(std::move(task), std::move(proposers), options, std::move(restored)) {}
+
+namespace {
+
+double effective_visits(const Node& n) { return static_cast<double>(n.visits) + static_cast<double>(n.virtual_loss); }
+
+}  // namespace
+
+double Mcts::q(uint64_t id) const {
+  const Node& n = tree_.node(id);
+  const double visits = effective_visits(n);
+  if (visits > 0) return (n.value_sum - options_.virtual_loss * static_cast<double>(n.virtual_loss)) / visits;
+  if (id == 0) return 0;
+  const Node& parent = tree_.node(n.parent);
+  return parent.outcome ? reward(*parent.outcome) : 0;
+}
+
+double Mcts::prior(uint64_t id) const {
+  const Node& n = tree_.node(id);
+  double sum = 0;
+  for (uint64_t s : tree_.node(n.parent).children) sum += usable_prior(tree_.node(s).move.prior);
+  return usable_prior(n.move.prior) / sum;
+}
+
+double Mcts::score(uint64_t id) const {
+  const Node& n = tree_.node(id);
+  const Node& parent = tree_.node(n.parent);
+  return q(id) + options_.c_puct * prior(id) * std::sqrt(effective_visits(parent)) / (1 + effective_visits(n));
+}
+
+double Mcts::widening_limit(uint64_t id) const {
+  const double visits = std::max(1.0, effective_visits(tree_.node(id)));
+  return options_.widening_c * std::pow(visits, options_.widening_alpha);
+}
+
+bool Mcts::may_widen(uint64_t id) const {
+  const Node& n = tree_.node(id);
+  return !proposers_.empty() && expandable(id) && !n.exhausted &&
+         static_cast<double>(n.children.size()) < widening_limit(id);
+}
+
+void Mcts::widen(uint64_t id) {
+  std::vector<Move>& reserve = reserve_[id];
+  while (may_widen(id)) {
+    if (reserve.empty()) {
+      reserve = propose(id, options_.moves_per_expansion);
+      if (reserve.empty()) {
+        tree_.node(id).exhausted = true;
+        break;
+      }
+    }
+    Move m = std::move(reserve.front());
+    reserve.erase(reserve.begin());
+    // Another node may have admitted the same spec since it was proposed here.
+    if (tree_.find(m.spec.id())) continue;
+    tree_.add(id, std::move(m));
+  }
+}
+
+std::optional<uint64_t> Mcts::select() {
+  std::set<uint64_t> dead;
+  while (dead.count(0) == 0) {
+    uint64_t at = 0;
+    for (;;) {
+      if (may_widen(at)) widen(at);
+      std::optional<uint64_t> best;
+      double best_score = 0;
+      for (uint64_t c : tree_.node(at).children) {
+        if (!pending(c) && !(expandable(c) && dead.count(c) == 0)) continue;
+        const double s = score(c);
+        if (!best || s > best_score ||
+            (s == best_score && usable_prior(tree_.node(c).move.prior) > usable_prior(tree_.node(*best).move.prior))) {
+          best = c;
+          best_score = s;
+        }
+      }
+      if (!best) {
+        dead.insert(at);
+        break;
+      }
+      if (pending(*best)) return best;
+      at = *best;
+    }
+  }
+  return std::nullopt;
+}
+
+bool Mcts::can_produce() const {
+  // reachable[id]: every proper ancestor is the root or evaluated, so selection can get to id.
+  std::vector<bool> reachable(tree_.size(), false);
+  reachable[0] = true;
+  for (uint64_t id = 0; id < tree_.size(); ++id) {
+    const Node& n = tree_.node(id);
+    if (id != 0) reachable[id] = reachable[n.parent] && expandable(n.parent);
+    if (!reachable[id]) continue;
+    if (pending(id) || may_widen(id)) return true;
+  }
+  return false;
+}
+
+}  // namespace kforge::search

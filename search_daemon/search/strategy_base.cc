@@ -1,0 +1,169 @@
+#include "search_daemon/search/strategy_base.h"
+
+#include <algorithm>
+#include <cmath>
+#include <exception>
+
+namespace kforge::search {
+
+uint64_t mix64(uint64_t x) noexcept {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+namespace {
+
+bool supports(Proposer* p, const OpSignature& sig) {
+  if (p == nullptr) return false;
+  try {
+    return p->supports(sig);
+  } catch (...) {
+    return false;
+  }
+}
+
+}  // namespace
+
+StrategyBase::StrategyBase(SearchTask task, std::vector<Proposer*> proposers, StrategyOptions options,
+                           SearchTree restored)
+    : task_(std::move(task)), options_(options), tree_(std::move(restored)) {
+  for (Proposer* p : proposers) {
+    if (supports(p, task_.signature)) proposers_.push_back(p);
+  }
+  // Nodes without an outcome come back first: those that were in flight (their own virtual_loss
+  // says so, where the tree records it), then those admitted but not yet handed out.
+  std::vector<uint64_t> waiting;
+  for (uint64_t id = 1; id < tree_.size(); ++id) {
+    const Node& n = tree_.node(id);
+    if (n.outcome) continue;
+    if (n.virtual_loss > 0) {
+      resume_.push_back(id);
+    } else {
+      waiting.push_back(id);
+    }
+  }
+  resume_.insert(resume_.end(), waiting.begin(), waiting.end());
+  // A journaled tree carries statistics of a search that no longer runs (and in-flight counts of
+  // evaluations that died with it): only the outcomes are facts.
+  for (uint64_t id = 0; id < tree_.size(); ++id) {
+    Node& n = tree_.node(id);
+    n.visits = 0;
+    n.value_sum = 0;
+    n.virtual_loss = 0;
+  }
+  for (uint64_t id = 1; id < tree_.size(); ++id) {
+    const Node& n = tree_.node(id);
+    if (!n.outcome) continue;
+    const double r = reward(*n.outcome);
+    for (uint64_t a : tree_.lineage(id)) {
+      tree_.node(a).visits += 1;
+      tree_.node(a).value_sum += r;
+    }
+  }
+}
+
+bool StrategyBase::pending(uint64_t id) const {
+  return id != 0 && tree_.contains(id) && !tree_.node(id).outcome && !in_flight(id);
+}
+
+bool StrategyBase::expandable(uint64_t id) const {
+  return id == 0 || (tree_.contains(id) && tree_.node(id).outcome.has_value());
+}
+
+size_t StrategyBase::budget_left() const {
+  const size_t used = tree_.evaluated() + in_flight_.size();
+  return used >= options_.max_evaluations ? 0 : options_.max_evaluations - used;
+}
+
+void StrategyBase::hand_out(uint64_t id) {
+  in_flight_.insert(id);
+  for (uint64_t a : tree_.lineage(id)) tree_.node(a).virtual_loss += 1;
+}
+
+std::vector<Candidate> StrategyBase::next_candidates(size_t max) {
+  std::vector<Candidate> out;
+  size_t budget = budget_left();
+  while (out.size() < max && budget > 0) {
+    std::optional<uint64_t> id;
+    while (!resume_.empty() && !id) {
+      const uint64_t r = resume_.front();
+      resume_.pop_front();
+      if (pending(r)) id = r;
+    }
+    if (!id) id = select();
+    if (!id || !pending(*id)) break;
+    hand_out(*id);
+    out.push_back(Candidate{*id, tree_.node(*id).move});
+    --budget;
+  }
+  return out;
+}
+
+void StrategyBase::notify_results(const std::vector<std::pair<uint64_t, Outcome>>& results) {
+  for (const auto& [id, outcome] : results) {
+    if (in_flight_.erase(id) == 0) continue;
+    tree_.set_outcome(id, outcome);
+    const double r = reward(outcome);
+    for (uint64_t a : tree_.lineage(id)) {
+      Node& n = tree_.node(a);
+      n.visits += 1;
+      n.value_sum += r;
+      if (n.virtual_loss > 0) n.virtual_loss -= 1;
+    }
+  }
+}
+
+bool StrategyBase::done() const {
+  if (tree_.evaluated() >= options_.max_evaluations) return true;
+  if (!in_flight_.empty()) return false;
+  for (uint64_t r : resume_) {
+    if (pending(r)) return false;
+  }
+  return !can_produce();
+}
+
+uint64_t StrategyBase::request_seed(uint64_t node) {
+  const uint32_t n = requests_[node]++;
+  return mix64(options_.seed ^ mix64(node ^ mix64(n)));
+}
+
+double StrategyBase::usable_prior(double p) noexcept { return std::isnan(p) ? kMinPrior : std::clamp(p, kMinPrior, 1.0); }
+
+bool StrategyBase::acceptable(const Move& m) const {
+  return m.spec.backend == task_.signature.target.backend && m.spec.validate().ok();
+}
+
+std::vector<Move> StrategyBase::propose(uint64_t parent, size_t max_moves) {
+  std::vector<Move> moves;
+  if (!expandable(parent)) return moves;
+  ProposalRequest req;
+  req.signature = &task_.signature;
+  req.tree = &tree_;
+  req.parent = parent;
+  req.max_moves = max_moves;
+  req.seed = request_seed(parent);
+  req.roofline = task_.roofline;
+  std::set<KernelId> seen;
+  for (Proposer* p : proposers_) {
+    std::vector<Move> got;
+    try {
+      got = p->propose(req);
+    } catch (...) {
+      continue;   // the promise is that it does not throw; if it does, it had nothing to offer
+    }
+    if (got.size() > max_moves) got.resize(max_moves);
+    for (Move& m : got) {
+      if (!acceptable(m)) continue;
+      const KernelId id = m.spec.id();
+      if (tree_.find(id) || !seen.insert(id).second) continue;
+      m.prior = usable_prior(m.prior);
+      moves.push_back(std::move(m));
+    }
+  }
+  std::stable_sort(moves.begin(), moves.end(), [](const Move& a, const Move& b) { return a.prior > b.prior; });
+  return moves;
+}
+
+}  // namespace kforge::search

@@ -96,6 +96,13 @@ Status apply_record(std::string_view payload, SearchJournal::Contents& c, size_t
     if (got != id) return r.error("node " + std::to_string(id) + " replayed as " + std::to_string(got) + " (a duplicate spec?)");
     return Status();
   }
+  if (kind == "submit") {
+    KFORGE_RETURN_IF_ERROR(r.expect_array(2, 64));
+    KFORGE_ASSIGN_OR_RETURN(uint64_t id, r.field(1, "id").u64());
+    if (id == 0 || id >= c.tree.size()) return r.error("submit of unknown node " + std::to_string(id));
+    if (!c.tree.node(id).outcome) c.tree.node(id).virtual_loss = 1;
+    return Status();
+  }
   if (kind == "outcome") {
     KFORGE_RETURN_IF_ERROR(r.expect_array(11, 64));
     KFORGE_ASSIGN_OR_RETURN(uint64_t id, r.field(1, "id").u64());
@@ -113,6 +120,7 @@ Status apply_record(std::string_view payload, SearchJournal::Contents& c, size_t
     KFORGE_ASSIGN_OR_RETURN(o.message, r.field(9, "message").str(1u << 16));
     KFORGE_ASSIGN_OR_RETURN(o.build_log, r.field(10, "build_log").str(1u << 20));
     c.tree.set_outcome(id, std::move(o));
+    c.tree.node(id).virtual_loss = 0;
     return Status();
   }
   if (kind == "done") {
@@ -124,16 +132,25 @@ Status apply_record(std::string_view payload, SearchJournal::Contents& c, size_t
   return r.error("unknown record kind '" + kind + "'");
 }
 
-// Reads whole records from `bytes`; returns the offset just past the last good one.
+// Reads whole records from `bytes`; returns the offset just past the last good one. Only the last
+// record can be torn (every earlier one was fdatasync'ed before the next was written): a short
+// header or payload at the end, or a last record whose hash fails, ends the replay there. A bad
+// record with more records after it is corruption: an error naming the file and the offset, and
+// the file is left as it is for inspection.
 Status replay(std::string_view bytes, SearchJournal::Contents& c, const std::string& where, size_t* good_end) {
   size_t pos = 0;
   *good_end = 0;
   while (pos + kRecordHeader <= bytes.size()) {
     const uint64_t len = get_le(bytes.data() + pos, 4);
     const uint64_t hash = get_le(bytes.data() + pos + 4, 8);
-    if (len == 0 || len > kMaxRecord || pos + kRecordHeader + len > bytes.size()) break;
+    const std::string at = where + ": byte " + std::to_string(pos);
+    if (len == 0 || len > kMaxRecord) return invalid_argument(at + ": a record length of " + std::to_string(len) + " (corrupt journal)");
+    if (pos + kRecordHeader + len > bytes.size()) break;   // torn: the tail of the last write is missing
     const std::string_view payload = bytes.substr(pos + kRecordHeader, len);
-    if (payload_hash(payload) != hash) break;
+    if (payload_hash(payload) != hash) {
+      if (pos + kRecordHeader + len == bytes.size()) break;   // the last record, never synced whole
+      return invalid_argument(at + ": a record fails its hash and more follow (corrupt journal)");
+    }
     KFORGE_RETURN_IF_ERROR(apply_record(payload, c, c.records, where));
     ++c.records;
     pos += kRecordHeader + len;
@@ -248,6 +265,15 @@ Status SearchJournal::append_node(const search::Node& node) {
   pack_str(pk, node.move.label);
   pk.pack_f64(node.move.prior);
   pack_bin(pk, node.move.spec.encode());
+  return append(std::string(buf.data(), buf.size()));
+}
+
+Status SearchJournal::append_submitted(uint64_t id) {
+  msgpack::sbuffer buf;
+  Packer pk(buf);
+  pk.pack_array(2);
+  pack_str(pk, "submit");
+  pk.pack_uint64(id);
   return append(std::string(buf.data(), buf.size()));
 }
 

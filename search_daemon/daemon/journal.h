@@ -13,11 +13,15 @@
 // the payload][payload], little-endian, the payload a msgpack array:
 //   ["search", 1, signature (bin: OpSignature::encode()), strategy, created_unix_ms]   (first)
 //   ["node", id, parent, proposer, label, prior, spec (bin: KernelSpec::encode())]
+//   ["submit", id]          the node was handed to a worker (in flight until its outcome)
 //   ["outcome", id, status, speedup, noise_band, significant, baseline_ns, candidate_ns,
 //    failed_check, message, build_log]
 //   ["done", reason]
-// Reading stops at the first record that is truncated or fails its hash (a write the kill cut
-// short): the file is truncated there and appending continues from the last whole record. Node
+// Only the last record can be torn (a write the kill cut short, or one not yet synced when the power
+// went): reading stops there, the file is truncated to the last whole record and appending goes
+// on. A bad record with whole records after it is corruption: open() fails naming the file and the
+// byte offset, and leaves the file as it is (nothing is lost; the search can be restarted by moving
+// the file aside). Node
 // records replay in order, so ids come back as they were (SearchTree ids are dense). Every record
 // is fdatasync'ed before append_* returns: an evaluation the journal does not show was never
 // finished as far as a restarted daemon knows, and is evaluated again at most once.
@@ -58,6 +62,9 @@ class SearchJournal {
   const std::string& path() const noexcept { return path_; }
 
   Status append_node(const search::Node& node);
+  // The node went to a worker: a restored tree marks it in flight (Node::virtual_loss = 1) until
+  // its outcome, so a resumed search hands it out first (search_strategy.h).
+  Status append_submitted(uint64_t id);
   Status append_outcome(uint64_t id, const search::Outcome& outcome);
   Status append_done(const std::string& reason);
 

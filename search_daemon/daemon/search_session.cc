@@ -172,6 +172,11 @@ void SearchSession::run() {
           job.captured = captured_;
           job.compile_budget_ms = ctx_.compile_budget_ms;
           job.run_budget_ms = ctx_.run_budget_ms;
+          if (Status s = journal->append_submitted(c.node); !s.ok()) {
+            ctx_.evaluations_total->fetch_sub(1);
+            end_reason = "journal: " + s.message();
+            break;
+          }
           ++in_flight;
           const uint64_t node = c.node;
           ctx_.pool->submit(std::move(job), [this, node](eval::EvalResult r) {

@@ -446,7 +446,6 @@ TEST_CASE("llm config: validation names the bad field, and never quotes what may
       {"llm.initial_backoff_ms", [](LlmClientConfig& c) { c.initial_backoff_ms = 0; }},
       {"llm.max_backoff_ms", [](LlmClientConfig& c) { c.max_backoff_ms = c.initial_backoff_ms - 1; }},
       {"llm.max_cost_usd", [](LlmClientConfig& c) { c.max_cost_usd = -1; }},
-      {"llm.max_cost_usd", [](LlmClientConfig& c) { c.max_cost_usd = 5; }},   // no prices: nothing would cost
       {"llm.input_usd_per_million", [](LlmClientConfig& c) { c.input_usd_per_million = -3; }},
       {"llm.output_usd_per_million", [](LlmClientConfig& c) { c.output_usd_per_million = std::nan(""); }},
   };
@@ -462,6 +461,13 @@ TEST_CASE("llm config: validation names the bad field, and never quotes what may
     LogCapture log;
     CHECK_FALSE(LlmClient::create(c, log.sink()).ok());
   }
+  // kforged's defaults: a cost budget and no prices (a free local server). Accepted, and said.
+  LlmClientConfig free_local = good;
+  free_local.max_cost_usd = 20;
+  LogCapture log;
+  REQUIRE(LlmClient::create(free_local, log.sink()).ok());
+  CHECK(log.all().find("no prices set: nothing costs") != std::string::npos);
+
   CHECK(chat_api_from_name("anthropic").value() == ChatApi::kAnthropic);
   CHECK(chat_api_from_name("openai").value() == ChatApi::kOpenAi);
   CHECK_FALSE(chat_api_from_name("gemini").ok());

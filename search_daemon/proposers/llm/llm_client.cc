@@ -355,10 +355,6 @@ Status LlmClientConfig::validate() const {
   if (!finite_in(output_usd_per_million, 0, std::numeric_limits<double>::max())) {
     return invalid_argument(field("output_usd_per_million") + ": must be a finite number >= 0");
   }
-  if (max_cost_usd > 0 && input_usd_per_million == 0 && output_usd_per_million == 0) {
-    return invalid_argument(field("max_cost_usd") + ": a cost budget needs " + field("input_usd_per_million") +
-                            " or " + field("output_usd_per_million") + " (both are 0, so nothing would ever cost)");
-  }
   return Status();
 }
 
@@ -393,6 +389,11 @@ StatusOr<std::unique_ptr<LlmClient>> LlmClient::create(LlmClientConfig config, L
           std::to_string(k.max_retries) + " retries";
   line += ", token budget " + (k.max_total_tokens ? std::to_string(k.max_total_tokens) : std::string("unlimited"));
   line += ", cost budget " + (k.max_cost_usd > 0 ? fmt_usd(k.max_cost_usd) : std::string("unlimited"));
+  // A local server is free: kforged's defaults carry a cost budget with no prices, which then never
+  // binds. Said, not refused.
+  if (k.max_cost_usd > 0 && k.input_usd_per_million == 0 && k.output_usd_per_million == 0) {
+    line += " (no prices set: nothing costs, so only the token budget limits spending)";
+  }
   c->log(line);
   if (!c->key_.empty() && !c->loopback_ && k.base_url.substr(0, 7) == "http://") {
     c->log("llm: warning: the key travels to " + c->endpoint_ + " unencrypted (use https)");

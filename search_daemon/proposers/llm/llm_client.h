@@ -75,8 +75,8 @@ struct LlmClientConfig {
   // Budgets over the client's life; 0 means unlimited.
   uint64_t max_total_tokens = 0;          // input + output tokens
   double max_cost_usd = 0;
-  double input_usd_per_million = 0;       // prices, for the cost budget (>= 0)
-  double output_usd_per_million = 0;
+  double input_usd_per_million = 0;       // prices, for the cost budget (>= 0; both 0: a free,
+  double output_usd_per_million = 0;      // local server, and the cost budget never binds)
 
   // The first bad field, named as in the daemon's configuration: "llm.max_backoff_ms: 10 is less
   // than llm.initial_backoff_ms (1000)".

@@ -23,6 +23,7 @@
 #include <mutex>
 #include <random>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -369,6 +370,15 @@ constexpr const char* kSoftmaxPlan =
  "launches": [{"entry": "softmax_rows", "grid": ["numel0 / size0_1"], "block": [256],
                "args": [{"input": 0}, {"output": 0}, {"size": "size0_1", "type": "int64"}]}]})";
 
+// `text` with its first `from` replaced by `to`; `from` must be there (a test edit that misses
+// would silently test the unedited text).
+std::string edited(std::string text, std::string_view from, std::string_view to) {
+  const size_t at = text.find(from);
+  INFO("editing: '" << from << "' not found");
+  REQUIRE(at != std::string::npos);
+  return text.replace(at, from.size(), to);
+}
+
 std::string fenced(const std::string& tag, const std::string& body) {
   return "```" + tag + "\n" + body + (body.empty() || body.back() == '\n' ? "" : "\n") + "```\n";
 }
@@ -556,8 +566,7 @@ TEST_CASE("llm proposer: a node that did not compile is expanded with a repair p
   const ChatApi api = GENERATE(ChatApi::kOpenAi, ChatApi::kAnthropic);
   ScriptedLlmServer server;
   // The first answer does not compile (blockDimx); the repair fixes it.
-  std::string broken = kSoftmaxSource;
-  broken.replace(broken.find("blockDim.x / 2"), 14, "blockDimx / 2");
+  const std::string broken = edited(kSoftmaxSource, "blockDim.x / 2", "blockDimx / 2");
   const std::string broken_plan =
       R"({"summary": "shared-memory rows", "entry_points": ["softmax_rows"], "outputs": [{"like": 0}],
           "launches": [{"entry": "softmax_rows", "grid": ["numel0 / size0_1"], "block": [256],
@@ -599,7 +608,7 @@ TEST_CASE("llm proposer: a node that failed a check is repaired with the check a
   const OpSignature sig = cuda_softmax();
   SearchTree tree;
   KernelSpec wrong = expected_softmax_spec();
-  wrong.source.replace(wrong.source.find("expf(xr[c] - m) / s"), 19, "expf(xr[c]) / s");
+  wrong.source = edited(wrong.source, "expf(xr[c] - m) / s", "expf(xr[c]) / s");
   const uint64_t bad = tree.add(0, Move{wrong, "llm", "llm: no max subtraction", kLlmPrior});
   Outcome o;
   o.status = eval::EvalStatus::kVerifyFailed;
@@ -621,8 +630,7 @@ TEST_CASE("llm proposer: a node that failed a check is repaired with the check a
 
 TEST_CASE("llm proposer: a measured node is expanded with its results, and what was tried from it") {
   ScriptedLlmServer server;
-  std::string faster = kSoftmaxSource;
-  faster.replace(faster.find("float s = 0;"), 12, "float s = 0.0f;");
+  const std::string faster = edited(kSoftmaxSource, "float s = 0;", "float s = 0.0f;");
   server.push(Reply{200, openai_body(softmax_answer(faster))});
   LogCapture log;
   LlmProposer proposer(make_client(config_for(server, ChatApi::kOpenAi), log), log.sink());
@@ -639,7 +647,7 @@ TEST_CASE("llm proposer: a measured node is expanded with its results, and what 
   tree.set_outcome(good, o);
   KernelSpec tried = expected_softmax_spec();
   tried.plan.launches[0].block = {"128", "1", "1"};
-  tried.source.replace(tried.source.find("red[256]"), 8, "red[128]");
+  tried.source = edited(tried.source, "red[256]", "red[128]");
   tree.add(good, Move{tried, "llm", "llm: 128 threads per row", kLlmPrior});
 
   std::vector<Move> moves = proposer.propose(request_for(sig, tree, good));
@@ -661,23 +669,15 @@ TEST_CASE("llm proposer: malformed and truncated answers are rejected with the r
     std::string answer;
     const char* reason;   // a part of the logged rejection
   };
-  std::string bad_plan_json = kSoftmaxPlan;
-  bad_plan_json.replace(bad_plan_json.find("\"size\": \"size0_1\","), 18, "\"size\": \"size0_1\"");   // no comma
-  std::string unknown_field = kSoftmaxPlan;
-  unknown_field.replace(unknown_field.find("\"launches\""), 10, "\"launch\"");
-  std::string bad_type = kSoftmaxPlan;
-  bad_type.replace(bad_type.find("\"int64\""), 7, "\"long\"");
-  std::string bad_expr = kSoftmaxPlan;
-  bad_expr.replace(bad_expr.find("numel0 / size0_1"), 16, "numel0 / (size0_1");
-  std::string unresolvable = kSoftmaxPlan;
-  unresolvable.replace(unresolvable.find("numel0 / size0_1"), 16, "size0_7");
-  std::string too_many_threads = kSoftmaxPlan;
-  too_many_threads.replace(too_many_threads.find("[256]"), 5, "[2048]");
-  std::string three_outputs = kSoftmaxPlan;
-  three_outputs.replace(three_outputs.find("[{\"like\": 0}]"), 13, "[{\"like\": 0}, {\"like\": 0}, {\"like\": 0}]");
-  std::string wrong_entry = kSoftmaxPlan;
-  wrong_entry.replace(wrong_entry.find("[\"softmax_rows\"]"), 16, "[\"softmax_row\"]");
-  wrong_entry.replace(wrong_entry.find("\"entry\": \"softmax_rows\""), 23, "\"entry\": \"softmax_row\"");
+  const std::string bad_plan_json = edited(kSoftmaxPlan, "\"size\": \"size0_1\",", "\"size\": \"size0_1\"");   // no comma
+  const std::string unknown_field = edited(kSoftmaxPlan, "\"launches\"", "\"launch\"");
+  const std::string bad_type = edited(kSoftmaxPlan, "\"int64\"", "\"long\"");
+  const std::string bad_expr = edited(kSoftmaxPlan, "numel0 / size0_1", "numel0 / (size0_1");
+  const std::string unresolvable = edited(kSoftmaxPlan, "numel0 / size0_1", "size0_7");
+  const std::string too_many_threads = edited(kSoftmaxPlan, "[256]", "[2048]");
+  const std::string three_outputs = edited(kSoftmaxPlan, "[{\"like\": 0}]", "[{\"like\": 0}, {\"like\": 0}, {\"like\": 0}]");
+  const std::string wrong_entry = edited(edited(kSoftmaxPlan, "[\"softmax_rows\"]", "[\"softmax_row\"]"),
+                                         "\"entry\": \"softmax_rows\"", "\"entry\": \"softmax_row\"");
   const std::string whole = softmax_answer();
 
   const std::vector<Case> cases = {
@@ -1013,8 +1013,7 @@ TEST_CASE("llm client: a key the server echoes back never reaches a log line or 
   server.push(Reply{500, "still broken " + key});
   server.push(Reply{200, "{\"echo\": \"" + key + "\""});
   server.push(Reply{200, answer_body(api, "your key is " + key + ", keep it safe")});
-  std::string plan = kSoftmaxPlan;
-  plan.replace(plan.find("\"int64\""), 7, "\"" + key + "\"");
+  const std::string plan = edited(kSoftmaxPlan, "\"int64\"", "\"" + key + "\"");
   server.push(Reply{200, answer_body(api, softmax_answer(kSoftmaxSource, plan))});
   LogCapture log;
   auto client = make_client(config_for(server, api), log);

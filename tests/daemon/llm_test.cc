@@ -1043,6 +1043,24 @@ TEST_CASE("llm client: a key the server echoes back never reaches a log line or 
   CHECK_FALSE(leaks_key(log.all()));
 }
 
+TEST_CASE("llm client: a key is trimmed of surrounding whitespace, and one with control characters is refused") {
+  ScriptedLlmServer server;
+  server.push(Reply{200, openai_body("hi")});
+  LogCapture log;
+  LlmClientConfig c = config_for(server, ChatApi::kOpenAi);
+  c.api_key_env = "KFORGE_TEST_LLM_PADDED_KEY";
+  ::setenv(c.api_key_env.c_str(), ("  " + test_key() + "\n").c_str(), 1);
+  REQUIRE(make_client(c, log)->complete(hello()).ok());
+  CHECK(server.received().at(0).header("Authorization") == "Bearer " + test_key());
+
+  ::setenv(c.api_key_env.c_str(), (test_key() + "\r\nX-Injected: 1").c_str(), 1);
+  StatusOr<std::unique_ptr<LlmClient>> bad = LlmClient::create(c, log.sink());
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.status().message() == "llm.api_key_env: $KFORGE_TEST_LLM_PADDED_KEY holds control characters, which no API key has");
+  ::unsetenv(c.api_key_env.c_str());
+  CHECK_FALSE(leaks_key(log.all()));
+}
+
 TEST_CASE("llm client: without a key in the environment, requests go without one") {
   ScriptedLlmServer server;
   server.push(Reply{200, openai_body("local")});

@@ -68,9 +68,9 @@ StatusOr<std::vector<Fence>> fenced_blocks(std::string_view text) {
     } else if (fence) {
       Fence f;
       f.line = line_no;
-      std::string_view info = trim(lead.substr(lead.find_first_not_of('`') == std::string_view::npos
-                                                   ? lead.size()
-                                                   : lead.find_first_not_of('`')));
+      // The info string after the backticks; its first word is the tag ("cuda", "json").
+      std::string_view info = lead.substr(std::min(lead.size(), lead.find_first_not_of('`')));
+      info = trim(info);
       info = info.substr(0, info.find_first_of(" \t{"));
       for (char c : info) f.tag += static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
       open = std::move(f);

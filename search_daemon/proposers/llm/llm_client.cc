@@ -374,8 +374,16 @@ StatusOr<std::unique_ptr<LlmClient>> LlmClient::create(LlmClientConfig config, L
   init_curl_once();
   std::string key;
   if (!config.api_key_env.empty()) {
-    // The one place the key is read (the header says so).
+    // The one place the key is read (the header says so). Surrounding whitespace (a newline from
+    // `$(cat keyfile)`) is dropped; a control character inside would split the header line, so such
+    // a value is refused, and never quoted.
     if (const char* v = std::getenv(config.api_key_env.c_str()); v != nullptr) key = v;
+    const size_t first = key.find_first_not_of(" \t\r\n");
+    key = first == std::string::npos ? std::string() : key.substr(first, key.find_last_not_of(" \t\r\n") - first + 1);
+    if (std::any_of(key.begin(), key.end(), [](char ch) { return static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f; })) {
+      return invalid_argument(field("api_key_env") + ": $" + config.api_key_env +
+                              " holds control characters, which no API key has");
+    }
   }
   std::unique_ptr<LlmClient> c(new LlmClient(std::move(config), std::move(log), std::move(key)));
   const LlmClientConfig& k = c->config_;

@@ -974,10 +974,15 @@ TEST_CASE("llm proposer: stops proposing once its client's budget is spent") {
   REQUIRE(first.size() == 1);
   tree.add(0, first[0]);
   std::vector<Move> second = proposer.propose(request_for(sig, tree, 0));
+  std::vector<Move> third = proposer.propose(request_for(sig, tree, 1));
 
   CHECK(second.empty());
+  CHECK(third.empty());
   CHECK(server.count() == 1);
-  CHECK(log.all().find("token budget spent: 4000 of 4000") != std::string::npos);
+  const std::string said = log.all();
+  const std::string line = "llm: no more proposals: llm: token budget spent: 4000 of 4000 tokens used";
+  CHECK(said.find(line) != std::string::npos);
+  CHECK(said.find(line) == said.rfind(line));   // once, not once per expansion
 }
 
 // ---- the key ------------------------------------------------------------------------------------

@@ -102,7 +102,8 @@ std::vector<Move> LlmProposer::propose_or_throw(const ProposalRequest& r) {
   const size_t answers = std::min(r.max_moves, options_.answers_per_expansion);
   for (size_t i = 0; i < answers; ++i) {
     if (Status b = client_->budget_status(); !b.ok()) {
-      log("llm: no proposal for " + short_node(r) + ": " + b.message());
+      // Every later expansion meets the same spent budget: said once, not once per expansion.
+      if (!budget_logged_.exchange(true)) log("llm: no more proposals: " + b.message());
       break;
     }
     StatusOr<ChatResponse> answer = client_->complete(prompt.chat);

@@ -14,7 +14,8 @@
 // - One model answer per move; options.answers_per_expansion (at most max_moves) answers per
 //   propose() call, one after the other.
 // - propose() returns no move, with one log line saying why, when: the request is incomplete, the
-//   operator is not in the catalog, the client's budget is spent (then no request is sent at all),
+//   operator is not in the catalog, the client's budget is spent (then no request is sent at all,
+//   and the line comes once per proposer, not once per expansion),
 //   the client fails (HTTP error, timeout, ...), the answer was cut off at max_tokens, the answer
 //   does not parse or its plan does not validate or resolve for the signature, it allocates a
 //   different number of outputs than the operator returns, or it repeats a kernel already in the
@@ -23,6 +24,7 @@
 //   options.prior (Note [LLM prior] in llm_proposer.cc).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <memory>
 #include <string_view>
@@ -60,6 +62,7 @@ class LlmProposer final : public search::Proposer {
   std::shared_ptr<LlmClient> client_;
   LogSink log_;
   LlmProposerOptions options_;
+  std::atomic<bool> budget_logged_{false};
 };
 
 }  // namespace kforge::llm

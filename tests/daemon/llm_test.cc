@@ -38,37 +38,6 @@
 #include "search_daemon/proposers/llm/llm_proposer.h"
 #include "search_daemon/search/search_tree.h"
 
-// ---- TEST-ONLY copy of SearchTree's construction ---------------------------------------------------
-// search_tree.cc (kforge_search) is being written in parallel and is not on main yet; the proposer
-// library only reads trees through search_tree.h's inline accessors, but these tests must build
-// them. These three functions follow search_tree.h's documented promises (dense ids from 0, the
-// root is node 0 and its own parent, add() of a spec already present returns that node). Delete
-// this block and link kforge_search once search_tree.cc lands.
-namespace kforge::search {
-SearchTree::SearchTree() {
-  Node root;
-  root.spec_id = root.move.spec.id();
-  nodes_.push_back(std::move(root));
-}
-uint64_t SearchTree::add(uint64_t parent, Move move) {
-  const KernelId id = move.spec.id();
-  if (auto it = by_spec_.find(id); it != by_spec_.end()) return it->second;
-  Node n;
-  n.id = nodes_.size();
-  n.parent = parent;
-  n.move = std::move(move);
-  n.spec_id = id;
-  nodes_.at(parent).children.push_back(n.id);
-  by_spec_.emplace(id, n.id);
-  nodes_.push_back(std::move(n));
-  return nodes_.back().id;
-}
-void SearchTree::set_outcome(uint64_t id, Outcome outcome) {
-  if (!nodes_.at(id).outcome) ++evaluated_;
-  nodes_.at(id).outcome = std::move(outcome);
-}
-}  // namespace kforge::search
-// ---- end of the test-only copy ---------------------------------------------------------------------
 
 using namespace kforge;
 using namespace kforge::llm;

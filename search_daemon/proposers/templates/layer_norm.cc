@@ -1,0 +1,534 @@
+// aten::native_layer_norm over the last dimension of a contiguous tensor: (out, mean, rstd), with
+// weight and bias each a tensor of the input's dtype or None. mean and rstd are float32 of sizes
+// [d0, ..., d(n-2), 1] and contiguous strides, as PyTorch returns them on both devices for the
+// dtypes here (CUDA keeps float32 statistics for 16-bit inputs too).
+#include <algorithm>
+
+#include "search_daemon/proposers/templates/template_family.h"
+
+namespace kforge::search::templates {
+
+// Note [Norm statistics]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// The mean and the variance accumulate in double (Note [Template arithmetic]). two_pass sums x,
+// then (x - mean)^2; welford folds each vector of KF_VEC elements into a running (count, mean,
+// M2) with Chan's merge, one division per vector, so the row is read once before the write pass.
+// After a butterfly of Welford merges the lanes may differ in the last bit (the merge is not
+// symmetric), so the row's result is taken from lane 0 and broadcast.
+const char* const kCudaNormStatistics = R"kf(
+#if KF_WARP_ROW
+#define KF_NT 32
+#else
+#define KF_NT KF_BLOCK
+#endif
+
+struct kf_welford {
+  double n, mean, m2;
+};
+__device__ __forceinline__ void kf_welford_merge(kf_welford& a, double bn, double bmean, double bm2) {
+  const double n = a.n + bn;
+  if (n == 0) return;
+  const double d = bmean - a.mean;
+  const double fb = bn / n;
+  a.mean += d * fb;
+  a.m2 += bm2 + d * d * a.n * fb;
+  a.n = n;
+}
+__device__ __forceinline__ void kf_welford_warp(kf_welford& a) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const double bn = __shfl_xor_sync(0xffffffffu, a.n, o);
+    const double bmean = __shfl_xor_sync(0xffffffffu, a.mean, o);
+    const double bm2 = __shfl_xor_sync(0xffffffffu, a.m2, o);
+    kf_welford_merge(a, bn, bmean, bm2);
+  }
+  a.n = __shfl_sync(0xffffffffu, a.n, 0);
+  a.mean = __shfl_sync(0xffffffffu, a.mean, 0);
+  a.m2 = __shfl_sync(0xffffffffu, a.m2, 0);
+}
+// `red` is __shared__ [96].
+__device__ __forceinline__ void kf_welford_row(kf_welford& a, double* red) {
+  kf_welford_warp(a);
+#if KF_WARP_ROW
+  (void)red;
+#else
+  if (KF_BLOCK == 32) return;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();
+  if (lane == 0) {
+    red[warp] = a.n;
+    red[32 + warp] = a.mean;
+    red[64 + warp] = a.m2;
+  }
+  __syncthreads();
+  const bool have = lane < KF_BLOCK / 32;
+  a.n = have ? red[lane] : 0.0;
+  a.mean = have ? red[32 + lane] : 0.0;
+  a.m2 = have ? red[64 + lane] : 0.0;
+  kf_welford_warp(a);
+#endif
+}
+// Folds one vector of KF_VEC elements into a running state.
+__device__ __forceinline__ void kf_welford_vec(kf_welford& a, const float (&v)[KF_VEC]) {
+  double s = 0;
+#pragma unroll
+  for (int k = 0; k < KF_VEC; ++k) s += (double)v[k];
+  const double mean = s * (1.0 / KF_VEC);
+  double q = 0;
+#pragma unroll
+  for (int k = 0; k < KF_VEC; ++k) {
+    const double d = (double)v[k] - mean;
+    q += d * d;
+  }
+  kf_welford_merge(a, (double)KF_VEC, mean, q);
+}
+__device__ __forceinline__ double kf_row_sum_d(double v, double* red) {
+#if KF_WARP_ROW
+  (void)red;
+  return kf_warp_sum(v);
+#else
+  return kf_block_sum(v, red);
+#endif
+}
+)kf";
+
+namespace {
+
+const char* const kCudaLayerNorm = R"kf(
+// One row per block of KF_BLOCK threads (KF_WARP_ROW 0) or per warp (1); KF_WELFORD: Note [Norm
+// statistics]; KF_VEC elements per access; KF_ITEMS vectors per thread kept in registers when the
+// row fits (0: always stream). KF_HAS_WEIGHT, KF_HAS_BIAS: whether those arguments are tensors.
+__device__ __forceinline__ void kf_ln_out(const float (&v)[KF_VEC], double mean, float rstd,
+#if KF_HAS_WEIGHT
+                                          const kf_t* __restrict__ w,
+#endif
+#if KF_HAS_BIAS
+                                          const kf_t* __restrict__ b,
+#endif
+                                          kf_t* __restrict__ yr, kf_i64 i) {
+  float o[KF_VEC];
+#pragma unroll
+  for (int k = 0; k < KF_VEC; ++k) o[k] = (float)((double)v[k] - mean) * rstd;
+#if KF_HAS_WEIGHT
+  float wv[KF_VEC];
+  kf_load<KF_VEC>(w, i, wv);
+#pragma unroll
+  for (int k = 0; k < KF_VEC; ++k) o[k] *= wv[k];
+#endif
+#if KF_HAS_BIAS
+  float bv[KF_VEC];
+  kf_load<KF_VEC>(b, i, bv);
+#pragma unroll
+  for (int k = 0; k < KF_VEC; ++k) o[k] += bv[k];
+#endif
+  kf_store<KF_VEC>(yr, i, o);
+}
+#if KF_HAS_WEIGHT
+#define KF_W_ARG w,
+#else
+#define KF_W_ARG
+#endif
+#if KF_HAS_BIAS
+#define KF_B_ARG b,
+#else
+#define KF_B_ARG
+#endif
+
+extern "C" __global__ void __launch_bounds__(KF_BLOCK)
+kf_layer_norm(const kf_t* __restrict__ x,
+#if KF_HAS_WEIGHT
+              const kf_t* __restrict__ w,
+#endif
+#if KF_HAS_BIAS
+              const kf_t* __restrict__ b,
+#endif
+              kf_t* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out, kf_i64 rows,
+              kf_i64 cols, double eps) {
+  __shared__ double red[96];
+#if KF_WARP_ROW
+  const kf_i64 row = (kf_i64)blockIdx.x * (KF_BLOCK / 32) + (threadIdx.x >> 5);
+  const int tid = threadIdx.x & 31;
+  if (row >= rows) return;   // whole warps leave: no block-wide barrier follows
+#else
+  const kf_i64 row = blockIdx.x;
+  const int tid = threadIdx.x;
+  (void)rows;
+#endif
+  const kf_t* __restrict__ xr = x + row * cols;
+  kf_t* __restrict__ yr = y + row * cols;
+  const kf_i64 nvec = cols / KF_VEC;
+  double mean, var;
+
+#if KF_ITEMS > 0
+  if (nvec <= (kf_i64)KF_ITEMS * KF_NT) {
+    float v[KF_ITEMS][KF_VEC];
+#pragma unroll
+    for (int it = 0; it < KF_ITEMS; ++it) {
+      const kf_i64 i = (kf_i64)it * KF_NT + tid;
+      if (i < nvec) kf_load<KF_VEC>(xr, i, v[it]);
+    }
+#if KF_WELFORD
+    kf_welford st = {0.0, 0.0, 0.0};
+#pragma unroll
+    for (int it = 0; it < KF_ITEMS; ++it) {
+      if ((kf_i64)it * KF_NT + tid < nvec) kf_welford_vec(st, v[it]);
+    }
+    kf_welford_row(st, red);
+    mean = st.mean;
+    var = st.m2 / (double)cols;
+#else
+    double s = 0;
+#pragma unroll
+    for (int it = 0; it < KF_ITEMS; ++it) {
+      if ((kf_i64)it * KF_NT + tid < nvec) {
+#pragma unroll
+        for (int k = 0; k < KF_VEC; ++k) s += (double)v[it][k];
+      }
+    }
+    mean = kf_row_sum_d(s, red) / (double)cols;
+    double q = 0;
+#pragma unroll
+    for (int it = 0; it < KF_ITEMS; ++it) {
+      if ((kf_i64)it * KF_NT + tid < nvec) {
+#pragma unroll
+        for (int k = 0; k < KF_VEC; ++k) {
+          const double d = (double)v[it][k] - mean;
+          q += d * d;
+        }
+      }
+    }
+    var = kf_row_sum_d(q, red) / (double)cols;
+#endif
+    const double rstd = 1.0 / sqrt(var + eps);
+#pragma unroll
+    for (int it = 0; it < KF_ITEMS; ++it) {
+      const kf_i64 i = (kf_i64)it * KF_NT + tid;
+      if (i < nvec) kf_ln_out(v[it], mean, (float)rstd, KF_W_ARG KF_B_ARG yr, i);
+    }
+    if (tid == 0) {
+      mean_out[row] = (float)mean;
+      rstd_out[row] = (float)rstd;
+    }
+    return;
+  }
+#endif
+
+#if KF_WELFORD
+  kf_welford st = {0.0, 0.0, 0.0};
+  for (kf_i64 i = tid; i < nvec; i += KF_NT) {
+    float v[KF_VEC];
+    kf_load<KF_VEC>(xr, i, v);
+    kf_welford_vec(st, v);
+  }
+  kf_welford_row(st, red);
+  mean = st.mean;
+  var = st.m2 / (double)cols;
+#else
+  double s = 0;
+  for (kf_i64 i = tid; i < nvec; i += KF_NT) {
+    float v[KF_VEC];
+    kf_load<KF_VEC>(xr, i, v);
+#pragma unroll
+    for (int k = 0; k < KF_VEC; ++k) s += (double)v[k];
+  }
+  mean = kf_row_sum_d(s, red) / (double)cols;
+  double q = 0;
+  for (kf_i64 i = tid; i < nvec; i += KF_NT) {
+    float v[KF_VEC];
+    kf_load<KF_VEC>(xr, i, v);
+#pragma unroll
+    for (int k = 0; k < KF_VEC; ++k) {
+      const double d = (double)v[k] - mean;
+      q += d * d;
+    }
+  }
+  var = kf_row_sum_d(q, red) / (double)cols;
+#endif
+  const double rstd = 1.0 / sqrt(var + eps);
+  for (kf_i64 i = tid; i < nvec; i += KF_NT) {
+    float v[KF_VEC];
+    kf_load<KF_VEC>(xr, i, v);
+    kf_ln_out(v, mean, (float)rstd, KF_W_ARG KF_B_ARG yr, i);
+  }
+  if (tid == 0) {
+    mean_out[row] = (float)mean;
+    rstd_out[row] = (float)rstd;
+  }
+}
+)kf";
+
+const char* const kCpuLayerNorm = R"kf(
+// KF_ROWS rows per block, KF_LANES independent accumulators; statistics in double.
+static inline void kf_welford_merge(double& n, double& mean, double& m2, double bn, double bmean, double bm2) {
+  const double t = n + bn;
+  if (t == 0) return;
+  const double d = bmean - mean;
+  const double fb = bn / t;
+  mean += d * fb;
+  m2 += bm2 + d * d * n * fb;
+  n = t;
+}
+
+static void kf_row(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b,
+                   float* __restrict__ y, float* mean_out, float* rstd_out, int64_t cols, double eps) {
+  const int64_t body = cols - cols % KF_LANES;
+  double mean, var;
+#if KF_WELFORD
+  double nl[KF_LANES], ml[KF_LANES], ql[KF_LANES];
+  for (int l = 0; l < KF_LANES; ++l) nl[l] = 0, ml[l] = 0, ql[l] = 0;
+  for (int64_t c = 0; c < body; c += KF_LANES) {
+    for (int l = 0; l < KF_LANES; ++l) {
+      nl[l] += 1;
+      const double d = (double)x[c + l] - ml[l];
+      ml[l] += d / nl[l];
+      ql[l] += d * ((double)x[c + l] - ml[l]);
+    }
+  }
+  for (int64_t c = body; c < cols; ++c) kf_welford_merge(nl[0], ml[0], ql[0], 1.0, (double)x[c], 0.0);
+  double n = 0, m2 = 0;
+  mean = 0;
+  for (int l = 0; l < KF_LANES; ++l) kf_welford_merge(n, mean, m2, nl[l], ml[l], ql[l]);
+  var = m2 / (double)cols;
+#else
+  double sl[KF_LANES];
+  for (int l = 0; l < KF_LANES; ++l) sl[l] = 0;
+  for (int64_t c = 0; c < body; c += KF_LANES) {
+    for (int l = 0; l < KF_LANES; ++l) sl[l] += (double)x[c + l];
+  }
+  for (int64_t c = body; c < cols; ++c) sl[0] += (double)x[c];
+  double s = 0;
+  for (int l = 0; l < KF_LANES; ++l) s += sl[l];
+  mean = s / (double)cols;
+  for (int l = 0; l < KF_LANES; ++l) sl[l] = 0;
+  for (int64_t c = 0; c < body; c += KF_LANES) {
+    for (int l = 0; l < KF_LANES; ++l) {
+      const double d = (double)x[c + l] - mean;
+      sl[l] += d * d;
+    }
+  }
+  for (int64_t c = body; c < cols; ++c) {
+    const double d = (double)x[c] - mean;
+    sl[0] += d * d;
+  }
+  double q = 0;
+  for (int l = 0; l < KF_LANES; ++l) q += sl[l];
+  var = q / (double)cols;
+#endif
+  const double rstd = 1.0 / sqrt(var + eps);
+  for (int64_t c = 0; c < cols; ++c) {
+    double o = ((double)x[c] - mean) * rstd;
+#if KF_HAS_WEIGHT
+    o *= (double)w[c];
+#endif
+#if KF_HAS_BIAS
+    o += (double)b[c];
+#endif
+    y[c] = (float)o;
+  }
+  *mean_out = (float)mean;
+  *rstd_out = (float)rstd;
+  (void)w;
+  (void)b;
+}
+
+extern "C" void kf_layer_norm(const kforge_cpu_block* blk, void* const* p) {
+  int a = 0;
+  const float* x = KF_PTR(const float, a++);
+#if KF_HAS_WEIGHT
+  const float* w = KF_PTR(const float, a++);
+#else
+  const float* w = 0;
+#endif
+#if KF_HAS_BIAS
+  const float* b = KF_PTR(const float, a++);
+#else
+  const float* b = 0;
+#endif
+  float* y = KF_PTR(float, a++);
+  float* mean_out = KF_PTR(float, a++);
+  float* rstd_out = KF_PTR(float, a++);
+  const int64_t rows = KF_I64(a++);
+  const int64_t cols = KF_I64(a++);
+  const double eps = KF_F64(a++);
+  const int64_t r0 = (int64_t)blk->block_idx[0] * KF_ROWS;
+  const int64_t r1 = r0 + KF_ROWS < rows ? r0 + KF_ROWS : rows;
+  for (int64_t r = r0; r < r1; ++r) {
+    kf_row(x + r * cols, w, b, y + r * cols, mean_out + r, rstd_out + r, cols, eps);
+  }
+}
+)kf";
+
+struct LayerNormArgs {
+  const TensorMeta* x = nullptr;
+  bool weight = false;
+  bool bias = false;
+};
+
+// The signature as the templates handle it; x == nullptr when they do not.
+LayerNormArgs layer_norm_args(const OpSignature& sig, Backend backend) {
+  LayerNormArgs a;
+  if (sig.op != "aten::native_layer_norm" || !sig.overload.empty() || sig.args.size() != 5) return a;
+  const TensorMeta* x = tensor_arg(sig, 0);
+  const auto* shape = std::get_if<std::vector<int64_t>>(&sig.args[1].value);
+  const bool eps_scalar = std::holds_alternative<double>(sig.args[4].value) ||
+                          std::holds_alternative<int64_t>(sig.args[4].value);
+  if (!template_tensor(x, backend) || shape == nullptr || shape->size() != 1 || shape->front() != cols_of(*x) ||
+      !eps_scalar) {
+    return a;
+  }
+  for (size_t i : {size_t{2}, size_t{3}}) {
+    if (is_none(sig, i)) continue;
+    const TensorMeta* p = tensor_arg(sig, i);
+    if (!template_tensor(p, backend) || p->dtype != x->dtype || p->sizes != std::vector<int64_t>{cols_of(*x)}) {
+      return a;
+    }
+    (i == 2 ? a.weight : a.bias) = true;
+  }
+  a.x = x;
+  return a;
+}
+
+// mean and rstd: [d0, ..., d(n-2), 1], contiguous, float32.
+OutputSpec stats_output(const TensorMeta& x) {
+  const size_t n = x.sizes.size();
+  std::vector<std::string> sizes(n, "1"), strides(n, "1");
+  for (size_t d = 0; d + 1 < n; ++d) sizes[d] = size_name(0, d);
+  for (size_t d = n - 1; d-- > 0;) {
+    strides[d] = strides[d + 1] == "1" ? sizes[d + 1] : sizes[d + 1] + " * " + strides[d + 1];
+  }
+  return OutputSpec::explicit_layout(DType::kFloat32, sizes, strides);
+}
+
+// The launch's arguments: x, [weight], [bias], out, mean, rstd, rows, cols, eps.
+std::vector<ArgBinding> layer_norm_bindings(const LayerNormArgs& a) {
+  std::vector<ArgBinding> args = {ArgBinding::input(0)};
+  if (a.weight) args.push_back(ArgBinding::input(2));
+  if (a.bias) args.push_back(ArgBinding::input(3));
+  for (ArgBinding b : {ArgBinding::output(0), ArgBinding::output(1), ArgBinding::output(2),
+                       ArgBinding::size(rows_expr(*a.x)), ArgBinding::size(cols_expr(*a.x)),
+                       ArgBinding::scalar(4, ValueType::kFloat64)}) {
+    args.push_back(std::move(b));
+  }
+  return args;
+}
+
+// ---- CUDA ------------------------------------------------------------------------------------------
+
+enum LayerNormCudaKnob : size_t { kMap, kAlgo, kBlock, kVec, kCache };
+
+class LayerNormCuda final : public FamilyBase {
+ public:
+  LayerNormCuda()
+      : FamilyBase("layer_norm", Backend::kCuda,
+                   {Knob{"map", {0, 1}, {"block_row", "warp_row"}},
+                    Knob{"algo", {0, 1}, {"two_pass", "welford"}},
+                    Knob{"block", {32, 64, 128, 256, 512, 1024}, {}},
+                    Knob{"vec", {1, 2, 4, 8}, {}},
+                    Knob{"cache", {0, 1}, {}}}) {}
+
+  bool applies(const OpSignature& sig) const override { return layer_norm_args(sig, Backend::kCuda).x != nullptr; }
+
+  bool valid(const OpSignature& sig, std::span<const int64_t> v) const override {
+    const TensorMeta& x = *tensor_arg(sig, 0);
+    const int64_t cols = cols_of(x), rows = rows_of(x);
+    if (cols % v[kVec] != 0 || !vector_fits(sig, v[kVec])) return false;
+    const int64_t nvec = cols / v[kVec];
+    const int64_t nt = v[kMap] == 1 ? 32 : v[kBlock];
+    if (v[kMap] == 0) {
+      if (v[kBlock] > std::max<int64_t>(32, (nvec + 31) / 32 * 32)) return false;
+    } else {
+      if (nvec > 32 * 32) return false;
+      if (v[kBlock] / 32 > pow2_ceil(rows)) return false;
+    }
+    return v[kCache] == 0 || items(nvec, nt) * v[kVec] <= 32;
+  }
+
+  double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
+    const TensorMeta& x = *tensor_arg(sig, 0);
+    const int64_t nvec = cols_of(x) / v[kVec];
+    const bool warp = v[kMap] == 1;
+    const int64_t nt = warp ? 32 : v[kBlock];
+    double p = closeness(static_cast<double>(v[kVec] * dtype_size_bytes(x.dtype)), 16, 0.5);
+    p *= warp ? (nvec <= 128 ? 1.0 : 0.4) : (nvec <= 64 ? 0.5 : 1.0);
+    p *= warp ? closeness(static_cast<double>(v[kBlock]), 128, 0.3)
+              : closeness(static_cast<double>(nvec) / static_cast<double>(nt), 4, 0.3);
+    const bool cached = v[kCache] == 1;
+    p *= cached ? 1.0 : 0.6;
+    p *= (cached == (v[kAlgo] == 0)) ? 1.0 : 0.8;   // streaming: Welford reads the row once less
+    return p;
+  }
+
+  KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {
+    const LayerNormArgs a = layer_norm_args(sig, Backend::kCuda);
+    const TensorMeta& x = *a.x;
+    const int64_t nvec = cols_of(x) / v[kVec];
+    const bool warp = v[kMap] == 1;
+    const int64_t nt = warp ? 32 : v[kBlock];
+    KernelSpec s = one_launch_spec(
+        Backend::kCuda, std::string(kCudaPrelude) + kCudaNormStatistics + kCudaLayerNorm, "kf_layer_norm",
+        {dtype_define(x.dtype), define("KF_HAS_WEIGHT", a.weight ? 1 : 0), define("KF_HAS_BIAS", a.bias ? 1 : 0),
+         define("KF_WARP_ROW", v[kMap]), define("KF_WELFORD", v[kAlgo]), define("KF_BLOCK", v[kBlock]),
+         define("KF_VEC", v[kVec]), define("KF_ITEMS", v[kCache] == 1 ? items(nvec, nt) : 0)});
+    s.plan.outputs = {OutputSpec::like(0), stats_output(x), stats_output(x)};
+    Launch& l = s.plan.launches[0];
+    const std::string rows = rows_expr(x);
+    l.grid[0] = warp ? "ceil_div(" + rows + ", " + std::to_string(v[kBlock] / 32) + ")" : rows;
+    l.block[0] = std::to_string(v[kBlock]);
+    l.args = layer_norm_bindings(a);
+    return s;
+  }
+
+ private:
+  static int64_t items(int64_t nvec, int64_t threads) { return std::max<int64_t>(1, (nvec + threads - 1) / threads); }
+};
+
+// ---- CPU -------------------------------------------------------------------------------------------
+
+enum LayerNormCpuKnob : size_t { kCpuAlgo, kCpuRows, kCpuLanes };
+
+class LayerNormCpu final : public FamilyBase {
+ public:
+  LayerNormCpu()
+      : FamilyBase("cpu.layer_norm", Backend::kCpu,
+                   {Knob{"algo", {0, 1}, {"two_pass", "welford"}},
+                    Knob{"rows", {1, 2, 4, 8, 16, 32, 64}, {}},
+                    Knob{"lanes", {1, 4, 8, 16}, {}}}) {}
+
+  bool applies(const OpSignature& sig) const override { return layer_norm_args(sig, Backend::kCpu).x != nullptr; }
+
+  bool valid(const OpSignature& sig, std::span<const int64_t> v) const override {
+    const TensorMeta& x = *tensor_arg(sig, 0);
+    return v[kCpuRows] <= pow2_ceil(rows_of(x)) && (v[kCpuLanes] == 1 || v[kCpuLanes] <= cols_of(x));
+  }
+
+  double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
+    const TensorMeta& x = *tensor_arg(sig, 0);
+    const double ideal_rows = std::clamp(16384.0 / static_cast<double>(cols_of(x)), 1.0, 64.0);
+    return closeness(static_cast<double>(v[kCpuRows]), ideal_rows, 0.3) *
+           closeness(static_cast<double>(v[kCpuLanes]), 8, 0.3) * (v[kCpuAlgo] == 0 ? 1.0 : 0.7);
+  }
+
+  KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {
+    const LayerNormArgs a = layer_norm_args(sig, Backend::kCpu);
+    const TensorMeta& x = *a.x;
+    std::vector<std::string> options = cpu_base_options(sig);
+    for (std::string o : {define("KF_HAS_WEIGHT", a.weight ? 1 : 0), define("KF_HAS_BIAS", a.bias ? 1 : 0),
+                          define("KF_WELFORD", v[kCpuAlgo]), define("KF_ROWS", v[kCpuRows]),
+                          define("KF_LANES", v[kCpuLanes])}) {
+      options.push_back(std::move(o));
+    }
+    KernelSpec s = one_launch_spec(Backend::kCpu, std::string(kCpuPrelude) + kCpuLayerNorm, "kf_layer_norm", options);
+    s.plan.outputs = {OutputSpec::like(0), stats_output(x), stats_output(x)};
+    Launch& l = s.plan.launches[0];
+    l.grid[0] = "ceil_div(" + rows_expr(x) + ", " + std::to_string(v[kCpuRows]) + ")";
+    l.args = layer_norm_bindings(a);
+    return s;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<KernelTemplate> make_layer_norm_cuda() { return std::make_unique<LayerNormCuda>(); }
+std::unique_ptr<KernelTemplate> make_layer_norm_cpu() { return std::make_unique<LayerNormCpu>(); }
+
+}  // namespace kforge::search::templates

@@ -1,0 +1,453 @@
+// aten::_softmax and aten::_log_softmax over the last dimension of a contiguous tensor
+// (half_to_float false): the row reductions of the library. One source per backend; KF_LOG picks
+// log_softmax.
+#include <algorithm>
+
+#include "search_daemon/proposers/templates/template_family.h"
+
+namespace kforge::search::templates {
+
+namespace {
+
+// Note [Online softmax]
+// ~~~~~~~~~~~~~~~~~~~~~
+// The online variant keeps a running (max m, sum s of exp(x - m)) and rescales s when the max
+// grows, so the row is read once before the write pass instead of twice (Milakov and Gimelshein,
+// "Online normalizer calculation for softmax", 2018). Partial states merge as
+// (m, s) + (m', s') = (M, s exp(m - M) + s' exp(m' - M)), M = max(m, m'). The special cases keep
+// PyTorch's results for non-finite inputs: a -inf element adds nothing until some element is
+// finite (exp(-inf - -inf) would be NaN), a NaN makes s NaN, a +inf makes s NaN through
+// exp(inf - inf), exactly where the two-pass algorithm gets NaN.
+const char* const kCudaSoftmax = R"kf(
+// One row per block of KF_BLOCK threads (KF_WARP_ROW 0) or per warp (1); KF_ONLINE: Note [Online
+// softmax]; KF_VEC elements per access (cols % KF_VEC == 0); KF_ITEMS vectors per thread kept in
+// registers when the row fits (0: always stream from memory); KF_LOG: log_softmax.
+#if KF_WARP_ROW
+#define KF_NT 32
+#else
+#define KF_NT KF_BLOCK
+#endif
+
+__device__ __forceinline__ float kf_row_max(float v, float* red) {
+#if KF_WARP_ROW
+  (void)red;
+  return kf_warp_max(v);
+#else
+  return kf_block_max(v, red);
+#endif
+}
+__device__ __forceinline__ kf_acc kf_row_sum(kf_acc v, kf_acc* red) {
+#if KF_WARP_ROW
+  (void)red;
+  return kf_warp_sum(v);
+#else
+  return kf_block_sum(v, red);
+#endif
+}
+
+__device__ __forceinline__ void kf_online_add(float& m, kf_acc& s, float v) {
+  if (v > m) {
+    s = s * (kf_acc)expf(m - v) + (kf_acc)expf(v - v);   // expf(v - v): NaN for v = +inf
+    m = v;
+  } else if (m != KF_NEG_INF) {
+    s += (kf_acc)expf(v - m);
+  } else if (v != v) {
+    s = (kf_acc)v;
+  }
+}
+__device__ __forceinline__ void kf_online_merge(float& m, kf_acc& s, float m2, kf_acc s2) {
+  const float mn = fmaxf(m, m2);
+  if (mn == KF_NEG_INF) {
+    s += s2;
+    return;
+  }
+  s = s * (kf_acc)expf(m - mn) + s2 * (kf_acc)expf(m2 - mn);
+  m = mn;
+}
+__device__ __forceinline__ void kf_row_online(float& m, kf_acc& s, float* red_m, kf_acc* red_s) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
+    const kf_acc s2 = __shfl_xor_sync(0xffffffffu, s, o);
+    kf_online_merge(m, s, m2, s2);
+  }
+#if !KF_WARP_ROW
+  if (KF_BLOCK == 32) return;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();
+  if (lane == 0) {
+    red_m[warp] = m;
+    red_s[warp] = s;
+  }
+  __syncthreads();
+  m = lane < KF_BLOCK / 32 ? red_m[lane] : KF_NEG_INF;
+  s = lane < KF_BLOCK / 32 ? red_s[lane] : (kf_acc)0;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
+    const kf_acc s2 = __shfl_xor_sync(0xffffffffu, s, o);
+    kf_online_merge(m, s, m2, s2);
+  }
+#else
+  (void)red_m;
+  (void)red_s;
+#endif
+}
+
+// The output of one element from the row's statistics: log_softmax from x, softmax from x or
+// from exp(x - m) already computed (e).
+__device__ __forceinline__ float kf_out(float x, float m, float ls_or_r) {
+#if KF_LOG
+  return (x - m) - ls_or_r;
+#else
+  return expf(x - m) * ls_or_r;
+#endif
+}
+__device__ __forceinline__ float kf_finish(kf_acc s) {
+#if KF_LOG
+  return (float)kf_log(s);
+#else
+  return (float)((kf_acc)1 / s);
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(KF_BLOCK)
+kf_softmax(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 rows, kf_i64 cols) {
+  __shared__ float red_m[32];
+  __shared__ kf_acc red_s[32];
+#if KF_WARP_ROW
+  const kf_i64 row = (kf_i64)blockIdx.x * (KF_BLOCK / 32) + (threadIdx.x >> 5);
+  const int tid = threadIdx.x & 31;
+  if (row >= rows) return;   // whole warps leave: no block-wide barrier follows
+#else
+  const kf_i64 row = blockIdx.x;
+  const int tid = threadIdx.x;
+  (void)rows;
+#endif
+  const kf_t* __restrict__ xr = x + row * cols;
+  kf_t* __restrict__ yr = y + row * cols;
+  const kf_i64 nvec = cols / KF_VEC;
+  float m = KF_NEG_INF;
+  kf_acc s = 0;
+
+#if KF_ITEMS > 0
+  if (nvec <= (kf_i64)KF_ITEMS * KF_NT) {
+    float v[KF_ITEMS][KF_VEC];
+#pragma unroll
+    for (int it = 0; it < KF_ITEMS; ++it) {
+      const kf_i64 i = (kf_i64)it * KF_NT + tid;
+      if (i < nvec) kf_load<KF_VEC>(xr, i, v[it]);
+    }
+#if KF_ONLINE
+#pragma unroll
+    for (int it = 0; it < KF_ITEMS; ++it) {
+      if ((kf_i64)it * KF_NT + tid < nvec) {
+#pragma unroll
+        for (int k = 0; k < KF_VEC; ++k) kf_online_add(m, s, v[it][k]);
+      }
+    }
+    kf_row_online(m, s, red_m, red_s);
+#else
+#pragma unroll
+    for (int it = 0; it < KF_ITEMS; ++it) {
+      if ((kf_i64)it * KF_NT + tid < nvec) {
+#pragma unroll
+        for (int k = 0; k < KF_VEC; ++k) m = fmaxf(m, v[it][k]);
+      }
+    }
+    m = kf_row_max(m, red_m);
+#pragma unroll
+    for (int it = 0; it < KF_ITEMS; ++it) {
+      if ((kf_i64)it * KF_NT + tid < nvec) {
+#pragma unroll
+        for (int k = 0; k < KF_VEC; ++k) {
+          const float e = expf(v[it][k] - m);
+          s += (kf_acc)e;
+#if !KF_LOG
+          v[it][k] = e;   // softmax writes e * (1 / s): exp once per element
+#endif
+        }
+      }
+    }
+    s = kf_row_sum(s, red_s);
+#endif
+    const float f = kf_finish(s);
+#pragma unroll
+    for (int it = 0; it < KF_ITEMS; ++it) {
+      const kf_i64 i = (kf_i64)it * KF_NT + tid;
+      if (i < nvec) {
+        float o[KF_VEC];
+#pragma unroll
+        for (int k = 0; k < KF_VEC; ++k) {
+#if !KF_LOG && !KF_ONLINE
+          o[k] = v[it][k] * f;
+#else
+          o[k] = kf_out(v[it][k], m, f);
+#endif
+        }
+        kf_store<KF_VEC>(yr, i, o);
+      }
+    }
+    return;
+  }
+#endif
+
+#if KF_ONLINE
+  for (kf_i64 i = tid; i < nvec; i += KF_NT) {
+    float v[KF_VEC];
+    kf_load<KF_VEC>(xr, i, v);
+#pragma unroll
+    for (int k = 0; k < KF_VEC; ++k) kf_online_add(m, s, v[k]);
+  }
+  kf_row_online(m, s, red_m, red_s);
+#else
+  for (kf_i64 i = tid; i < nvec; i += KF_NT) {
+    float v[KF_VEC];
+    kf_load<KF_VEC>(xr, i, v);
+#pragma unroll
+    for (int k = 0; k < KF_VEC; ++k) m = fmaxf(m, v[k]);
+  }
+  m = kf_row_max(m, red_m);
+  for (kf_i64 i = tid; i < nvec; i += KF_NT) {
+    float v[KF_VEC];
+    kf_load<KF_VEC>(xr, i, v);
+#pragma unroll
+    for (int k = 0; k < KF_VEC; ++k) s += (kf_acc)expf(v[k] - m);
+  }
+  s = kf_row_sum(s, red_s);
+#endif
+  const float f = kf_finish(s);
+  for (kf_i64 i = tid; i < nvec; i += KF_NT) {
+    float v[KF_VEC];
+    kf_load<KF_VEC>(xr, i, v);
+    float o[KF_VEC];
+#pragma unroll
+    for (int k = 0; k < KF_VEC; ++k) o[k] = kf_out(v[k], m, f);
+    kf_store<KF_VEC>(yr, i, o);
+  }
+}
+)kf";
+
+// The CPU kernel: KF_ROWS rows per block, KF_LANES independent accumulators per reduction (so the
+// compiler can vectorize them), sums in double.
+const char* const kCpuSoftmax = R"kf(
+static inline void kf_online_add(float& m, double& s, float v) {
+  if (v > m) {
+    s = s * (double)expf(m - v) + (double)expf(v - v);
+    m = v;
+  } else if (m != -INFINITY) {
+    s += (double)expf(v - m);
+  } else if (v != v) {
+    s = (double)v;
+  }
+}
+static inline void kf_online_merge(float& m, double& s, float m2, double s2) {
+  const float mn = m > m2 ? m : m2;
+  if (mn == -INFINITY) {
+    s += s2;
+    return;
+  }
+  s = s * (double)expf(m - mn) + s2 * (double)expf(m2 - mn);
+  m = mn;
+}
+
+static void kf_row(const float* __restrict__ x, float* __restrict__ y, int64_t cols) {
+  float m = -INFINITY;
+  double s = 0;
+  const int64_t body = cols - cols % KF_LANES;
+#if KF_ONLINE
+  float ml[KF_LANES];
+  double sl[KF_LANES];
+  for (int l = 0; l < KF_LANES; ++l) ml[l] = -INFINITY, sl[l] = 0;
+  for (int64_t c = 0; c < body; c += KF_LANES) {
+    for (int l = 0; l < KF_LANES; ++l) kf_online_add(ml[l], sl[l], x[c + l]);
+  }
+  for (int64_t c = body; c < cols; ++c) kf_online_add(ml[0], sl[0], x[c]);
+  for (int l = 0; l < KF_LANES; ++l) kf_online_merge(m, s, ml[l], sl[l]);
+#else
+  float ml[KF_LANES];
+  for (int l = 0; l < KF_LANES; ++l) ml[l] = -INFINITY;
+  for (int64_t c = 0; c < body; c += KF_LANES) {
+    for (int l = 0; l < KF_LANES; ++l) ml[l] = x[c + l] > ml[l] ? x[c + l] : ml[l];
+  }
+  for (int64_t c = body; c < cols; ++c) ml[0] = x[c] > ml[0] ? x[c] : ml[0];
+  for (int l = 0; l < KF_LANES; ++l) m = ml[l] > m ? ml[l] : m;
+  double sl[KF_LANES];
+  for (int l = 0; l < KF_LANES; ++l) sl[l] = 0;
+  for (int64_t c = 0; c < body; c += KF_LANES) {
+    for (int l = 0; l < KF_LANES; ++l) {
+      const float e = expf(x[c + l] - m);
+#if !KF_LOG
+      y[c + l] = e;
+#endif
+      sl[l] += e;
+    }
+  }
+  for (int64_t c = body; c < cols; ++c) {
+    const float e = expf(x[c] - m);
+#if !KF_LOG
+    y[c] = e;
+#endif
+    sl[0] += e;
+  }
+  for (int l = 0; l < KF_LANES; ++l) s += sl[l];
+#endif
+#if KF_LOG
+  const double ls = log(s);
+  for (int64_t c = 0; c < cols; ++c) y[c] = (float)(((double)x[c] - m) - ls);
+#elif KF_ONLINE
+  const double r = 1.0 / s;
+  for (int64_t c = 0; c < cols; ++c) y[c] = (float)((double)expf(x[c] - m) * r);
+#else
+  const double r = 1.0 / s;
+  for (int64_t c = 0; c < cols; ++c) y[c] = (float)((double)y[c] * r);
+#endif
+}
+
+extern "C" void kf_softmax(const kforge_cpu_block* b, void* const* p) {
+  const float* x = KF_PTR(const float, 0);
+  float* y = KF_PTR(float, 1);
+  const int64_t rows = KF_I64(2);
+  const int64_t cols = KF_I64(3);
+  const int64_t r0 = (int64_t)b->block_idx[0] * KF_ROWS;
+  const int64_t r1 = r0 + KF_ROWS < rows ? r0 + KF_ROWS : rows;
+  for (int64_t r = r0; r < r1; ++r) kf_row(x + r * cols, y + r * cols, cols);
+}
+)kf";
+
+bool softmax_signature(const OpSignature& sig, bool log, Backend backend) {
+  if (sig.op != (log ? "aten::_log_softmax" : "aten::_softmax") || !sig.overload.empty() || sig.args.size() != 3) {
+    return false;
+  }
+  const TensorMeta* x = tensor_arg(sig, 0);
+  const int64_t* dim = int_arg(sig, 1);
+  const bool* half_to_float = std::get_if<bool>(&sig.args[2].value);
+  if (!template_tensor(x, backend) || dim == nullptr || half_to_float == nullptr || *half_to_float) return false;
+  const auto last = static_cast<int64_t>(x->sizes.size()) - 1;
+  return *dim == -1 || *dim == last;
+}
+
+// ---- CUDA ------------------------------------------------------------------------------------------
+
+enum SoftmaxCudaKnob : size_t { kMap, kAlgo, kBlock, kVec, kCache };
+
+class SoftmaxCuda final : public FamilyBase {
+ public:
+  explicit SoftmaxCuda(bool log)
+      : FamilyBase(log ? "log_softmax" : "softmax", Backend::kCuda,
+                   {Knob{"map", {0, 1}, {"block_row", "warp_row"}},
+                    Knob{"algo", {0, 1}, {"two_pass", "online"}},
+                    Knob{"block", {32, 64, 128, 256, 512, 1024}, {}},
+                    Knob{"vec", {1, 2, 4, 8}, {}},
+                    Knob{"cache", {0, 1}, {}}}),
+        log_(log) {}
+
+  bool applies(const OpSignature& sig) const override { return softmax_signature(sig, log_, Backend::kCuda); }
+
+  bool valid(const OpSignature& sig, std::span<const int64_t> v) const override {
+    const TensorMeta& x = *tensor_arg(sig, 0);
+    const int64_t cols = cols_of(x), rows = rows_of(x);
+    if (cols % v[kVec] != 0 || !vector_fits(sig, v[kVec])) return false;
+    const int64_t nvec = cols / v[kVec];
+    const int64_t nt = v[kMap] == 1 ? 32 : v[kBlock];
+    if (v[kMap] == 0) {
+      if (v[kBlock] > std::max<int64_t>(32, (nvec + 31) / 32 * 32)) return false;   // idle warps
+    } else {
+      if (nvec > 32 * 32) return false;                                    // a warp for a long row
+      if (v[kBlock] / 32 > pow2_ceil(rows)) return false;                 // idle warps
+    }
+    return v[kCache] == 0 || items(nvec, nt) * v[kVec] <= 32;             // registers per thread
+  }
+
+  double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
+    const TensorMeta& x = *tensor_arg(sig, 0);
+    const int64_t nvec = cols_of(x) / v[kVec];
+    const bool warp = v[kMap] == 1;
+    const int64_t nt = warp ? 32 : v[kBlock];
+    double p = closeness(static_cast<double>(v[kVec] * dtype_size_bytes(x.dtype)), 16, 0.5);
+    p *= warp ? (nvec <= 128 ? 1.0 : 0.4) : (nvec <= 64 ? 0.5 : 1.0);
+    p *= warp ? closeness(static_cast<double>(v[kBlock]), 128, 0.3)
+              : closeness(static_cast<double>(nvec) / static_cast<double>(nt), 4, 0.3);
+    const bool cached = v[kCache] == 1;
+    p *= cached ? 1.0 : 0.6;
+    p *= (cached == (v[kAlgo] == 0)) ? 1.0 : 0.8;   // cached: two passes over registers are cheap
+    return p;
+  }
+
+  KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {
+    const TensorMeta& x = *tensor_arg(sig, 0);
+    const int64_t nvec = cols_of(x) / v[kVec];
+    const bool warp = v[kMap] == 1;
+    const int64_t nt = warp ? 32 : v[kBlock];
+    KernelSpec s = one_launch_spec(Backend::kCuda, std::string(kCudaPrelude) + kCudaSoftmax, "kf_softmax",
+                                   {dtype_define(x.dtype), define("KF_LOG", log_ ? 1 : 0),
+                                    define("KF_WARP_ROW", v[kMap]), define("KF_ONLINE", v[kAlgo]),
+                                    define("KF_BLOCK", v[kBlock]), define("KF_VEC", v[kVec]),
+                                    define("KF_ITEMS", v[kCache] == 1 ? items(nvec, nt) : 0)});
+    s.plan.outputs = {OutputSpec::like(0)};
+    Launch& l = s.plan.launches[0];
+    const std::string rows = rows_expr(x);
+    l.grid[0] = warp ? "ceil_div(" + rows + ", " + std::to_string(v[kBlock] / 32) + ")" : rows;
+    l.block[0] = std::to_string(v[kBlock]);
+    l.args = {ArgBinding::input(0), ArgBinding::output(0), ArgBinding::size(rows), ArgBinding::size(cols_expr(x))};
+    return s;
+  }
+
+ private:
+  static int64_t items(int64_t nvec, int64_t threads) { return std::max<int64_t>(1, (nvec + threads - 1) / threads); }
+  bool log_;
+};
+
+// ---- CPU -------------------------------------------------------------------------------------------
+
+enum SoftmaxCpuKnob : size_t { kCpuAlgo, kCpuRows, kCpuLanes };
+
+class SoftmaxCpu final : public FamilyBase {
+ public:
+  explicit SoftmaxCpu(bool log)
+      : FamilyBase(log ? "cpu.log_softmax" : "cpu.softmax", Backend::kCpu,
+                   {Knob{"algo", {0, 1}, {"two_pass", "online"}},
+                    Knob{"rows", {1, 2, 4, 8, 16, 32, 64}, {}},
+                    Knob{"lanes", {1, 4, 8, 16}, {}}}),
+        log_(log) {}
+
+  bool applies(const OpSignature& sig) const override { return softmax_signature(sig, log_, Backend::kCpu); }
+
+  bool valid(const OpSignature& sig, std::span<const int64_t> v) const override {
+    const TensorMeta& x = *tensor_arg(sig, 0);
+    return v[kCpuRows] <= pow2_ceil(rows_of(x)) && (v[kCpuLanes] == 1 || v[kCpuLanes] <= cols_of(x));
+  }
+
+  double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
+    const TensorMeta& x = *tensor_arg(sig, 0);
+    const double ideal_rows = std::clamp(16384.0 / static_cast<double>(cols_of(x)), 1.0, 64.0);
+    return closeness(static_cast<double>(v[kCpuRows]), ideal_rows, 0.3) *
+           closeness(static_cast<double>(v[kCpuLanes]), 8, 0.3) * (v[kCpuAlgo] == 0 ? 1.0 : 0.8);
+  }
+
+  KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {
+    const TensorMeta& x = *tensor_arg(sig, 0);
+    std::vector<std::string> options = cpu_base_options(sig);
+    for (std::string o : {define("KF_LOG", log_ ? 1 : 0), define("KF_ONLINE", v[kCpuAlgo]),
+                          define("KF_ROWS", v[kCpuRows]), define("KF_LANES", v[kCpuLanes])}) {
+      options.push_back(std::move(o));
+    }
+    KernelSpec s = one_launch_spec(Backend::kCpu, std::string(kCpuPrelude) + kCpuSoftmax, "kf_softmax", options);
+    s.plan.outputs = {OutputSpec::like(0)};
+    Launch& l = s.plan.launches[0];
+    const std::string rows = rows_expr(x);
+    l.grid[0] = "ceil_div(" + rows + ", " + std::to_string(v[kCpuRows]) + ")";
+    l.args = {ArgBinding::input(0), ArgBinding::output(0), ArgBinding::size(rows), ArgBinding::size(cols_expr(x))};
+    return s;
+  }
+
+ private:
+  bool log_;
+};
+
+}  // namespace
+
+std::unique_ptr<KernelTemplate> make_softmax_cuda(bool log) { return std::make_unique<SoftmaxCuda>(log); }
+std::unique_ptr<KernelTemplate> make_softmax_cpu(bool log) { return std::make_unique<SoftmaxCpu>(log); }
+
+}  // namespace kforge::search::templates

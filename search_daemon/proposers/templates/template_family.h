@@ -1,0 +1,97 @@
+// What the template families share (internal to search_daemon/proposers/templates/): a base class
+// holding a family's name and knobs, the signature checks every family makes, the source preludes
+// every kernel starts with, and the factories of the families, one .cc file per operator family
+// (row_softmax.cc, layer_norm.cc, group_norm.cc, elementwise.cc).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "search_daemon/proposers/templates/kernel_template.h"
+
+namespace kforge::search::templates {
+
+class FamilyBase : public KernelTemplate {
+ public:
+  std::string_view family() const noexcept override { return family_; }
+  Backend backend() const noexcept override { return backend_; }
+  const std::vector<Knob>& knobs() const noexcept override { return knobs_; }
+
+ protected:
+  FamilyBase(std::string family, Backend backend, std::vector<Knob> knobs)
+      : family_(std::move(family)), backend_(backend), knobs_(std::move(knobs)) {}
+
+ private:
+  std::string family_;
+  Backend backend_;
+  std::vector<Knob> knobs_;
+};
+
+// ---- signature checks ---------------------------------------------------------------------------
+
+// Argument i as a tensor, or nullptr (missing, None, a scalar, a list).
+const TensorMeta* tensor_arg(const OpSignature& sig, size_t i);
+// A non-empty contiguous tensor on the device of `backend`, with a dtype the backend's templates
+// handle: float32 everywhere, float16 and bfloat16 on CUDA.
+bool template_tensor(const TensorMeta* t, Backend backend);
+bool is_none(const OpSignature& sig, size_t i);
+const int64_t* int_arg(const OpSignature& sig, size_t i);
+// The last dimension's length and the product of the others.
+int64_t cols_of(const TensorMeta& t);
+int64_t rows_of(const TensorMeta& t);
+// "size0_2": the name of tensor argument `arg`'s dimension `dim` in a launch plan.
+std::string size_name(size_t arg, size_t dim);
+// The launch-plan names of the last dimension and of the row count of tensor argument 0.
+std::string cols_expr(const TensorMeta& t);
+std::string rows_expr(const TensorMeta& t);
+// Whether a vector access of `vec` elements is allowed for every tensor argument of `sig`: the
+// vector is at most 16 bytes and every tensor's pointer alignment is a multiple of it. (Outputs
+// are fresh allocations, aligned far beyond 16 bytes by both allocators.)
+bool vector_fits(const OpSignature& sig, int64_t vec);
+
+// ---- spec assembly ----------------------------------------------------------------------------------
+
+std::string define(std::string_view name, int64_t value);   // "-DKF_BLOCK=256"
+// -DKF_DTYPE=0|1|2 for float32, float16, bfloat16.
+std::string dtype_define(DType t);
+// A spec with one entry point and one launch; the caller fills the launch's numbers and args.
+KernelSpec one_launch_spec(Backend backend, std::string source, std::string entry, std::vector<std::string> options);
+// Compile options every CPU template uses before its knobs: -O3 over the builder's fixed -O2, and
+// the x86-64 level (v2, v3, v4) of the ISA the signature's target arch names ("x86_64-avx2").
+std::vector<std::string> cpu_base_options(const OpSignature& sig);
+
+// The first thing in every CUDA template: dtype and accumulator types, conversions, vector
+// loads, warp and block reductions. Needs KF_DTYPE and KF_BLOCK.
+extern const char* const kCudaPrelude;
+// Row statistics for the norms (Note [Norm statistics] in layer_norm.cc): Welford states and
+// their merges, double sums over a row. Needs the prelude, KF_WARP_ROW, KF_VEC.
+extern const char* const kCudaNormStatistics;
+// The first thing in every CPU template: the ABI header, libm, parameter access.
+extern const char* const kCpuPrelude;
+
+// Smallest power of two >= v (v >= 1).
+int64_t pow2_ceil(int64_t v);
+// 1 / (1 + |log2(a / b)| * weight): how close a is to b on a log scale, in (0, 1].
+double closeness(double a, double b, double weight);
+
+// ---- the families ----------------------------------------------------------------------------------
+
+// aten::_softmax / aten::_log_softmax over the last dimension.
+std::unique_ptr<KernelTemplate> make_softmax_cuda(bool log);
+std::unique_ptr<KernelTemplate> make_softmax_cpu(bool log);
+// aten::native_layer_norm over the last dimension.
+std::unique_ptr<KernelTemplate> make_layer_norm_cuda();
+std::unique_ptr<KernelTemplate> make_layer_norm_cpu();
+// aten::native_group_norm.
+std::unique_ptr<KernelTemplate> make_group_norm_cuda();
+std::unique_ptr<KernelTemplate> make_group_norm_cpu();
+// aten::gelu, aten::silu, aten::add.Tensor.
+enum class Pointwise : uint8_t { kGelu, kSilu, kAdd };
+std::unique_ptr<KernelTemplate> make_pointwise_cuda(Pointwise op);
+std::unique_ptr<KernelTemplate> make_pointwise_cpu(Pointwise op);
+
+}  // namespace kforge::search::templates

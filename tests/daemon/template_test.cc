@@ -1,0 +1,750 @@
+// The kernel template library and TemplateProposer (search_daemon/proposers/templates/).
+//
+// [templates] (ctest label 'unit'): what supports() accepts, what propose() and sample() give, that
+//   every configuration of every family validates and resolves for several signatures, and that
+//   every CUDA family compiles with NVRTC for sm_90 (no GPU needed; skipped without NVRTC).
+// [cpu] (label 'integration'): CPU instances of every family, at default and sampled knobs, on
+//   shapes whose rows and lengths are not multiples of the rows per block or the lanes, verified by
+//   a real kforge-worker exactly as a search would (six trials with adversarial inputs): each must
+//   come back verified. A failure here is a wrong kernel.
+// [gpu] (label 'gpu'): the same for the CUDA families on cuda:0, every dtype.
+// The worker is named by the environment, as in tests/worker/worker_eval_test.cc: KFORGE_WORKER,
+// KFORGE_PYTHON, KFORGE_WORKER_LIB_DIR (ctest sets them).
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "runtime/environment.h"
+#include "runtime/nvrtc.h"
+#include "search_daemon/evaluator/worker_process.h"
+#include "search_daemon/proposers/templates/kernel_template.h"
+#include "search_daemon/proposers/templates/template_proposer.h"
+#include "search_daemon/worker/builder.h"
+#include "tests/support/temp_dir.h"
+
+using namespace kforge;
+using namespace kforge::search;
+using namespace kforge::search::templates;
+using kforge::test_support::TempDir;
+
+namespace {
+
+// ---- signatures -----------------------------------------------------------------------------------
+
+TensorMeta tensor(Backend b, DType dtype, std::vector<int64_t> sizes, uint32_t alignment = kMaxAlignment) {
+  TensorMeta m;
+  m.dtype = dtype;
+  m.device = b == Backend::kCuda ? DeviceType::kCuda : DeviceType::kCpu;
+  m.sizes = sizes;
+  m.strides.assign(sizes.size(), 1);
+  for (size_t d = sizes.size(); d-- > 1;) m.strides[d - 1] = m.strides[d] * sizes[d];
+  m.alignment = alignment;
+  return m;
+}
+
+Target target(Backend b) { return b == Backend::kCuda ? Target{b, "sm_90"} : Target{b, "x86_64-avx2"}; }
+
+OpSignature softmax(Backend b, DType t, std::vector<int64_t> sizes, bool log = false, int64_t dim = -1,
+                    uint32_t alignment = kMaxAlignment) {
+  return OpSignature{log ? "aten::_log_softmax" : "aten::_softmax",
+                     "",
+                     {Arg::tensor(tensor(b, t, sizes, alignment)), Arg::integer(dim), Arg::boolean(false)},
+                     target(b)};
+}
+
+OpSignature layer_norm(Backend b, DType t, std::vector<int64_t> sizes, bool weight = true, bool bias = true) {
+  const int64_t c = sizes.back();
+  return OpSignature{"aten::native_layer_norm",
+                     "",
+                     {Arg::tensor(tensor(b, t, sizes)), Arg::int_list({c}),
+                      weight ? Arg::tensor(tensor(b, t, {c})) : Arg::none(),
+                      bias ? Arg::tensor(tensor(b, t, {c})) : Arg::none(), Arg::real(1e-5)},
+                     target(b)};
+}
+
+OpSignature group_norm(Backend b, DType t, std::vector<int64_t> sizes, int64_t groups, bool affine = true) {
+  int64_t hxw = 1;
+  for (size_t d = 2; d < sizes.size(); ++d) hxw *= sizes[d];
+  const int64_t c = sizes[1];
+  return OpSignature{"aten::native_group_norm",
+                     "",
+                     {Arg::tensor(tensor(b, t, sizes)), affine ? Arg::tensor(tensor(b, t, {c})) : Arg::none(),
+                      affine ? Arg::tensor(tensor(b, t, {c})) : Arg::none(), Arg::integer(sizes[0]), Arg::integer(c),
+                      Arg::integer(hxw), Arg::integer(groups), Arg::real(1e-5)},
+                     target(b)};
+}
+
+OpSignature gelu(Backend b, DType t, std::vector<int64_t> sizes, const std::string& approximate = "none",
+                 uint32_t alignment = kMaxAlignment) {
+  return OpSignature{"aten::gelu", "", {Arg::tensor(tensor(b, t, sizes, alignment)), Arg::string(approximate)},
+                     target(b)};
+}
+
+OpSignature silu(Backend b, DType t, std::vector<int64_t> sizes) {
+  return OpSignature{"aten::silu", "", {Arg::tensor(tensor(b, t, sizes))}, target(b)};
+}
+
+OpSignature add(Backend b, DType t, std::vector<int64_t> sizes, Arg alpha = Arg::integer(1)) {
+  return OpSignature{"aten::add", "Tensor",
+                     {Arg::tensor(tensor(b, t, sizes)), Arg::tensor(tensor(b, t, sizes)), std::move(alpha)}, target(b)};
+}
+
+// Signatures of every family on one backend, in several shapes (ranks 1 to 4, odd lengths, one row,
+// rows that no block size divides).
+std::vector<OpSignature> signatures(Backend b) {
+  std::vector<DType> dtypes = {DType::kFloat32};
+  if (b == Backend::kCuda) dtypes = {DType::kFloat32, DType::kFloat16, DType::kBFloat16};
+  std::vector<OpSignature> out;
+  for (DType t : dtypes) {
+    for (bool log : {false, true}) {
+      out.push_back(softmax(b, t, {37, 1000}, log));
+      out.push_back(softmax(b, t, {2, 3, 5, 33}, log, 3));
+      out.push_back(softmax(b, t, {50257}, log));
+    }
+    out.push_back(layer_norm(b, t, {3, 7, 768}));
+    out.push_back(layer_norm(b, t, {5, 37}, false, true));
+    out.push_back(layer_norm(b, t, {4096}, true, false));
+    out.push_back(group_norm(b, t, {2, 32, 9, 9}, 8));
+    out.push_back(group_norm(b, t, {3, 6, 16}, 3, false));
+    out.push_back(gelu(b, t, {1000, 77}));
+    out.push_back(gelu(b, t, {13}, "tanh"));
+    out.push_back(silu(b, t, {4, 1 << 16}));
+    out.push_back(add(b, t, {2, 3, 1001}, Arg::real(0.5)));
+    out.push_back(add(b, t, {1 << 20}));
+  }
+  return out;
+}
+
+std::string name_of(const OpSignature& s) { return s.to_string(); }
+
+const KernelTemplate& family_of(const TemplateConfig& c) {
+  const KernelTemplate* t = find_template(c.family);
+  REQUIRE(t != nullptr);
+  return *t;
+}
+
+int64_t knob(const TemplateConfig& c, std::string_view name) {
+  const std::vector<Knob>& knobs = family_of(c).knobs();
+  for (size_t k = 0; k < knobs.size(); ++k) {
+    if (knobs[k].name == name) return c.values[k];
+  }
+  FAIL("no knob " << name << " in " << c.family);
+  return 0;
+}
+
+size_t knobs_changed(const TemplateConfig& a, const TemplateConfig& b) {
+  size_t n = 0;
+  for (size_t k = 0; k < a.values.size(); ++k) n += a.values[k] != b.values[k] ? 1 : 0;
+  return n;
+}
+
+}  // namespace
+
+// ---- the library -------------------------------------------------------------------------------------
+
+TEST_CASE("templates: family names are unique, every knob has a domain, labels parse back", "[templates]") {
+  std::set<std::string> names;
+  for (const KernelTemplate* t : template_library()) {
+    INFO(t->family());
+    CHECK(names.insert(std::string(t->family())).second);
+    CHECK((t->backend() == Backend::kCpu) == t->family().starts_with("cpu."));
+    for (const Knob& k : t->knobs()) {
+      CHECK(!k.values.empty());
+      CHECK((k.names.empty() || k.names.size() == k.values.size()));
+    }
+    CHECK(find_template(t->family()) == t);
+  }
+  CHECK(names.size() == 14);
+  CHECK(find_template("nonexistent") == nullptr);
+
+  const TemplateConfig c{"softmax", {0, 1, 256, 4, 1}};
+  CHECK(label(*find_template("softmax"), c) == "softmax.block_row algo=online block=256 vec=4 cache=1");
+  CHECK(parse_label("softmax.block_row algo=online block=256 vec=4 cache=1") == c);
+  CHECK(parse_label("cpu.add chunk=4096") == TemplateConfig{"cpu.add", {4096}});
+  CHECK(parse_label("add block=256 vec=4 items=2") == TemplateConfig{"add", {256, 4, 2}});
+  // Not labels of this library: unknown family or knob, a value outside the domain, a knob
+  // missing or repeated, stray spaces.
+  for (const char* bad : {"", "softmax", "softmax.block_row", "softmax.sideways algo=online block=256 vec=4 cache=1",
+                          "softmax.block_row algo=online block=257 vec=4 cache=1",
+                          "softmax.block_row algo=online block=256 vec=4", "softmax.block_row algo=online block=256 vec=4 cache=1 cache=1",
+                          "softmax.block_row  algo=online block=256 vec=4 cache=1", "cpu.add chunk=4096 ",
+                          "cpu.add chunk=", "cpu.add chunk=4k", "cpu.add size=4096", "llm: warp shuffles"}) {
+    INFO(bad);
+    CHECK(!parse_label(bad).has_value());
+  }
+}
+
+TEST_CASE("templates: supports() accepts exactly the signatures some family handles", "[templates]") {
+  TemplateProposer p;
+  for (Backend b : {Backend::kCpu, Backend::kCuda}) {
+    for (const OpSignature& s : signatures(b)) {
+      INFO(name_of(s));
+      CHECK(p.supports(s));
+      CHECK(templates_for(s).size() == 1);
+    }
+  }
+  const Backend G = Backend::kCuda, C = Backend::kCpu;
+  const DType F = DType::kFloat32;
+  std::vector<OpSignature> refused = {
+      softmax(G, F, {8, 64}, false, 0),                          // not the last dimension
+      softmax(C, DType::kFloat16, {8, 64}),                      // 16-bit types only on CUDA
+      softmax(G, DType::kFloat64, {8, 64}),
+      softmax(G, F, {0, 64}),                                    // empty
+      gelu(G, F, {8}, "sigmoid"),
+      gelu(G, DType::kInt32, {8}),
+      add(G, F, {8, 64}, Arg::string("1")),
+  };
+  {
+    OpSignature s = softmax(G, F, {8, 64});
+    s.args[2] = Arg::boolean(true);   // half_to_float
+    refused.push_back(s);
+    s = softmax(G, F, {8, 64});
+    std::get<TensorMeta>(s.args[0].value).strides = {1, 8};   // transposed
+    refused.push_back(s);
+    s = softmax(G, F, {8, 64});
+    std::get<TensorMeta>(s.args[0].value).device = DeviceType::kCpu;   // tensor and target disagree
+    refused.push_back(s);
+    s = softmax(G, F, {8, 64});
+    s.op = "aten::softmax";
+    refused.push_back(s);
+  }
+  {
+    OpSignature s = layer_norm(G, F, {4, 8, 64});
+    s.args[1] = Arg::int_list({8, 64});   // normalized over two dimensions
+    refused.push_back(s);
+    s = layer_norm(G, DType::kFloat16, {4, 64});
+    s.args[2] = Arg::tensor(tensor(G, F, {64}));   // float32 weight for a float16 input (mixed)
+    refused.push_back(s);
+    s = group_norm(G, F, {2, 6, 4}, 4);           // 6 channels in 4 groups
+    refused.push_back(s);
+  }
+  {
+    OpSignature s = add(G, F, {8, 64});
+    s.args[1] = Arg::tensor(tensor(G, F, {64}));   // broadcast
+    refused.push_back(s);
+    s = add(G, F, {8, 64});
+    s.args[1] = Arg::tensor(tensor(G, DType::kFloat16, {8, 64}));   // type promotion
+    refused.push_back(s);
+    s = add(G, F, {8, 64});
+    s.overload = "Scalar";
+    refused.push_back(s);
+  }
+  for (const OpSignature& s : refused) {
+    INFO(name_of(s));
+    CHECK(!p.supports(s));
+    CHECK(enumerate_space(s).empty());
+    ProposalRequest req;
+    req.signature = &s;
+    CHECK(p.propose(req).empty());
+    std::mt19937_64 rng(1);
+    CHECK(!p.sample(s, rng).has_value());
+  }
+}
+
+TEST_CASE("templates: every configuration of every family validates and resolves, once", "[templates]") {
+  for (Backend b : {Backend::kCpu, Backend::kCuda}) {
+    for (const OpSignature& s : signatures(b)) {
+      INFO(name_of(s));
+      const std::vector<TemplateConfig> space = enumerate_space(s);
+      REQUIRE(!space.empty());
+      std::set<KernelId> ids;
+      std::set<std::string> labels;
+      for (const TemplateConfig& c : space) {
+        const KernelTemplate& t = family_of(c);
+        const KernelSpec spec = t.instantiate(s, c.values);
+        INFO(label(t, c));
+        CHECK(spec.backend == s.target.backend);
+        const Status v = spec.validate();
+        CHECK(v.ok());
+        const StatusOr<ResolvedLaunchPlan> r = spec.resolve(s);
+        REQUIRE(r.ok());
+        CHECK(ids.insert(spec.id()).second);
+        CHECK(labels.insert(label(t, c)).second);
+        CHECK(parse_label(label(t, c)) == c);
+        const double prior = t.prior(s, c.values);
+        CHECK(prior > 0);
+        CHECK(prior <= 1);
+        // The first output is always shaped like the input.
+        REQUIRE(!r->outputs.empty());
+        CHECK(r->outputs[0].sizes == std::get<TensorMeta>(s.args[0].value).sizes);
+        // Enough blocks (CUDA) or tasks (CPU) for every row or element.
+        const ResolvedLaunch& l = r->launches.at(0);
+        CHECK(l.grid[0] >= 1);
+        if (b == Backend::kCpu) CHECK(l.block == std::array<uint32_t, 3>{1, 1, 1});
+      }
+    }
+  }
+}
+
+TEST_CASE("templates: vector widths only where alignment and sizes allow them", "[templates]") {
+  auto vecs = [](const OpSignature& s) {
+    std::set<int64_t> v;
+    for (const TemplateConfig& c : enumerate_space(s)) v.insert(knob(c, "vec"));
+    return v;
+  };
+  const Backend G = Backend::kCuda;
+  CHECK(vecs(softmax(G, DType::kFloat32, {8, 1024})) == std::set<int64_t>{1, 2, 4});   // 16 bytes at most
+  CHECK(vecs(softmax(G, DType::kFloat16, {8, 1024})) == std::set<int64_t>{1, 2, 4, 8});
+  CHECK(vecs(softmax(G, DType::kFloat16, {8, 1022})) == std::set<int64_t>{1, 2});      // rows of 1022
+  CHECK(vecs(softmax(G, DType::kFloat32, {8, 1023})) == std::set<int64_t>{1});
+  CHECK(vecs(softmax(G, DType::kFloat32, {8, 1024}, false, -1, 8)) == std::set<int64_t>{1, 2});   // 8-byte aligned
+  CHECK(vecs(softmax(G, DType::kBFloat16, {8, 1024}, false, -1, 2)) == std::set<int64_t>{1});
+  // Pointwise kernels finish the odd elements one at a time: only the alignment limits them.
+  CHECK(vecs(gelu(G, DType::kFloat16, {1001})) == std::set<int64_t>{1, 2, 4, 8});
+  CHECK(vecs(gelu(G, DType::kFloat16, {1001}, "none", 4)) == std::set<int64_t>{1, 2});
+  {
+    OpSignature s = layer_norm(G, DType::kFloat32, {8, 1024});
+    std::get<TensorMeta>(s.args[3].value).alignment = 4;   // the bias is read with the same vectors
+    CHECK(vecs(s) == std::set<int64_t>{1});
+  }
+  // The register cache only where the row fits in at most 32 values per thread.
+  for (const TemplateConfig& c : enumerate_space(softmax(G, DType::kFloat32, {4, 50257}))) {
+    if (knob(c, "cache") == 1) CHECK(knob(c, "block") * 32 >= 50257);
+  }
+}
+
+namespace {
+
+// The values of a configuration's categorical knobs: which variant of its family it is.
+std::vector<int64_t> variant_of(const TemplateConfig& c) {
+  std::vector<int64_t> v;
+  const std::vector<Knob>& knobs = family_of(c).knobs();
+  for (size_t k = 0; k < knobs.size(); ++k) {
+    if (knobs[k].categorical()) v.push_back(c.values[k]);
+  }
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("templates: propose() from the root gives distinct defaults across variants, with priors", "[templates]") {
+  TemplateProposer p;
+  CHECK(p.name() == "template");
+  for (Backend b : {Backend::kCpu, Backend::kCuda}) {
+    for (const OpSignature& s : signatures(b)) {
+      INFO(name_of(s));
+      SearchTree tree;
+      ProposalRequest req{&s, &tree, 0, 4, 7, {}};
+      const std::vector<Move> moves = p.propose(req);
+      const std::vector<TemplateConfig> space = enumerate_space(s);
+      CHECK(moves.size() == std::min<size_t>(4, space.size()));
+      std::set<std::vector<int64_t>> all_variants;
+      for (const TemplateConfig& c : space) all_variants.insert(variant_of(c));
+      std::set<KernelId> ids;
+      std::set<std::vector<int64_t>> variants;
+      for (const Move& m : moves) {
+        INFO(m.label);
+        CHECK(m.proposer == "template");
+        CHECK(m.prior > 0);
+        CHECK(m.prior <= 1);
+        CHECK(m.spec.validate().ok());
+        CHECK(m.spec.resolve(s).ok());
+        CHECK(m.spec.backend == s.target.backend);
+        CHECK(ids.insert(m.spec.id()).second);
+        const std::optional<TemplateConfig> c = TemplateProposer::config_of(s, m);
+        REQUIRE(c.has_value());
+        variants.insert(variant_of(*c));
+      }
+      // The first expansion spans the variants, as far as max_moves allows.
+      CHECK(variants.size() == std::min<size_t>(moves.size(), all_variants.size()));
+      // Deterministic: the same request, the same moves.
+      const std::vector<Move> again = p.propose(req);
+      REQUIRE(again.size() == moves.size());
+      for (size_t i = 0; i < moves.size(); ++i) {
+        CHECK(again[i].spec == moves[i].spec);
+        CHECK(again[i].label == moves[i].label);
+        CHECK(again[i].prior == moves[i].prior);
+      }
+    }
+  }
+}
+
+TEST_CASE("templates: expanding the root again never repeats a spec and ends with the whole space", "[templates]") {
+  TemplateProposer p;
+  for (const OpSignature& s : {add(Backend::kCpu, DType::kFloat32, {1 << 20}),
+                               softmax(Backend::kCpu, DType::kFloat32, {3, 5}),
+                               gelu(Backend::kCuda, DType::kFloat16, {3000}, "tanh")}) {
+    INFO(name_of(s));
+    SearchTree tree;
+    ProposalRequest req{&s, &tree, 0, 3, 0, {}};
+    size_t added = 0;
+    for (int round = 0; round < 1000; ++round) {
+      const std::vector<Move> moves = p.propose(req);
+      if (moves.empty()) break;
+      CHECK(moves.size() <= 3);
+      for (const Move& m : moves) {
+        CHECK(!tree.find(m.spec.id()).has_value());
+        tree.add(0, m);
+        ++added;
+      }
+    }
+    CHECK(added == enumerate_space(s).size());
+    CHECK(tree.size() == added + 1);
+  }
+}
+
+TEST_CASE("templates: propose() from a node gives its neighbours, one knob changed, never one in the tree",
+          "[templates]") {
+  TemplateProposer p;
+  for (Backend b : {Backend::kCpu, Backend::kCuda}) {
+    for (const OpSignature& s : signatures(b)) {
+      INFO(name_of(s));
+      SearchTree tree;
+      const std::vector<Move> roots = p.propose(ProposalRequest{&s, &tree, 0, 2, 0, {}});
+      REQUIRE(!roots.empty());
+      const uint64_t parent = tree.add(0, roots[0]);
+      const TemplateConfig here = *TemplateProposer::config_of(s, roots[0]);
+      const std::vector<TemplateConfig> near = neighbours(s, here);
+      const std::vector<Move> moves = p.propose(ProposalRequest{&s, &tree, parent, 64, 0, {}});
+      CHECK(moves.size() == near.size());
+      std::set<KernelId> ids;
+      double last_prior = 2;
+      for (const Move& m : moves) {
+        INFO(m.label);
+        const std::optional<TemplateConfig> c = TemplateProposer::config_of(s, m);
+        REQUIRE(c.has_value());
+        CHECK(c->family == here.family);
+        CHECK(knobs_changed(*c, here) == 1);
+        CHECK(std::find(near.begin(), near.end(), *c) != near.end());
+        CHECK(ids.insert(m.spec.id()).second);
+        CHECK(m.prior <= last_prior);   // best first
+        last_prior = m.prior;
+      }
+      // Add two neighbours: the next proposal from the same node skips them, and max_moves holds.
+      if (moves.size() >= 4) {
+        tree.add(parent, moves[0]);
+        tree.add(parent, moves[2]);
+        const std::vector<Move> rest = p.propose(ProposalRequest{&s, &tree, parent, 64, 0, {}});
+        CHECK(rest.size() == moves.size() - 2);
+        for (const Move& m : rest) CHECK(!tree.find(m.spec.id()).has_value());
+        const std::vector<Move> two = p.propose(ProposalRequest{&s, &tree, parent, 2, 0, {}});
+        REQUIRE(two.size() == 2);
+        CHECK(two[0].spec == moves[1].spec);
+        CHECK(two[1].spec == moves[3].spec);
+      }
+    }
+  }
+}
+
+TEST_CASE("templates: a node it did not make, or a move that lies about its config, gives nothing", "[templates]") {
+  TemplateProposer p;
+  const OpSignature s = softmax(Backend::kCuda, DType::kFloat16, {64, 4096});
+  SearchTree tree;
+  const std::vector<Move> roots = p.propose(ProposalRequest{&s, &tree, 0, 2, 0, {}});
+  REQUIRE(roots.size() == 2);
+
+  Move llm = roots[0];
+  llm.proposer = "llm";
+  llm.label = "llm: warp shuffles";
+  llm.spec.source += "\n// rewritten";
+  const uint64_t from_llm = tree.add(0, llm);
+  CHECK(p.propose(ProposalRequest{&s, &tree, from_llm, 4, 0, {}}).empty());
+
+  Move liar = roots[1];
+  liar.label = label(*find_template("softmax"), TemplateConfig{"softmax", {0, 0, 32, 1, 0}});   // not its spec
+  const uint64_t from_liar = tree.add(0, liar);
+  CHECK(!TemplateProposer::config_of(s, liar).has_value());
+  CHECK(p.propose(ProposalRequest{&s, &tree, from_liar, 4, 0, {}}).empty());
+
+  // A template node of another signature's space (same family, another row length).
+  const OpSignature other = softmax(Backend::kCuda, DType::kFloat16, {64, 100});
+  CHECK(!TemplateProposer::config_of(other, roots[0]).has_value());
+  // Requests without a tree or a parent that does not exist.
+  CHECK(p.propose(ProposalRequest{&s, nullptr, 1, 4, 0, {}}).empty());
+  CHECK(p.propose(ProposalRequest{&s, &tree, 999, 4, 0, {}}).empty());
+  CHECK(p.propose(ProposalRequest{&s, &tree, 0, 0, 0, {}}).empty());
+  CHECK(p.propose(ProposalRequest{nullptr, &tree, 0, 4, 0, {}}).empty());
+}
+
+TEST_CASE("templates: sample() is uniform over the valid space and deterministic for a seed", "[templates]") {
+  TemplateProposer p;
+  const OpSignature s = softmax(Backend::kCpu, DType::kFloat32, {256, 512});
+  const std::vector<TemplateConfig> space = enumerate_space(s);
+  REQUIRE(space.size() > 10);
+  std::map<std::string, int> counts;
+  std::mt19937_64 rng(1234);
+  const int draws = static_cast<int>(space.size()) * 60;
+  for (int i = 0; i < draws; ++i) {
+    const std::optional<Move> m = p.sample(s, rng);
+    REQUIRE(m.has_value());
+    ++counts[m->label];
+  }
+  CHECK(counts.size() == space.size());   // every configuration drawn
+  // Chi-square against uniform, with a bound far in the tail for this many degrees of freedom.
+  double chi2 = 0;
+  for (const auto& [l, n] : counts) chi2 += (n - 60.0) * (n - 60.0) / 60.0;
+  const double dof = static_cast<double>(space.size() - 1);
+  CHECK(chi2 < dof + 6 * std::sqrt(2 * dof));
+
+  std::mt19937_64 a(99), b(99);
+  for (int i = 0; i < 20; ++i) CHECK(p.sample(s, a)->label == p.sample(s, b)->label);
+  const std::optional<Move> m = p.sample(s, a);
+  REQUIRE(m.has_value());
+  CHECK(m->spec.resolve(s).ok());
+  CHECK(TemplateProposer::move_for(s, *TemplateProposer::config_of(s, *m))->spec == m->spec);
+  CHECK(!TemplateProposer::move_for(s, TemplateConfig{"cpu.softmax", {0, 128, 8}}).ok());   // rows=128: not a knob value
+  CHECK(!TemplateProposer::move_for(s, TemplateConfig{"softmax", {0, 0, 256, 4, 0}}).ok());   // a CUDA family
+}
+
+TEST_CASE("templates: the space is closed under neighbours and covers what is valid", "[templates]") {
+  for (const OpSignature& s : {softmax(Backend::kCuda, DType::kBFloat16, {100, 4096}),
+                               layer_norm(Backend::kCuda, DType::kFloat32, {8, 96}),
+                               layer_norm(Backend::kCpu, DType::kFloat32, {3, 10}, false, false),
+                               group_norm(Backend::kCuda, DType::kFloat16, {2, 8, 5, 5}, 4),
+                               add(Backend::kCuda, DType::kFloat32, {7})}) {
+    INFO(name_of(s));
+    const std::vector<TemplateConfig> space = enumerate_space(s);
+    REQUIRE(!space.empty());
+    const std::set<TemplateConfig> in_space(space.begin(), space.end());
+    CHECK(in_space.size() == space.size());
+    for (const TemplateConfig& c : space) {
+      for (const TemplateConfig& n : neighbours(s, c)) {
+        CHECK(in_space.count(n) == 1);
+        CHECK(knobs_changed(n, c) == 1);
+      }
+    }
+    // Brute force over the whole knob domain: exactly the valid points are listed.
+    const KernelTemplate& t = *templates_for(s).at(0);
+    size_t valid = 0;
+    std::vector<size_t> idx(t.knobs().size(), 0);
+    for (bool more = true; more;) {
+      std::vector<int64_t> v;
+      for (size_t k = 0; k < idx.size(); ++k) v.push_back(t.knobs()[k].values[idx[k]]);
+      if (is_valid(t, s, v)) {
+        ++valid;
+        CHECK(in_space.count(TemplateConfig{std::string(t.family()), v}) == 1);
+      }
+      more = false;
+      for (size_t k = idx.size(); k-- > 0;) {
+        if (++idx[k] < t.knobs()[k].values.size()) {
+          more = true;
+          break;
+        }
+        idx[k] = 0;
+      }
+    }
+    CHECK(valid == space.size());
+  }
+}
+
+// ---- CUDA: every family compiles -----------------------------------------------------------------------
+
+namespace {
+
+// A deterministic sample of a space: every configuration when it is small, else evenly spaced
+// ones plus the first of each variant.
+std::vector<TemplateConfig> sample_of(const std::vector<TemplateConfig>& space, size_t n) {
+  if (space.size() <= n) return space;
+  std::vector<TemplateConfig> out;
+  std::set<std::vector<int64_t>> variants;
+  for (const TemplateConfig& c : space) {
+    if (variants.insert(variant_of(c)).second) out.push_back(c);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const TemplateConfig& c = space[i * space.size() / n];
+    if (std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("templates: the CUDA families compile with NVRTC for sm_90 over their knob spaces", "[templates]") {
+  StatusOr<const Nvrtc*> nvrtc = Nvrtc::load();
+  if (!nvrtc.ok()) {
+    WARN("no NVRTC on this host: " << nvrtc.status().to_string());
+    return;
+  }
+  TempDir t("kforge-template-test");
+  StatusOr<CandidateBuilder> builder = CandidateBuilder::for_cuda((t.path / "builds").string(), *nvrtc, 9, 0);
+  REQUIRE(builder.ok());
+  // Every macro combination a family has: each dtype, each variant and vector width, the register
+  // cache on and off, weight and bias present or not; block sizes sampled (they only size loops).
+  std::vector<OpSignature> sigs;
+  for (DType d : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+    for (bool log : {false, true}) {
+      sigs.push_back(softmax(Backend::kCuda, d, {512, 1024}, log));
+      sigs.push_back(softmax(Backend::kCuda, d, {512, 1000}, log));
+    }
+    sigs.push_back(layer_norm(Backend::kCuda, d, {512, 1024}));
+    sigs.push_back(layer_norm(Backend::kCuda, d, {512, 1000}, false, false));
+    sigs.push_back(layer_norm(Backend::kCuda, d, {512, 1000}, true, false));
+    sigs.push_back(group_norm(Backend::kCuda, d, {4, 32, 8, 8}, 8));
+    sigs.push_back(group_norm(Backend::kCuda, d, {4, 32, 8, 8}, 8, false));
+    sigs.push_back(gelu(Backend::kCuda, d, {1 << 20}));
+    sigs.push_back(gelu(Backend::kCuda, d, {1 << 20}, "tanh"));
+    sigs.push_back(silu(Backend::kCuda, d, {1 << 20}));
+    sigs.push_back(add(Backend::kCuda, d, {1 << 20}, Arg::real(-0.5)));
+  }
+  std::set<std::string> built;   // the build cache key: each distinct source and options once
+  size_t compiled = 0;
+  for (const OpSignature& s : sigs) {
+    const std::vector<TemplateConfig> space = enumerate_space(s);
+    REQUIRE(!space.empty());
+    std::set<std::pair<int64_t, int64_t>> vec_cache;
+    std::vector<TemplateConfig> picked = sample_of(space, 6);
+    // Every (vec, cache) pair too, where the family has those knobs.
+    for (const TemplateConfig& c : space) {
+      const std::vector<Knob>& knobs = family_of(c).knobs();
+      int64_t vec = 0, cache = -1;
+      for (size_t k = 0; k < knobs.size(); ++k) {
+        if (knobs[k].name == "vec") vec = c.values[k];
+        if (knobs[k].name == "cache") cache = c.values[k];
+      }
+      if (vec_cache.insert({vec, cache}).second && std::find(picked.begin(), picked.end(), c) == picked.end()) {
+        picked.push_back(c);
+      }
+    }
+    for (const TemplateConfig& c : picked) {
+      const KernelSpec spec = family_of(c).instantiate(s, c.values);
+      StatusOr<BuildOutput> out = builder->build(spec, 120000);
+      REQUIRE(out.ok());
+      INFO(name_of(s) << "\n" << label(family_of(c), c) << "\n" << out->log.substr(0, 4000));
+      CHECK(out->compiled);
+      if (built.insert(out->key).second) ++compiled;
+    }
+  }
+  INFO("compiled " << compiled << " distinct CUDA instances");
+  CHECK(compiled > 100);
+}
+
+// ---- instances verified by the worker --------------------------------------------------------------------
+
+namespace {
+
+std::string env_or_empty(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? v : "";
+}
+
+// The instances to verify for one signature: the root's defaults (one per variant first), then
+// `samples` uniform draws, without repeats.
+std::vector<Move> instances(const OpSignature& s, size_t defaults, size_t samples, uint64_t seed) {
+  TemplateProposer p;
+  SearchTree tree;
+  std::vector<Move> out = p.propose(ProposalRequest{&s, &tree, 0, defaults, seed, {}});
+  for (const Move& m : out) tree.add(0, m);
+  std::mt19937_64 rng(seed);
+  for (size_t tries = 0; tries < 8 * samples && out.size() < defaults + samples; ++tries) {
+    std::optional<Move> m = p.sample(s, rng);
+    REQUIRE(m.has_value());
+    if (tree.find(m->spec.id())) continue;
+    tree.add(0, *m);
+    out.push_back(std::move(*m));
+  }
+  return out;
+}
+
+// Every instance must come back verified: built, six trials (normal, uniform, large, offset,
+// zeros, normal) passed with every check.
+void verify_all(const std::string& device, const std::vector<std::pair<OpSignature, std::vector<Move>>>& work) {
+  TempDir t("kforge-template-worker-test");
+  eval::WorkerOptions o;
+  o.program = env_or_empty("KFORGE_WORKER");
+  if (o.program.empty()) FAIL("KFORGE_WORKER must name the kforge-worker launcher (ctest sets it)");
+  o.device = device;
+  o.build_cache_dir = (t.path / "builds").string();
+  eval::WorkerProcess w(o);
+  uint64_t id = 1;
+  size_t verified = 0;
+  std::set<std::string> families;
+  for (const auto& [sig, moves] : work) {
+    for (const Move& m : moves) {
+      eval::EvalJob j;
+      j.job_id = id++;
+      j.signature = sig;
+      j.spec = m.spec;
+      j.policy.seed = 42;
+      j.policy.measure = false;
+      const eval::EvalResult r = w.evaluate(j);
+      INFO(name_of(sig) << "\n" << m.label);
+      INFO("status " << eval::eval_status_name(r.status) << " in " << r.phase << ": " << r.message);
+      INFO("verify: " << r.verify.failed_check << " / " << r.verify.trial << " / " << r.verify.detail);
+      INFO("errors: max abs " << r.verify.max_abs_error << " (PyTorch's " << r.verify.torch_max_abs_error
+                              << "), relative " << r.verify.rel_error << " (PyTorch's " << r.verify.torch_rel_error
+                              << ")");
+      INFO("build log: " << r.build_log.substr(0, 3000));
+      CHECK(r.status == eval::EvalStatus::kVerified);
+      if (r.status == eval::EvalStatus::kVerified) {
+        ++verified;
+        CHECK(r.verify.trials_passed == r.verify.trials_run);
+        CHECK(r.verify.trials_run >= eval::kMinTrials);
+        families.insert(TemplateProposer::config_of(sig, m)->family);
+      }
+    }
+  }
+  WARN(device << ": " << verified << " template instances verified by the worker, families: "
+               << [&] {
+                    std::string f;
+                    for (const std::string& n : families) f += n + " ";
+                    return f;
+                  }());
+}
+
+}  // namespace
+
+TEST_CASE("templates: CPU instances of every family pass the worker's verification", "[cpu]") {
+  const Backend B = Backend::kCpu;
+  const DType F = DType::kFloat32;
+  const std::string arch = cpu_host_environment("").arch;
+  auto on_host = [&](OpSignature s) {
+    s.target.arch = arch;
+    return s;
+  };
+  // Rows that no rows-per-block value divides, lengths that no lane count divides, rank 1 to 4.
+  std::vector<std::pair<OpSignature, std::vector<Move>>> work;
+  auto plan = [&](OpSignature s, size_t defaults, size_t samples) {
+    s = on_host(std::move(s));
+    std::vector<Move> m = instances(s, defaults, samples, 17);
+    work.emplace_back(s, std::move(m));
+  };
+  for (bool log : {false, true}) {
+    plan(softmax(B, F, {37, 1001}, log), 2, 2);
+    plan(softmax(B, F, {2, 3, 77}, log, 2), 1, 1);
+  }
+  plan(layer_norm(B, F, {19, 769}), 2, 2);
+  plan(layer_norm(B, F, {2, 3, 5, 33}, false, false), 1, 1);
+  plan(layer_norm(B, F, {7, 64}, true, false), 1, 0);
+  plan(group_norm(B, F, {3, 12, 5, 7}, 4), 2, 2);
+  plan(group_norm(B, F, {2, 6, 9}, 3, false), 1, 0);
+  plan(gelu(B, F, {5, 1001}), 1, 1);
+  plan(gelu(B, F, {70001}, "tanh"), 1, 1);
+  plan(silu(B, F, {3, 4099}), 1, 1);
+  plan(add(B, F, {100003}, Arg::real(-0.75)), 1, 1);
+  plan(add(B, F, {4, 129}), 1, 0);
+  verify_all("cpu", work);
+}
+
+TEST_CASE("templates: CUDA instances of every family pass the worker's verification", "[gpu]") {
+  const Backend B = Backend::kCuda;
+  const std::string arch = env_or_empty("KFORGE_TEST_CUDA_ARCH").empty() ? "sm_90" : env_or_empty("KFORGE_TEST_CUDA_ARCH");
+  std::vector<std::pair<OpSignature, std::vector<Move>>> work;
+  auto plan = [&](OpSignature s, size_t defaults, size_t samples) {
+    s.target.arch = arch;
+    std::vector<Move> m = instances(s, defaults, samples, 23);
+    work.emplace_back(s, std::move(m));
+  };
+  for (DType d : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+    for (bool log : {false, true}) {
+      plan(softmax(B, d, {37, 1000}, log), 4, 3);
+      plan(softmax(B, d, {3, 4099}, log), 2, 2);
+      plan(softmax(B, d, {2, 3, 40}, log, 2), 2, 2);
+    }
+    plan(layer_norm(B, d, {37, 768}), 4, 3);
+    plan(layer_norm(B, d, {2, 3, 4097}, false, false), 2, 2);
+    plan(layer_norm(B, d, {33, 40}, true, false), 2, 2);
+    plan(group_norm(B, d, {3, 32, 7, 7}, 8), 2, 2);
+    plan(group_norm(B, d, {2, 6, 16}, 3, false), 1, 1);
+    plan(gelu(B, d, {5, 1001}), 2, 2);
+    plan(gelu(B, d, {70001}, "tanh"), 2, 2);
+    plan(silu(B, d, {3, 4099}), 2, 2);
+    plan(add(B, d, {100003}, Arg::real(-0.75)), 2, 2);
+  }
+  verify_all("cuda:0", work);
+}

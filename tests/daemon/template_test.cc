@@ -13,6 +13,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <random>
@@ -163,17 +164,19 @@ TEST_CASE("templates: family names are unique, every knob has a domain, labels p
   CHECK(names.size() == 14);
   CHECK(find_template("nonexistent") == nullptr);
 
-  const TemplateConfig c{"softmax", {0, 1, 256, 4, 1}};
-  CHECK(label(*find_template("softmax"), c) == "softmax.block_row algo=online block=256 vec=4 cache=1");
-  CHECK(parse_label("softmax.block_row algo=online block=256 vec=4 cache=1") == c);
+  const TemplateConfig c{"softmax", {0, 1, 256, 32, 4, 1}};
+  CHECK(label(*find_template("softmax"), c) == "softmax.block_row algo=online block=256 row_lanes=32 vec=4 cache=1");
+  CHECK(parse_label("softmax.block_row algo=online block=256 row_lanes=32 vec=4 cache=1") == c);
   CHECK(parse_label("cpu.add chunk=4096") == TemplateConfig{"cpu.add", {4096}});
   CHECK(parse_label("add block=256 vec=4 items=2") == TemplateConfig{"add", {256, 4, 2}});
   // Not labels of this library: unknown family or knob, a value outside the domain, a knob
   // missing or repeated, stray spaces.
-  for (const char* bad : {"", "softmax", "softmax.block_row", "softmax.sideways algo=online block=256 vec=4 cache=1",
-                          "softmax.block_row algo=online block=257 vec=4 cache=1",
-                          "softmax.block_row algo=online block=256 vec=4", "softmax.block_row algo=online block=256 vec=4 cache=1 cache=1",
-                          "softmax.block_row  algo=online block=256 vec=4 cache=1", "cpu.add chunk=4096 ",
+  for (const char* bad : {"", "softmax", "softmax.block_row", "softmax.sideways algo=online block=256 row_lanes=32 vec=4 cache=1",
+                          "softmax.block_row algo=online block=257 row_lanes=32 vec=4 cache=1",
+                          "softmax.block_row algo=online block=256 row_lanes=32 vec=4",
+                          "softmax.block_row algo=online block=256 row_lanes=32 vec=4 cache=1 cache=1",
+                          "softmax.block_row algo=online block=256 vec=4 row_lanes=32 cache=1",
+                          "softmax.block_row  algo=online block=256 row_lanes=32 vec=4 cache=1", "cpu.add chunk=4096 ",
                           "cpu.add chunk=", "cpu.add chunk=4k", "cpu.add size=4096", "llm: warp shuffles"}) {
     INFO(bad);
     CHECK(!parse_label(bad).has_value());
@@ -304,8 +307,13 @@ TEST_CASE("templates: vector widths only where alignment and sizes allow them", 
     CHECK(vecs(s) == std::set<int64_t>{1});
   }
   // The register cache only where the row fits in at most 32 values per thread.
-  for (const TemplateConfig& c : enumerate_space(softmax(G, DType::kFloat32, {4, 50257}))) {
-    if (knob(c, "cache") == 1) CHECK(knob(c, "block") * 32 >= 50257);
+  for (const OpSignature& s : {softmax(G, DType::kFloat32, {4, 50257}), softmax(G, DType::kFloat16, {512, 1000})}) {
+    const int64_t cols = std::get<TensorMeta>(s.args[0].value).sizes.back();
+    for (const TemplateConfig& c : enumerate_space(s)) {
+      const int64_t threads = knob(c, "map") == 1 ? knob(c, "row_lanes") : knob(c, "block");
+      if (knob(c, "cache") == 1) CHECK(threads * 32 >= cols);
+      if (knob(c, "map") == 0) CHECK(knob(c, "row_lanes") == 32);   // one value where it means nothing
+    }
   }
 }
 
@@ -447,7 +455,7 @@ TEST_CASE("templates: a node it did not make, or a move that lies about its conf
   CHECK(p.propose(ProposalRequest{&s, &tree, from_llm, 4, 0, {}}).empty());
 
   Move liar = roots[1];
-  liar.label = label(*find_template("softmax"), TemplateConfig{"softmax", {0, 0, 32, 1, 0}});   // not its spec
+  liar.label = label(*find_template("softmax"), TemplateConfig{"softmax", {0, 0, 32, 32, 1, 0}});   // not its spec
   const uint64_t from_liar = tree.add(0, liar);
   CHECK(!TemplateProposer::config_of(s, liar).has_value());
   CHECK(p.propose(ProposalRequest{&s, &tree, from_liar, 4, 0, {}}).empty());
@@ -489,7 +497,7 @@ TEST_CASE("templates: sample() is uniform over the valid space and deterministic
   CHECK(m->spec.resolve(s).ok());
   CHECK(TemplateProposer::move_for(s, *TemplateProposer::config_of(s, *m))->spec == m->spec);
   CHECK(!TemplateProposer::move_for(s, TemplateConfig{"cpu.softmax", {0, 128, 8}}).ok());   // rows=128: not a knob value
-  CHECK(!TemplateProposer::move_for(s, TemplateConfig{"softmax", {0, 0, 256, 4, 0}}).ok());   // a CUDA family
+  CHECK(!TemplateProposer::move_for(s, TemplateConfig{"softmax", {0, 0, 256, 32, 4, 0}}).ok());   // a CUDA family
 }
 
 TEST_CASE("templates: the space is closed under neighbours and covers what is valid", "[templates]") {
@@ -587,19 +595,24 @@ TEST_CASE("templates: the CUDA families compile with NVRTC for sm_90 over their 
   for (const OpSignature& s : sigs) {
     const std::vector<TemplateConfig> space = enumerate_space(s);
     REQUIRE(!space.empty());
-    std::set<std::pair<int64_t, int64_t>> vec_cache;
     std::vector<TemplateConfig> picked = sample_of(space, 6);
-    // Every (vec, cache) pair too, where the family has those knobs.
+    // The first configuration with each value of each knob, and with each combination of the knobs
+    // that select code paths (the row mapping, its lanes and the register cache).
+    std::set<std::vector<int64_t>> seen;
     for (const TemplateConfig& c : space) {
       const std::vector<Knob>& knobs = family_of(c).knobs();
-      int64_t vec = 0, cache = -1;
+      std::vector<std::vector<int64_t>> keys;
+      std::vector<int64_t> paths = {-1};
       for (size_t k = 0; k < knobs.size(); ++k) {
-        if (knobs[k].name == "vec") vec = c.values[k];
-        if (knobs[k].name == "cache") cache = c.values[k];
+        keys.push_back({static_cast<int64_t>(k), c.values[k]});
+        if (knobs[k].name == "map" || knobs[k].name == "row_lanes" || knobs[k].name == "cache") {
+          paths.push_back(c.values[k]);
+        }
       }
-      if (vec_cache.insert({vec, cache}).second && std::find(picked.begin(), picked.end(), c) == picked.end()) {
-        picked.push_back(c);
-      }
+      keys.push_back(paths);
+      bool fresh = false;
+      for (const std::vector<int64_t>& key : keys) fresh = seen.insert(key).second || fresh;
+      if (fresh && std::find(picked.begin(), picked.end(), c) == picked.end()) picked.push_back(c);
     }
     for (const TemplateConfig& c : picked) {
       const KernelSpec spec = family_of(c).instantiate(s, c.values);
@@ -637,6 +650,21 @@ std::vector<Move> instances(const OpSignature& s, size_t defaults, size_t sample
     if (tree.find(m->spec.id())) continue;
     tree.add(0, *m);
     out.push_back(std::move(*m));
+  }
+  return out;
+}
+
+// Every configuration whose rows-per-block does not divide the rows: lanes of a warp whose row is
+// past the end must take part in the shuffles and write nothing.
+std::vector<Move> partial_blocks(const OpSignature& s) {
+  std::vector<Move> out;
+  std::set<int64_t> lanes_seen;
+  const int64_t rows = std::get<TensorMeta>(s.args[0].value).numel() / std::get<TensorMeta>(s.args[0].value).sizes.back();
+  for (const TemplateConfig& c : enumerate_space(s)) {
+    if (knob(c, "map") != 1) continue;
+    const int64_t per_block = knob(c, "block") / knob(c, "row_lanes");
+    if (rows % per_block == 0 || !lanes_seen.insert(knob(c, "row_lanes") * 8 + knob(c, "cache")).second) continue;
+    out.push_back(*TemplateProposer::move_for(s, c));
   }
   return out;
 }
@@ -736,6 +764,11 @@ TEST_CASE("templates: CUDA instances of every family pass the worker's verificat
       plan(softmax(B, d, {3, 4099}, log), 2, 2);
       plan(softmax(B, d, {2, 3, 40}, log, 2), 2, 2);
     }
+    for (const OpSignature& s : {softmax(B, d, {37, 40}, false), layer_norm(B, d, {37, 72}, true, false)}) {
+      OpSignature t = s;
+      t.target.arch = arch;
+      work.emplace_back(t, partial_blocks(t));
+    }
     plan(layer_norm(B, d, {37, 768}), 4, 3);
     plan(layer_norm(B, d, {2, 3, 4097}, false, false), 2, 2);
     plan(layer_norm(B, d, {33, 40}, true, false), 2, 2);
@@ -747,4 +780,65 @@ TEST_CASE("templates: CUDA instances of every family pass the worker's verificat
     plan(add(B, d, {100003}, Arg::real(-0.75)), 2, 2);
   }
   verify_all("cuda:0", work);
+}
+
+// ---- timing (manual) ------------------------------------------------------------------------------------
+
+namespace {
+
+// The root's defaults for each signature, verified and timed against PyTorch's kernel by the worker,
+// one line each. Not a test of speed (nothing is asserted about it): a look at where the priors put
+// the search's first moves, for whoever tunes them.
+void time_defaults(const std::string& device, const std::vector<OpSignature>& sigs, size_t defaults) {
+  TempDir t("kforge-template-timing");
+  eval::WorkerOptions o;
+  o.program = env_or_empty("KFORGE_WORKER");
+  if (o.program.empty()) FAIL("KFORGE_WORKER must name the kforge-worker launcher");
+  o.device = device;
+  o.build_cache_dir = (t.path / "builds").string();
+  eval::WorkerProcess w(o);
+  uint64_t id = 1;
+  for (const OpSignature& s : sigs) {
+    for (const Move& m : instances(s, defaults, 0, 0)) {
+      eval::EvalJob j;
+      j.job_id = id++;
+      j.signature = s;
+      j.spec = m.spec;
+      j.policy.seed = 42;
+      const eval::EvalResult r = w.evaluate(j);
+      INFO(name_of(s) << " | " << m.label << " | " << eval::eval_status_name(r.status) << " " << r.message << " "
+                      << r.verify.failed_check << " " << r.verify.detail);
+      CHECK(r.status == eval::EvalStatus::kMeasured);
+      char line[512];
+      std::snprintf(line, sizeof line, "%-62s %-58s prior %.2f  torch %9.1f us  template %9.1f us  speedup %.2f%s",
+                    name_of(s).c_str(), m.label.c_str(), m.prior, r.timing.baseline_median_ns / 1e3,
+                    r.timing.candidate_median_ns / 1e3, r.timing.speedup, r.timing.significant ? "" : " (noise)");
+      WARN(line);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("templates: timing of the root's defaults on CUDA (manual)", "[.timing-gpu]") {
+  const Backend B = Backend::kCuda;
+  const DType F = DType::kFloat32, H = DType::kFloat16, BF = DType::kBFloat16;
+  time_defaults("cuda:0",
+                {softmax(B, F, {8192, 4096}), softmax(B, H, {8192, 4096}), softmax(B, BF, {32, 12, 128, 128}),
+                 softmax(B, F, {64, 50257}), softmax(B, H, {64, 50257}, true), layer_norm(B, BF, {8192, 4096}),
+                 layer_norm(B, F, {16384, 768}), layer_norm(B, H, {4, 1024, 1280}), group_norm(B, H, {8, 512, 32, 32}, 32),
+                 gelu(B, BF, {8192, 16384}), gelu(B, F, {4096, 3072}, "tanh"), silu(B, H, {8192, 11008}),
+                 add(B, BF, {8192, 4096}), add(B, F, {1 << 24})},
+                4);
+}
+
+TEST_CASE("templates: timing of the root's defaults on the CPU (manual)", "[.timing-cpu]") {
+  const Backend B = Backend::kCpu;
+  const DType F = DType::kFloat32;
+  const std::string arch = cpu_host_environment("").arch;
+  std::vector<OpSignature> sigs = {softmax(B, F, {512, 1024}),  layer_norm(B, F, {1024, 768}),
+                                   group_norm(B, F, {2, 64, 32, 32}, 32), gelu(B, F, {1 << 20}),
+                                   silu(B, F, {1 << 20}),       add(B, F, {1 << 20})};
+  for (OpSignature& s : sigs) s.target.arch = arch;
+  time_defaults("cpu", sigs, 2);
 }

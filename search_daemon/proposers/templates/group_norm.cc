@@ -49,7 +49,7 @@ kf_group_norm(const kf_t* __restrict__ x,
 #pragma unroll
     for (int k = 0; k < KF_VEC; ++k) s += (double)v[k];
   }
-  mean = kf_row_sum_d(s, red) / (double)d;
+  mean = kf_row_sum<double>(s, red) / (double)d;
   double q = 0;
   for (kf_i64 i = threadIdx.x; i < nvec; i += KF_BLOCK) {
     float v[KF_VEC];
@@ -60,7 +60,7 @@ kf_group_norm(const kf_t* __restrict__ x,
       q += e * e;
     }
   }
-  var = kf_row_sum_d(q, red) / (double)d;
+  var = kf_row_sum<double>(q, red) / (double)d;
 #endif
   const double rstd = 1.0 / sqrt(var + eps);
   const float rstd_f = (float)rstd;
@@ -269,15 +269,15 @@ class GroupNormCuda final : public FamilyBase {
     const GroupNormArgs a = group_norm_args(sig, Backend::kCuda);
     const double nvec = static_cast<double>(a.x->numel() / (a.n * a.group) / v[kVec]);
     return closeness(static_cast<double>(v[kVec] * dtype_size_bytes(a.x->dtype)), 16, 0.5) *
-           closeness(nvec / static_cast<double>(v[kBlock]), 8, 0.3) * (v[kAlgo] == 1 ? 1.0 : 0.8);
+           closeness(nvec / static_cast<double>(v[kBlock]), 8, 0.3) * (v[kAlgo] == 0 ? 1.0 : 0.8);
   }
 
   KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {
     const GroupNormArgs a = group_norm_args(sig, Backend::kCuda);
     KernelSpec s = one_launch_spec(
-        Backend::kCuda, std::string(kCudaPrelude) + kCudaNormStatistics + kCudaGroupNorm, "kf_group_norm",
+        Backend::kCuda, std::string(kCudaPrelude) + kCudaRowMapping + kCudaNormStatistics + kCudaGroupNorm, "kf_group_norm",
         {dtype_define(a.x->dtype), define("KF_HAS_WEIGHT", a.weight ? 1 : 0), define("KF_HAS_BIAS", a.bias ? 1 : 0),
-         define("KF_WARP_ROW", 0), define("KF_ITEMS", 0), define("KF_WELFORD", v[kAlgo]),
+         define("KF_WARP_ROW", 0), define("KF_ROW_LANES", 32), define("KF_WELFORD", v[kAlgo]),
          define("KF_BLOCK", v[kBlock]), define("KF_VEC", v[kVec])});
     s.plan.outputs = {OutputSpec::like(0), group_stats_output(a.x->dtype), group_stats_output(a.x->dtype)};
     Launch& l = s.plan.launches[0];

@@ -16,12 +16,6 @@ namespace kforge::search::templates {
 // After a butterfly of Welford merges the lanes may differ in the last bit (the merge is not
 // symmetric), so the row's result is taken from lane 0 and broadcast.
 const char* const kCudaNormStatistics = R"kf(
-#if KF_WARP_ROW
-#define KF_NT 32
-#else
-#define KF_NT KF_BLOCK
-#endif
-
 struct kf_welford {
   double n, mean, m2;
 };
@@ -34,24 +28,26 @@ __device__ __forceinline__ void kf_welford_merge(kf_welford& a, double bn, doubl
   a.m2 += bm2 + d * d * a.n * fb;
   a.n = n;
 }
+template <int W>
 __device__ __forceinline__ void kf_welford_warp(kf_welford& a) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
+  for (int o = W / 2; o > 0; o >>= 1) {
     const double bn = __shfl_xor_sync(0xffffffffu, a.n, o);
     const double bmean = __shfl_xor_sync(0xffffffffu, a.mean, o);
     const double bm2 = __shfl_xor_sync(0xffffffffu, a.m2, o);
     kf_welford_merge(a, bn, bmean, bm2);
   }
-  a.n = __shfl_sync(0xffffffffu, a.n, 0);
-  a.mean = __shfl_sync(0xffffffffu, a.mean, 0);
-  a.m2 = __shfl_sync(0xffffffffu, a.m2, 0);
+  a.n = __shfl_sync(0xffffffffu, a.n, 0, W);
+  a.mean = __shfl_sync(0xffffffffu, a.mean, 0, W);
+  a.m2 = __shfl_sync(0xffffffffu, a.m2, 0, W);
 }
-// `red` is __shared__ [96].
+// Over the KF_NT threads of a row; `red` is __shared__ [96] (block mode only).
 __device__ __forceinline__ void kf_welford_row(kf_welford& a, double* red) {
-  kf_welford_warp(a);
 #if KF_WARP_ROW
   (void)red;
+  kf_welford_warp<KF_ROW_LANES>(a);
 #else
+  kf_welford_warp<32>(a);
   if (KF_BLOCK == 32) return;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   __syncthreads();
@@ -65,7 +61,7 @@ __device__ __forceinline__ void kf_welford_row(kf_welford& a, double* red) {
   a.n = have ? red[lane] : 0.0;
   a.mean = have ? red[32 + lane] : 0.0;
   a.m2 = have ? red[64 + lane] : 0.0;
-  kf_welford_warp(a);
+  kf_welford_warp<32>(a);
 #endif
 }
 // Folds one vector of KF_VEC elements into a running state.
@@ -82,21 +78,12 @@ __device__ __forceinline__ void kf_welford_vec(kf_welford& a, const float (&v)[K
   }
   kf_welford_merge(a, (double)KF_VEC, mean, q);
 }
-__device__ __forceinline__ double kf_row_sum_d(double v, double* red) {
-#if KF_WARP_ROW
-  (void)red;
-  return kf_warp_sum(v);
-#else
-  return kf_block_sum(v, red);
-#endif
-}
 )kf";
 
 namespace {
 
 const char* const kCudaLayerNorm = R"kf(
-// One row per block of KF_BLOCK threads (KF_WARP_ROW 0) or per warp (1); KF_WELFORD: Note [Norm
-// statistics]; KF_VEC elements per access; KF_ITEMS vectors per thread kept in registers when the
+// Rows mapped as kCudaRowMapping says; KF_WELFORD: Note [Norm statistics]; KF_VEC elements per access; KF_ITEMS vectors per thread kept in registers when the
 // row fits (0: always stream). KF_HAS_WEIGHT, KF_HAS_BIAS: whether those arguments are tensors.
 __device__ __forceinline__ void kf_ln_out(const float (&v)[KF_VEC], double mean, float rstd,
 #if KF_HAS_WEIGHT
@@ -145,18 +132,13 @@ kf_layer_norm(const kf_t* __restrict__ x,
               kf_t* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out, kf_i64 rows,
               kf_i64 cols, double eps) {
   __shared__ double red[96];
-#if KF_WARP_ROW
-  const kf_i64 row = (kf_i64)blockIdx.x * (KF_BLOCK / 32) + (threadIdx.x >> 5);
-  const int tid = threadIdx.x & 31;
-  if (row >= rows) return;   // whole warps leave: no block-wide barrier follows
-#else
-  const kf_i64 row = blockIdx.x;
-  const int tid = threadIdx.x;
-  (void)rows;
-#endif
-  const kf_t* __restrict__ xr = x + row * cols;
-  kf_t* __restrict__ yr = y + row * cols;
-  const kf_i64 nvec = cols / KF_VEC;
+  kf_i64 row;
+  int tid;
+  bool live;
+  if (!kf_map_row(rows, row, tid, live)) return;
+  const kf_t* __restrict__ xr = x + (live ? row : 0) * cols;
+  kf_t* __restrict__ yr = y + (live ? row : 0) * cols;
+  const kf_i64 nvec = live ? cols / KF_VEC : 0;
   double mean, var;
 
 #if KF_ITEMS > 0
@@ -185,7 +167,7 @@ kf_layer_norm(const kf_t* __restrict__ x,
         for (int k = 0; k < KF_VEC; ++k) s += (double)v[it][k];
       }
     }
-    mean = kf_row_sum_d(s, red) / (double)cols;
+    mean = kf_row_sum<double>(s, red) / (double)cols;
     double q = 0;
 #pragma unroll
     for (int it = 0; it < KF_ITEMS; ++it) {
@@ -197,7 +179,7 @@ kf_layer_norm(const kf_t* __restrict__ x,
         }
       }
     }
-    var = kf_row_sum_d(q, red) / (double)cols;
+    var = kf_row_sum<double>(q, red) / (double)cols;
 #endif
     const double rstd = 1.0 / sqrt(var + eps);
 #pragma unroll
@@ -205,7 +187,7 @@ kf_layer_norm(const kf_t* __restrict__ x,
       const kf_i64 i = (kf_i64)it * KF_NT + tid;
       if (i < nvec) kf_ln_out(v[it], mean, (float)rstd, KF_W_ARG KF_B_ARG yr, i);
     }
-    if (tid == 0) {
+    if (tid == 0 && live) {
       mean_out[row] = (float)mean;
       rstd_out[row] = (float)rstd;
     }
@@ -231,7 +213,7 @@ kf_layer_norm(const kf_t* __restrict__ x,
 #pragma unroll
     for (int k = 0; k < KF_VEC; ++k) s += (double)v[k];
   }
-  mean = kf_row_sum_d(s, red) / (double)cols;
+  mean = kf_row_sum<double>(s, red) / (double)cols;
   double q = 0;
   for (kf_i64 i = tid; i < nvec; i += KF_NT) {
     float v[KF_VEC];
@@ -242,7 +224,7 @@ kf_layer_norm(const kf_t* __restrict__ x,
       q += d * d;
     }
   }
-  var = kf_row_sum_d(q, red) / (double)cols;
+  var = kf_row_sum<double>(q, red) / (double)cols;
 #endif
   const double rstd = 1.0 / sqrt(var + eps);
   for (kf_i64 i = tid; i < nvec; i += KF_NT) {
@@ -250,7 +232,7 @@ kf_layer_norm(const kf_t* __restrict__ x,
     kf_load<KF_VEC>(xr, i, v);
     kf_ln_out(v, mean, (float)rstd, KF_W_ARG KF_B_ARG yr, i);
   }
-  if (tid == 0) {
+  if (tid == 0 && live) {
     mean_out[row] = (float)mean;
     rstd_out[row] = (float)rstd;
   }
@@ -414,72 +396,34 @@ std::vector<ArgBinding> layer_norm_bindings(const LayerNormArgs& a) {
 
 // ---- CUDA ------------------------------------------------------------------------------------------
 
-enum LayerNormCudaKnob : size_t { kMap, kAlgo, kBlock, kVec, kCache };
-
-class LayerNormCuda final : public FamilyBase {
+class LayerNormCuda final : public CudaRowFamily {
  public:
-  LayerNormCuda()
-      : FamilyBase("layer_norm", Backend::kCuda,
-                   {Knob{"map", {0, 1}, {"block_row", "warp_row"}},
-                    Knob{"algo", {0, 1}, {"two_pass", "welford"}},
-                    Knob{"block", {32, 64, 128, 256, 512, 1024}, {}},
-                    Knob{"vec", {1, 2, 4, 8}, {}},
-                    Knob{"cache", {0, 1}, {}}}) {}
+  LayerNormCuda() : CudaRowFamily("layer_norm", {"two_pass", "welford"}) {}
 
   bool applies(const OpSignature& sig) const override { return layer_norm_args(sig, Backend::kCuda).x != nullptr; }
-
-  bool valid(const OpSignature& sig, std::span<const int64_t> v) const override {
-    const TensorMeta& x = *tensor_arg(sig, 0);
-    const int64_t cols = cols_of(x), rows = rows_of(x);
-    if (cols % v[kVec] != 0 || !vector_fits(sig, v[kVec])) return false;
-    const int64_t nvec = cols / v[kVec];
-    const int64_t nt = v[kMap] == 1 ? 32 : v[kBlock];
-    if (v[kMap] == 0) {
-      if (v[kBlock] > std::max<int64_t>(32, (nvec + 31) / 32 * 32)) return false;
-    } else {
-      if (nvec > 32 * 32) return false;
-      if (v[kBlock] / 32 > pow2_ceil(rows)) return false;
-    }
-    return v[kCache] == 0 || items(nvec, nt) * v[kVec] <= 32;
-  }
-
-  double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
-    const TensorMeta& x = *tensor_arg(sig, 0);
-    const int64_t nvec = cols_of(x) / v[kVec];
-    const bool warp = v[kMap] == 1;
-    const int64_t nt = warp ? 32 : v[kBlock];
-    double p = closeness(static_cast<double>(v[kVec] * dtype_size_bytes(x.dtype)), 16, 0.5);
-    p *= warp ? (nvec <= 128 ? 1.0 : 0.4) : (nvec <= 64 ? 0.5 : 1.0);
-    p *= warp ? closeness(static_cast<double>(v[kBlock]), 128, 0.3)
-              : closeness(static_cast<double>(nvec) / static_cast<double>(nt), 4, 0.3);
-    const bool cached = v[kCache] == 1;
-    p *= cached ? 1.0 : 0.6;
-    p *= (cached == (v[kAlgo] == 0)) ? 1.0 : 0.8;   // streaming: Welford reads the row once less
-    return p;
-  }
 
   KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {
     const LayerNormArgs a = layer_norm_args(sig, Backend::kCuda);
     const TensorMeta& x = *a.x;
-    const int64_t nvec = cols_of(x) / v[kVec];
-    const bool warp = v[kMap] == 1;
-    const int64_t nt = warp ? 32 : v[kBlock];
-    KernelSpec s = one_launch_spec(
-        Backend::kCuda, std::string(kCudaPrelude) + kCudaNormStatistics + kCudaLayerNorm, "kf_layer_norm",
-        {dtype_define(x.dtype), define("KF_HAS_WEIGHT", a.weight ? 1 : 0), define("KF_HAS_BIAS", a.bias ? 1 : 0),
-         define("KF_WARP_ROW", v[kMap]), define("KF_WELFORD", v[kAlgo]), define("KF_BLOCK", v[kBlock]),
-         define("KF_VEC", v[kVec]), define("KF_ITEMS", v[kCache] == 1 ? items(nvec, nt) : 0)});
-    s.plan.outputs = {OutputSpec::like(0), stats_output(x), stats_output(x)};
+    std::vector<std::string> options = {dtype_define(x.dtype), define("KF_HAS_WEIGHT", a.weight ? 1 : 0),
+                                        define("KF_HAS_BIAS", a.bias ? 1 : 0), define("KF_WELFORD", v[kAlgo])};
+    KernelSpec s = one_launch_spec(Backend::kCuda, "", "kf_layer_norm", {});
     Launch& l = s.plan.launches[0];
-    const std::string rows = rows_expr(x);
-    l.grid[0] = warp ? "ceil_div(" + rows + ", " + std::to_string(v[kBlock] / 32) + ")" : rows;
-    l.block[0] = std::to_string(v[kBlock]);
+    map_rows(x, v, options, l);
+    s.source = std::string(kCudaPrelude) + kCudaRowMapping + kCudaNormStatistics + kCudaLayerNorm;
+    s.compile_options = std::move(options);
+    s.plan.outputs = {OutputSpec::like(0), stats_output(x), stats_output(x)};
     l.args = layer_norm_bindings(a);
     return s;
   }
 
  private:
-  static int64_t items(int64_t nvec, int64_t threads) { return std::max<int64_t>(1, (nvec + threads - 1) / threads); }
+  // Measured on an H200: with the row in registers two_pass wins (Welford's double division per
+  // vector costs more than a second pass over registers); streamed, Welford's single read wins.
+  double algo_prior(bool cached, int64_t algo) const override {
+    if (cached) return algo == 0 ? 1.0 : 0.7;
+    return algo == 1 ? 1.0 : 0.85;
+  }
 };
 
 // ---- CPU -------------------------------------------------------------------------------------------

@@ -19,32 +19,9 @@ namespace {
 // finite (exp(-inf - -inf) would be NaN), a NaN makes s NaN, a +inf makes s NaN through
 // exp(inf - inf), exactly where the two-pass algorithm gets NaN.
 const char* const kCudaSoftmax = R"kf(
-// One row per block of KF_BLOCK threads (KF_WARP_ROW 0) or per warp (1); KF_ONLINE: Note [Online
-// softmax]; KF_VEC elements per access (cols % KF_VEC == 0); KF_ITEMS vectors per thread kept in
-// registers when the row fits (0: always stream from memory); KF_LOG: log_softmax.
-#if KF_WARP_ROW
-#define KF_NT 32
-#else
-#define KF_NT KF_BLOCK
-#endif
-
-__device__ __forceinline__ float kf_row_max(float v, float* red) {
-#if KF_WARP_ROW
-  (void)red;
-  return kf_warp_max(v);
-#else
-  return kf_block_max(v, red);
-#endif
-}
-__device__ __forceinline__ kf_acc kf_row_sum(kf_acc v, kf_acc* red) {
-#if KF_WARP_ROW
-  (void)red;
-  return kf_warp_sum(v);
-#else
-  return kf_block_sum(v, red);
-#endif
-}
-
+// Rows mapped as kCudaRowMapping says; KF_ONLINE: Note [Online softmax]; KF_VEC elements per
+// access (cols % KF_VEC == 0); KF_ITEMS vectors per thread kept in registers when the row fits (0:
+// always stream from memory); KF_LOG: log_softmax.
 __device__ __forceinline__ void kf_online_add(float& m, kf_acc& s, float v) {
   if (v > m) {
     s = s * (kf_acc)expf(m - v) + (kf_acc)expf(v - v);   // expf(v - v): NaN for v = +inf
@@ -64,14 +41,20 @@ __device__ __forceinline__ void kf_online_merge(float& m, kf_acc& s, float m2, k
   s = s * (kf_acc)expf(m - mn) + s2 * (kf_acc)expf(m2 - mn);
   m = mn;
 }
-__device__ __forceinline__ void kf_row_online(float& m, kf_acc& s, float* red_m, kf_acc* red_s) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
+__device__ __forceinline__ void kf_online_warp(float& m, kf_acc& s, int width) {
+  for (int o = width / 2; o > 0; o >>= 1) {
     const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
     const kf_acc s2 = __shfl_xor_sync(0xffffffffu, s, o);
     kf_online_merge(m, s, m2, s2);
   }
-#if !KF_WARP_ROW
+}
+__device__ __forceinline__ void kf_row_online(float& m, kf_acc& s, float* red_m, kf_acc* red_s) {
+#if KF_WARP_ROW
+  (void)red_m;
+  (void)red_s;
+  kf_online_warp(m, s, KF_ROW_LANES);
+#else
+  kf_online_warp(m, s, 32);
   if (KF_BLOCK == 32) return;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   __syncthreads();
@@ -82,15 +65,7 @@ __device__ __forceinline__ void kf_row_online(float& m, kf_acc& s, float* red_m,
   __syncthreads();
   m = lane < KF_BLOCK / 32 ? red_m[lane] : KF_NEG_INF;
   s = lane < KF_BLOCK / 32 ? red_s[lane] : (kf_acc)0;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
-    const kf_acc s2 = __shfl_xor_sync(0xffffffffu, s, o);
-    kf_online_merge(m, s, m2, s2);
-  }
-#else
-  (void)red_m;
-  (void)red_s;
+  kf_online_warp(m, s, 32);
 #endif
 }
 
@@ -115,18 +90,13 @@ extern "C" __global__ void __launch_bounds__(KF_BLOCK)
 kf_softmax(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 rows, kf_i64 cols) {
   __shared__ float red_m[32];
   __shared__ kf_acc red_s[32];
-#if KF_WARP_ROW
-  const kf_i64 row = (kf_i64)blockIdx.x * (KF_BLOCK / 32) + (threadIdx.x >> 5);
-  const int tid = threadIdx.x & 31;
-  if (row >= rows) return;   // whole warps leave: no block-wide barrier follows
-#else
-  const kf_i64 row = blockIdx.x;
-  const int tid = threadIdx.x;
-  (void)rows;
-#endif
-  const kf_t* __restrict__ xr = x + row * cols;
-  kf_t* __restrict__ yr = y + row * cols;
-  const kf_i64 nvec = cols / KF_VEC;
+  kf_i64 row;
+  int tid;
+  bool live;
+  if (!kf_map_row(rows, row, tid, live)) return;
+  const kf_t* __restrict__ xr = x + (live ? row : 0) * cols;
+  kf_t* __restrict__ yr = y + (live ? row : 0) * cols;
+  const kf_i64 nvec = live ? cols / KF_VEC : 0;
   float m = KF_NEG_INF;
   kf_acc s = 0;
 
@@ -329,72 +299,34 @@ bool softmax_signature(const OpSignature& sig, bool log, Backend backend) {
 
 // ---- CUDA ------------------------------------------------------------------------------------------
 
-enum SoftmaxCudaKnob : size_t { kMap, kAlgo, kBlock, kVec, kCache };
-
-class SoftmaxCuda final : public FamilyBase {
+class SoftmaxCuda final : public CudaRowFamily {
  public:
-  explicit SoftmaxCuda(bool log)
-      : FamilyBase(log ? "log_softmax" : "softmax", Backend::kCuda,
-                   {Knob{"map", {0, 1}, {"block_row", "warp_row"}},
-                    Knob{"algo", {0, 1}, {"two_pass", "online"}},
-                    Knob{"block", {32, 64, 128, 256, 512, 1024}, {}},
-                    Knob{"vec", {1, 2, 4, 8}, {}},
-                    Knob{"cache", {0, 1}, {}}}),
-        log_(log) {}
+  explicit SoftmaxCuda(bool log) : CudaRowFamily(log ? "log_softmax" : "softmax", {"two_pass", "online"}), log_(log) {}
 
   bool applies(const OpSignature& sig) const override { return softmax_signature(sig, log_, Backend::kCuda); }
 
-  bool valid(const OpSignature& sig, std::span<const int64_t> v) const override {
-    const TensorMeta& x = *tensor_arg(sig, 0);
-    const int64_t cols = cols_of(x), rows = rows_of(x);
-    if (cols % v[kVec] != 0 || !vector_fits(sig, v[kVec])) return false;
-    const int64_t nvec = cols / v[kVec];
-    const int64_t nt = v[kMap] == 1 ? 32 : v[kBlock];
-    if (v[kMap] == 0) {
-      if (v[kBlock] > std::max<int64_t>(32, (nvec + 31) / 32 * 32)) return false;   // idle warps
-    } else {
-      if (nvec > 32 * 32) return false;                                    // a warp for a long row
-      if (v[kBlock] / 32 > pow2_ceil(rows)) return false;                 // idle warps
-    }
-    return v[kCache] == 0 || items(nvec, nt) * v[kVec] <= 32;             // registers per thread
-  }
-
-  double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
-    const TensorMeta& x = *tensor_arg(sig, 0);
-    const int64_t nvec = cols_of(x) / v[kVec];
-    const bool warp = v[kMap] == 1;
-    const int64_t nt = warp ? 32 : v[kBlock];
-    double p = closeness(static_cast<double>(v[kVec] * dtype_size_bytes(x.dtype)), 16, 0.5);
-    p *= warp ? (nvec <= 128 ? 1.0 : 0.4) : (nvec <= 64 ? 0.5 : 1.0);
-    p *= warp ? closeness(static_cast<double>(v[kBlock]), 128, 0.3)
-              : closeness(static_cast<double>(nvec) / static_cast<double>(nt), 4, 0.3);
-    const bool cached = v[kCache] == 1;
-    p *= cached ? 1.0 : 0.6;
-    p *= (cached == (v[kAlgo] == 0)) ? 1.0 : 0.8;   // cached: two passes over registers are cheap
-    return p;
-  }
-
   KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {
     const TensorMeta& x = *tensor_arg(sig, 0);
-    const int64_t nvec = cols_of(x) / v[kVec];
-    const bool warp = v[kMap] == 1;
-    const int64_t nt = warp ? 32 : v[kBlock];
-    KernelSpec s = one_launch_spec(Backend::kCuda, std::string(kCudaPrelude) + kCudaSoftmax, "kf_softmax",
-                                   {dtype_define(x.dtype), define("KF_LOG", log_ ? 1 : 0),
-                                    define("KF_WARP_ROW", v[kMap]), define("KF_ONLINE", v[kAlgo]),
-                                    define("KF_BLOCK", v[kBlock]), define("KF_VEC", v[kVec]),
-                                    define("KF_ITEMS", v[kCache] == 1 ? items(nvec, nt) : 0)});
-    s.plan.outputs = {OutputSpec::like(0)};
+    std::vector<std::string> options = {dtype_define(x.dtype), define("KF_LOG", log_ ? 1 : 0),
+                                        define("KF_ONLINE", v[kAlgo])};
+    KernelSpec s = one_launch_spec(Backend::kCuda, "", "kf_softmax", {});
     Launch& l = s.plan.launches[0];
+    map_rows(x, v, options, l);
+    s.source = std::string(kCudaPrelude) + kCudaRowMapping + kCudaSoftmax;
+    s.compile_options = std::move(options);
+    s.plan.outputs = {OutputSpec::like(0)};
     const std::string rows = rows_expr(x);
-    l.grid[0] = warp ? "ceil_div(" + rows + ", " + std::to_string(v[kBlock] / 32) + ")" : rows;
-    l.block[0] = std::to_string(v[kBlock]);
     l.args = {ArgBinding::input(0), ArgBinding::output(0), ArgBinding::size(rows), ArgBinding::size(cols_expr(x))};
     return s;
   }
 
  private:
-  static int64_t items(int64_t nvec, int64_t threads) { return std::max<int64_t>(1, (nvec + threads - 1) / threads); }
+  // Measured on an H200: online pays a second exp per element in the write pass and a branch per
+  // element, and lost to two_pass on every shape tried, cached or not.
+  double algo_prior(bool cached, int64_t algo) const override {
+    (void)cached;
+    return algo == 0 ? 1.0 : 0.6;
+  }
   bool log_;
 };
 

@@ -1,5 +1,6 @@
 #include "search_daemon/proposers/templates/template_family.h"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
@@ -95,6 +96,73 @@ double closeness(double a, double b, double weight) {
   return 1.0 / (1.0 + std::fabs(std::log2(a / b)) * weight);
 }
 
+CudaRowFamily::CudaRowFamily(std::string family, std::vector<std::string> algo_names)
+    : FamilyBase(std::move(family), Backend::kCuda,
+                 {Knob{"map", {0, 1}, {"block_row", "warp_row"}},
+                  Knob{"algo", {0, 1}, std::move(algo_names)},
+                  Knob{"block", {32, 64, 128, 256, 512, 1024}, {}},
+                  Knob{"row_lanes", {4, 8, 16, 32}, {}},
+                  Knob{"vec", {1, 2, 4, 8}, {}},
+                  Knob{"cache", {0, 1}, {}}}) {}
+
+namespace {
+
+// Vectors per thread when the row is held in registers.
+int64_t cached_items(int64_t nvec, int64_t threads) { return std::max<int64_t>(1, (nvec + threads - 1) / threads); }
+
+}  // namespace
+
+bool CudaRowFamily::valid(const OpSignature& sig, std::span<const int64_t> v) const {
+  const TensorMeta& x = *tensor_arg(sig, 0);
+  const int64_t cols = cols_of(x), rows = rows_of(x);
+  if (cols % v[kVec] != 0 || !vector_fits(sig, v[kVec])) return false;
+  const int64_t nvec = cols / v[kVec];
+  const bool warp = v[kMap] == 1;
+  const int64_t nt = warp ? v[kRowLanes] : v[kBlock];
+  if (!warp) {
+    if (v[kRowLanes] != 32) return false;                                      // no meaning: one value
+    if (v[kBlock] > std::max<int64_t>(32, (nvec + 31) / 32 * 32)) return false;   // idle warps
+  } else {
+    if (nvec > 32 * v[kRowLanes]) return false;                                // a long row on few lanes
+    if (v[kRowLanes] > std::max<int64_t>(4, pow2_ceil(nvec))) return false;    // idle lanes
+    if (v[kBlock] / v[kRowLanes] > pow2_ceil(rows)) return false;              // idle rows
+  }
+  return v[kCache] == 0 || cached_items(nvec, nt) * v[kVec] <= 32;            // registers per thread
+}
+
+double CudaRowFamily::prior(const OpSignature& sig, std::span<const int64_t> v) const {
+  const TensorMeta& x = *tensor_arg(sig, 0);
+  const int64_t nvec = cols_of(x) / v[kVec];
+  const bool warp = v[kMap] == 1;
+  double p = closeness(static_cast<double>(v[kVec] * dtype_size_bytes(x.dtype)), 16, 0.5);
+  if (warp) {
+    // Short rows: a few vectors per lane, several rows per block.
+    p *= nvec <= 128 ? 1.0 : 0.4;
+    p *= closeness(static_cast<double>(v[kRowLanes]), std::clamp(static_cast<double>(pow2_ceil(nvec)) / 4, 4.0, 32.0), 0.5);
+    p *= closeness(static_cast<double>(v[kBlock]), 128, 0.3);
+  } else {
+    p *= nvec <= 64 ? 0.5 : 1.0;
+    p *= closeness(static_cast<double>(nvec) / static_cast<double>(v[kBlock]), 4, 0.3);
+  }
+  const bool cached = v[kCache] == 1;
+  return p * (cached ? 1.0 : 0.6) * algo_prior(cached, v[kAlgo]);
+}
+
+void CudaRowFamily::map_rows(const TensorMeta& x, std::span<const int64_t> v, std::vector<std::string>& options,
+                             Launch& l) const {
+  const int64_t nvec = cols_of(x) / v[kVec];
+  const bool warp = v[kMap] == 1;
+  const int64_t nt = warp ? v[kRowLanes] : v[kBlock];
+  for (std::string o : {define("KF_WARP_ROW", v[kMap]), define("KF_ROW_LANES", v[kRowLanes]),
+                        define("KF_BLOCK", v[kBlock]), define("KF_VEC", v[kVec]),
+                        define("KF_ITEMS", v[kCache] == 1 ? cached_items(nvec, nt) : 0)}) {
+    options.push_back(std::move(o));
+  }
+  const std::string rows = rows_expr(x);
+  l.grid[0] = warp ? "ceil_div(" + rows + ", " + std::to_string(v[kBlock] / v[kRowLanes]) + ")" : rows;
+  l.block[0] = std::to_string(v[kBlock]);
+}
+
 // Note [Template arithmetic]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Inputs and outputs of 16-bit types are converted to float for every operation, as PyTorch's
@@ -131,12 +199,18 @@ __device__ __forceinline__ unsigned short kf_from_float(float f) {
 typedef unsigned short kf_t;
 typedef float kf_acc;
 __device__ __forceinline__ float kf_to_float(unsigned short h) { return __uint_as_float(((unsigned)h) << 16); }
-// Round to nearest even; NaN becomes the canonical quiet NaN, as c10::BFloat16 rounds.
+// Round to nearest even, as c10::BFloat16 rounds (the instruction from sm_80 on).
 __device__ __forceinline__ unsigned short kf_from_float(float f) {
+#if __CUDA_ARCH__ >= 800
+  unsigned short h;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+#else
   unsigned u = __float_as_uint(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)0x7fc0u;
   u += 0x7fffu + ((u >> 16) & 1u);
   return (unsigned short)(u >> 16);
+#endif
 }
 #endif
 
@@ -154,25 +228,53 @@ __device__ __forceinline__ void kf_load(const kf_t* __restrict__ p, kf_i64 i, fl
 #pragma unroll
   for (int k = 0; k < N; ++k) out[k] = kf_to_float(r.v[k]);
 }
+#if KF_DTYPE != 0 && __CUDA_ARCH__ >= 800
+// Two floats rounded into one 32-bit word of 16-bit values, `lo` at the lower address: one
+// instruction for both (the scalar conversions cost a second one and the packing).
+__device__ __forceinline__ unsigned kf_pack2(float lo, float hi) {
+  unsigned w;
+#if KF_DTYPE == 1
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));
+#else
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));
+#endif
+  return w;
+}
+template <int N>
+struct alignas(sizeof(kf_t) * N) kf_words {
+  unsigned w[N / 2];
+};
+#endif
 template <int N>
 __device__ __forceinline__ void kf_store(kf_t* __restrict__ p, kf_i64 i, const float (&in)[N]) {
+#if KF_DTYPE != 0 && __CUDA_ARCH__ >= 800
+  if constexpr (N % 2 == 0) {
+    kf_words<N> r;
+#pragma unroll
+    for (int k = 0; k < N / 2; ++k) r.w[k] = kf_pack2(in[2 * k], in[2 * k + 1]);
+    reinterpret_cast<kf_words<N>*>(p)[i] = r;
+    return;
+  }
+#endif
   kf_vec<N> r;
 #pragma unroll
   for (int k = 0; k < N; ++k) r.v[k] = kf_from_float(in[k]);
   reinterpret_cast<kf_vec<N>*>(p)[i] = r;
 }
 
-// Butterfly reductions: every lane ends with the same value (each step adds the same two
+// Butterfly reductions over aligned groups of W lanes (W a power of two up to 32; every lane of
+// the warp takes part): every lane ends with the same value (each step adds the same two
 // operands, in either order), so every thread of a row agrees bit for bit.
+template <int W = 32>
 __device__ __forceinline__ float kf_warp_max(float v) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  for (int o = W / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
-template <typename T>
+template <int W = 32, typename T>
 __device__ __forceinline__ T kf_warp_sum(T v) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  for (int o = W / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
 // Over the KF_BLOCK threads of a block; `red` is __shared__ [32]. The first barrier lets an
@@ -195,6 +297,53 @@ __device__ __forceinline__ T kf_block_sum(T v, T* red) {
   if (lane == 0) red[warp] = v;
   __syncthreads();
   return kf_warp_sum(lane < KF_BLOCK / 32 ? red[lane] : (T)0);
+}
+)kf";
+
+const char* const kCudaRowMapping = R"kf(
+// Rows of a contiguous [rows, cols] tensor on threads: one row per block of KF_BLOCK threads
+// (KF_WARP_ROW 0), or one row per KF_ROW_LANES lanes of a warp (KF_WARP_ROW 1: 4 to 32 lanes,
+// KF_BLOCK / KF_ROW_LANES rows per block). KF_NT threads share a row.
+#if KF_WARP_ROW
+#define KF_NT KF_ROW_LANES
+#else
+#define KF_NT KF_BLOCK
+#endif
+// This thread's row and its index among the row's threads. A lane whose row is past the end is
+// not live (it reads and writes nothing) but still takes part in its warp's shuffles; false when
+// the whole warp is past the end, which may then leave (warp mode has no block-wide barrier).
+__device__ __forceinline__ bool kf_map_row(kf_i64 rows, kf_i64& row, int& tid, bool& live) {
+#if KF_WARP_ROW
+  const kf_i64 first = (kf_i64)blockIdx.x * (KF_BLOCK / KF_ROW_LANES);
+  row = first + threadIdx.x / KF_ROW_LANES;
+  tid = threadIdx.x % KF_ROW_LANES;
+  live = row < rows;
+  return first + (threadIdx.x & ~31u) / KF_ROW_LANES < rows;
+#else
+  (void)rows;
+  row = blockIdx.x;
+  tid = threadIdx.x;
+  live = true;
+  return true;
+#endif
+}
+// Over the KF_NT threads of a row; `red` is __shared__ [32] (block mode only).
+__device__ __forceinline__ float kf_row_max(float v, float* red) {
+#if KF_WARP_ROW
+  (void)red;
+  return kf_warp_max<KF_ROW_LANES>(v);
+#else
+  return kf_block_max(v, red);
+#endif
+}
+template <typename T>
+__device__ __forceinline__ T kf_row_sum(T v, T* red) {
+#if KF_WARP_ROW
+  (void)red;
+  return kf_warp_sum<KF_ROW_LANES>(v);
+#else
+  return kf_block_sum(v, red);
+#endif
 }
 )kf";
 

@@ -31,6 +31,25 @@ class FamilyBase : public KernelTemplate {
   std::vector<Knob> knobs_;
 };
 
+// The CUDA row kernels (softmax, log_softmax, layer_norm) share their knobs and rules: rows on
+// blocks or on groups of lanes (kCudaRowMapping), an algorithm, the block size, the lanes per row
+// in warp mode (32 in block mode), the vector width and the register cache. Knob order is fixed:
+// map, algo, block, row_lanes, vec, cache.
+class CudaRowFamily : public FamilyBase {
+ public:
+  enum Knobs : size_t { kMap, kAlgo, kBlock, kRowLanes, kVec, kCache };
+
+  bool valid(const OpSignature& sig, std::span<const int64_t> v) const override;
+  double prior(const OpSignature& sig, std::span<const int64_t> v) const override;
+
+ protected:
+  CudaRowFamily(std::string family, std::vector<std::string> algo_names);
+  // -DKF_WARP_ROW/ROW_LANES/BLOCK/VEC/ITEMS, and the launch's grid and block for x's rows.
+  void map_rows(const TensorMeta& x, std::span<const int64_t> v, std::vector<std::string>& options, Launch& l) const;
+  // How much the algorithm is expected to matter, in (0, 1], with the row cached or streamed.
+  virtual double algo_prior(bool cached, int64_t algo) const = 0;
+};
+
 // ---- signature checks ---------------------------------------------------------------------------
 
 // Argument i as a tensor, or nullptr (missing, None, a scalar, a list).
@@ -67,8 +86,11 @@ std::vector<std::string> cpu_base_options(const OpSignature& sig);
 // The first thing in every CUDA template: dtype and accumulator types, conversions, vector
 // loads, warp and block reductions. Needs KF_DTYPE and KF_BLOCK.
 extern const char* const kCudaPrelude;
+// After the prelude in the row kernels: the row-to-thread mapping (KF_WARP_ROW, KF_ROW_LANES)
+// and reductions over a row's threads.
+extern const char* const kCudaRowMapping;
 // Row statistics for the norms (Note [Norm statistics] in layer_norm.cc): Welford states and
-// their merges, double sums over a row. Needs the prelude, KF_WARP_ROW, KF_VEC.
+// their merges. Needs the prelude, the row mapping and KF_VEC.
 extern const char* const kCudaNormStatistics;
 // The first thing in every CPU template: the ABI header, libm, parameter access.
 extern const char* const kCpuPrelude;

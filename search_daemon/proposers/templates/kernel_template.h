@@ -8,9 +8,21 @@
 //   for (const KernelTemplate* t : templates_for(sig)) {
 //     for (const TemplateConfig& c : enumerate_space(sig, *t)) {    // every valid configuration
 //       KernelSpec spec = t->instantiate(sig, c.values);           // validates and resolves for sig
-//       std::string l = label(*t, c);                              // "softmax.block_row algo=online block=256 vec=8 cache=1"
+//       std::string l = label(*t, c);    // "softmax.block_row algo=two_pass block=256 row_lanes=32 vec=8 cache=1"
 //     }
 //   }
+//
+// The families and their knobs (the source of each says what the knobs do):
+//   softmax, log_softmax, layer_norm   map {block_row, warp_row} (a row per block, or per row_lanes
+//                                      lanes), algo {two_pass, online | welford}, block {32..1024},
+//                                      row_lanes {4, 8, 16, 32}, vec {1, 2, 4, 8}, cache {0, 1}
+//   group_norm                         algo {two_pass, welford}, block {64..1024}, vec
+//   gelu, silu, add                    block {64..1024}, vec, items {1, 2, 4, 8} (vectors per thread)
+//   cpu.softmax, cpu.log_softmax,      algo, rows {1..64} (rows per block), lanes {1, 4, 8, 16}
+//   cpu.layer_norm, cpu.group_norm     (independent accumulators per reduction)
+//   cpu.gelu, cpu.silu, cpu.add        chunk {1024..262144} (elements per block)
+// CUDA: float32, float16, bfloat16; CPU: float32. gelu's approximate mode, weight and bias being
+// present, the dtype and (CPU) the host's x86-64 level come from the signature, not from knobs.
 //
 // Promises:
 // - Family names are unique in the library; CPU families start with "cpu.". A label names its family
@@ -96,7 +108,7 @@ std::vector<TemplateConfig> enumerate_space(const OpSignature& sig);
 // each side; for a categorical one: every other valid value), knob by knob.
 std::vector<TemplateConfig> neighbours(const OpSignature& sig, const TemplateConfig& c);
 
-// "softmax.block_row algo=online block=256 vec=8 cache=1": the family, then the first knob's
+// "softmax.block_row algo=two_pass block=256 row_lanes=32 vec=8 cache=1": the family, then the first knob's
 // name after a dot when that knob is categorical, then every other knob as name=value.
 std::string label(const KernelTemplate& t, const TemplateConfig& c);
 // The inverse of label(); nullopt for anything that is not a label of this library.

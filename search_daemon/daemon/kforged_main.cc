@@ -48,7 +48,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kforged: %s\n", config.status().message().c_str());
     return 2;
   }
-  kforge::StatusOr<kforge::daemon::ProposerSet> proposers = kforge::daemon::make_proposers(*config);
+  kforge::StatusOr<kforge::daemon::ProposerSet> proposers = kforge::daemon::make_proposers(
+      *config, [](const std::string& line) { std::fprintf(stderr, "kforged: %s\n", line.c_str()); });
   if (!proposers.ok()) {
     std::fprintf(stderr, "kforged: %s\n", proposers.status().message().c_str());
     return 2;

@@ -1,11 +1,13 @@
 // ProposerSet: the proposers kforged's configuration asks for ([proposers] templates, [llm]),
 // built once at start-up and shared by every search (proposers are thread-safe).
 //
-//   StatusOr<ProposerSet> p = make_proposers(config);
+//   StatusOr<ProposerSet> p = make_proposers(config, log);
 //   Daemon d(config, p->pointers());
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "runtime/status.h"
@@ -24,6 +26,6 @@ struct ProposerSet {
 };
 
 // Errors name the setting that cannot be honoured (an LLM API key variable that is unset, ...).
-StatusOr<ProposerSet> make_proposers(const DaemonConfig& config);
+StatusOr<ProposerSet> make_proposers(const DaemonConfig& config, std::function<void(const std::string&)> log);
 
 }  // namespace kforge::daemon

@@ -1,0 +1,290 @@
+// Search benchmark: what the tree buys. MCTS, greedy linear refinement and random sampling, at equal
+// evaluation budgets, on the template space of several real signatures: the best verified speedup
+// each has found after 1, 2, 4, ... evaluations, averaged over seeds, as a table, a CSV and an SVG
+// plot.
+//
+//   build/bench/bench_search --device cpu [--budget 24] [--seeds 10] [--max-space 48] [--out DIR]
+//   <bundle>/bin/bench_search --device cuda:0 --budget 32 --seeds 20 --out DIR
+//
+// Note [Search bench]
+// Every configuration of each signature's template space (all of it, or --max-space of it in the
+// space's fixed order, every family represented) is evaluated once by a real kforge-worker: built,
+// verified with every trial and check, timed against PyTorch's kernel. Those outcomes are the
+// landscape. Each strategy then runs against it, with the template proposer, for --budget
+// evaluations and each seed: a candidate's outcome is the measured one (a candidate outside the
+// evaluated part of the space is evaluated by the worker too). So strategies are compared on the
+// same real measurements, and many seeds cost no GPU time. A strategy's score after k evaluations is
+// the best speedup among its candidates that improve (verified, timed, significant, > 1), else 1
+// (PyTorch's own kernel). The table also gives the best of the whole evaluated space.
+//
+// Needs KFORGE_WORKER (default: beside this program, then ../search_daemon) and, where python3 has
+// no torch, KFORGE_PYTHON.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "runtime/environment.h"
+#include "search_daemon/evaluator/worker_process.h"
+#include "search_daemon/proposers/templates/kernel_template.h"
+#include "search_daemon/proposers/templates/template_proposer.h"
+#include "search_daemon/search/search_strategy.h"
+
+using namespace kforge;
+using namespace kforge::search;
+namespace fs = std::filesystem;
+
+namespace {
+
+TensorMeta tensor(DType dt, DeviceType dev, std::vector<int64_t> sizes) {
+  TensorMeta m;
+  m.dtype = dt;
+  m.device = dev;
+  m.sizes = sizes;
+  m.strides.assign(sizes.size(), 1);
+  for (size_t d = sizes.size() - 1; d-- > 0;) m.strides[d] = m.strides[d + 1] * sizes[d + 1];
+  return m;
+}
+
+struct NamedSignature {
+  std::string name;
+  OpSignature sig;
+};
+
+std::vector<NamedSignature> signatures(bool cuda, const std::string& arch) {
+  const DeviceType dev = cuda ? DeviceType::kCuda : DeviceType::kCpu;
+  const Target target{cuda ? Backend::kCuda : Backend::kCpu, arch};
+  const DType half = cuda ? DType::kFloat16 : DType::kFloat32;
+  std::vector<NamedSignature> out;
+  if (cuda) {
+    out.push_back({"softmax f16[4096,4096]", OpSignature{"aten::_softmax", "", {Arg::tensor(tensor(half, dev, {4096, 4096})), Arg::integer(-1), Arg::boolean(false)}, target}});
+    out.push_back({"layer_norm f16[8192,1024]", OpSignature{"aten::native_layer_norm", "", {Arg::tensor(tensor(half, dev, {8192, 1024})), Arg::int_list({1024}), Arg::tensor(tensor(half, dev, {1024})), Arg::tensor(tensor(half, dev, {1024})), Arg::real(1e-5)}, target}});
+    out.push_back({"gelu f32[16777216]", OpSignature{"aten::gelu", "", {Arg::tensor(tensor(DType::kFloat32, dev, {16777216})), Arg::string("none")}, target}});
+  } else {
+    out.push_back({"softmax f32[512,1000]", OpSignature{"aten::_softmax", "", {Arg::tensor(tensor(DType::kFloat32, dev, {512, 1000})), Arg::integer(-1), Arg::boolean(false)}, target}});
+    out.push_back({"layer_norm f32[512,768]", OpSignature{"aten::native_layer_norm", "", {Arg::tensor(tensor(DType::kFloat32, dev, {512, 768})), Arg::int_list({768}), Arg::tensor(tensor(DType::kFloat32, dev, {768})), Arg::tensor(tensor(DType::kFloat32, dev, {768})), Arg::real(1e-5)}, target}});
+    out.push_back({"gelu f32[1048576]", OpSignature{"aten::gelu", "", {Arg::tensor(tensor(DType::kFloat32, dev, {1048576})), Arg::string("none")}, target}});
+  }
+  return out;
+}
+
+std::string default_worker() {
+  if (const char* w = std::getenv("KFORGE_WORKER"); w != nullptr && *w != '\0') return w;
+  std::error_code ec;
+  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  for (const fs::path& p : {self.parent_path() / "kforge-worker", self.parent_path().parent_path() / "search_daemon" / "kforge-worker"}) {
+    if (fs::exists(p)) return p.string();
+  }
+  return "kforge-worker";
+}
+
+// The landscape: outcomes by spec id, evaluated on first need.
+class Landscape {
+ public:
+  Landscape(eval::WorkerProcess& w, OpSignature sig) : w_(w), sig_(std::move(sig)) {}
+  Outcome get(const KernelSpec& spec, const std::string& label) {
+    const KernelId id = spec.id();
+    if (auto it = memo_.find(id); it != memo_.end()) return it->second;
+    eval::EvalJob j;
+    j.job_id = next_++;
+    j.signature = sig_;
+    j.spec = spec;
+    j.policy.seed = 7;
+    const eval::EvalResult r = w_.evaluate(j);
+    Outcome o = outcome_of(r);
+    ++evaluated_;
+    std::printf("    %-60s %-14s %s\n", label.c_str(), std::string(eval::eval_status_name(r.status)).c_str(),
+                r.status == eval::EvalStatus::kMeasured
+                    ? (std::to_string(o.speedup) + "x" + (o.significant ? "" : " (noise)")).c_str()
+                    : r.message.substr(0, 100).c_str());
+    std::fflush(stdout);
+    memo_.emplace(id, o);
+    return o;
+  }
+  size_t evaluated() const { return evaluated_; }
+  double best() const {
+    double b = 1;
+    for (const auto& [id, o] : memo_) {
+      if (o.improves()) b = std::max(b, o.speedup);
+    }
+    return b;
+  }
+
+ private:
+  eval::WorkerProcess& w_;
+  OpSignature sig_;
+  std::map<KernelId, Outcome> memo_;
+  uint64_t next_ = 1;
+  size_t evaluated_ = 0;
+};
+
+// Best improving speedup after each evaluation (1 = PyTorch's kernel).
+std::vector<double> run_strategy(const std::string& name, const OpSignature& sig, uint32_t budget, uint64_t seed,
+                                 Landscape& land) {
+  TemplateProposer proposer;
+  StrategyOptions o;
+  o.max_evaluations = budget;
+  o.seed = seed;
+  std::unique_ptr<SearchStrategy> s = make_strategy(name, SearchTask{sig, {}}, {&proposer}, o);
+  std::vector<double> curve;
+  double best = 1;
+  while (!s->done() && curve.size() < budget) {
+    std::vector<Candidate> batch = s->next_candidates(1);
+    if (batch.empty()) break;
+    std::vector<std::pair<uint64_t, Outcome>> results;
+    for (const Candidate& c : batch) {
+      Outcome out = land.get(c.move.spec, c.move.label);
+      if (out.improves()) best = std::max(best, out.speedup);
+      curve.push_back(best);
+      results.emplace_back(c.node, out);
+    }
+    s->notify_results(results);
+  }
+  while (curve.size() < budget) curve.push_back(best);   // a search that ran out holds its best
+  return curve;
+}
+
+std::string svg_plot(const std::map<std::string, std::map<std::string, std::vector<double>>>& curves, uint32_t budget) {
+  // One panel per signature: mean best speedup vs evaluations, a line per strategy.
+  const int pw = 360, ph = 240, pad = 50;
+  const int panels = static_cast<int>(curves.size());
+  std::string s = "<svg xmlns='http://www.w3.org/2000/svg' width='" + std::to_string(panels * (pw + pad) + pad) +
+                  "' height='" + std::to_string(ph + 2 * pad) + "' font-family='sans-serif' font-size='11'>\n";
+  const std::map<std::string, std::string> color = {{"mcts", "#d62728"}, {"greedy", "#1f77b4"}, {"random", "#7f7f7f"}};
+  int p = 0;
+  for (const auto& [sig, by_strategy] : curves) {
+    double top = 1.05;
+    for (const auto& [st, c] : by_strategy) top = std::max(top, *std::max_element(c.begin(), c.end()) * 1.05);
+    const int x0 = pad + p * (pw + pad), y0 = pad;
+    s += "<text x='" + std::to_string(x0) + "' y='" + std::to_string(y0 - 10) + "'>" + sig + "</text>\n";
+    s += "<rect x='" + std::to_string(x0) + "' y='" + std::to_string(y0) + "' width='" + std::to_string(pw) + "' height='" +
+         std::to_string(ph) + "' fill='none' stroke='black'/>\n";
+    auto X = [&](size_t k) { return x0 + static_cast<double>(pw) * static_cast<double>(k) / std::max<double>(1, budget - 1); };
+    auto Y = [&](double v) { return y0 + ph - static_cast<double>(ph) * (v - 1.0) / (top - 1.0); };
+    for (double tick = 1.0; tick <= top; tick += (top - 1) > 2 ? 0.5 : 0.1) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.1fx", tick);
+      s += "<text x='" + std::to_string(x0 - 40) + "' y='" + std::to_string(Y(tick) + 4) + "'>" + buf + "</text>\n";
+    }
+    s += "<text x='" + std::to_string(x0 + pw / 2 - 30) + "' y='" + std::to_string(y0 + ph + 30) + "'>evaluations (1.." +
+         std::to_string(budget) + ")</text>\n";
+    int legend = 0;
+    for (const auto& [st, c] : by_strategy) {
+      std::string pts;
+      for (size_t k = 0; k < c.size(); ++k) pts += std::to_string(X(k)) + "," + std::to_string(Y(c[k])) + " ";
+      const std::string col = color.count(st) ? color.at(st) : "black";
+      s += "<polyline fill='none' stroke='" + col + "' stroke-width='2' points='" + pts + "'/>\n";
+      s += "<text x='" + std::to_string(x0 + 10) + "' y='" + std::to_string(y0 + 15 + 14 * legend++) + "' fill='" + col + "'>" + st + "</text>\n";
+    }
+    ++p;
+  }
+  return s + "</svg>\n";
+}
+
+int usage() {
+  std::fprintf(stderr, "usage: bench_search [--device cpu|cuda:N] [--budget N] [--seeds N] [--max-space N] [--out DIR]\n");
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string device = "cpu", out_dir;
+  uint32_t budget = 24, seeds = 10, max_space = 48;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (i + 1 >= argc) return usage();
+    const std::string v = argv[++i];
+    if (a == "--device") device = v;
+    else if (a == "--budget") budget = static_cast<uint32_t>(std::atoi(v.c_str()));
+    else if (a == "--seeds") seeds = static_cast<uint32_t>(std::atoi(v.c_str()));
+    else if (a == "--max-space") max_space = static_cast<uint32_t>(std::atoi(v.c_str()));
+    else if (a == "--out") out_dir = v;
+    else return usage();
+  }
+  if (budget == 0 || seeds == 0) return usage();
+  const bool cuda = device != "cpu";
+  char tmpl[] = "/tmp/kforge-bench-search-XXXXXX";
+  if (::mkdtemp(tmpl) == nullptr) return 1;
+  eval::WorkerOptions wo;
+  wo.program = default_worker();
+  wo.device = device;
+  wo.build_cache_dir = std::string(tmpl) + "/builds";
+  eval::WorkerProcess w(wo);
+  if (Status s = w.start(); !s.ok()) {
+    std::fprintf(stderr, "bench_search: cannot start %s: %s\n", wo.program.c_str(), s.message().c_str());
+    return 1;
+  }
+  const std::string arch = cuda ? w.ready()->environment.arch : cpu_host_environment("").arch;
+  std::printf("# bench_search --device %s --budget %u --seeds %u --max-space %u on %s (%s)\n", device.c_str(), budget,
+              seeds, max_space, w.ready()->environment.device_model.c_str(), arch.c_str());
+
+  const std::vector<std::string> strategies = {"mcts", "greedy", "random"};
+  std::map<std::string, std::map<std::string, std::vector<double>>> mean_curves;
+  std::map<std::string, double> space_best;
+  std::map<std::string, size_t> space_size, evaluated;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const NamedSignature& ns : signatures(cuda, arch)) {
+    std::printf("\n%s: %s\n", ns.name.c_str(), ns.sig.to_string().c_str());
+    Landscape land(w, ns.sig);
+    // The landscape first: the space in its fixed order, spread over the families.
+    std::vector<templates::TemplateConfig> space = templates::enumerate_space(ns.sig);
+    space_size[ns.name] = space.size();
+    std::vector<templates::TemplateConfig> chosen;
+    const size_t n = std::min<size_t>(space.size(), max_space);
+    for (size_t k = 0; k < n; ++k) chosen.push_back(space[k * space.size() / std::max<size_t>(n, 1)]);
+    for (const templates::TemplateConfig& c : chosen) {
+      StatusOr<Move> m = TemplateProposer::move_for(ns.sig, c);
+      if (m.ok()) (void)land.get(m->spec, m->label);
+    }
+    for (const std::string& st : strategies) {
+      std::vector<double> mean(budget, 0);
+      for (uint32_t seed = 1; seed <= seeds; ++seed) {
+        const std::vector<double> c = run_strategy(st, ns.sig, budget, seed, land);
+        for (uint32_t k = 0; k < budget; ++k) mean[k] += c[k] / seeds;
+      }
+      mean_curves[ns.name][st] = mean;
+    }
+    space_best[ns.name] = land.best();
+    evaluated[ns.name] = land.evaluated();
+  }
+  const double minutes = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 60;
+
+  std::printf("\nmean best verified speedup over %u seeds after k evaluations (1.00 = PyTorch's kernel)\n", seeds);
+  std::vector<uint32_t> ks;
+  for (uint32_t k = 1; k <= budget; k *= 2) ks.push_back(k);
+  if (ks.back() != budget) ks.push_back(budget);
+  std::printf("%-28s %-7s", "signature", "strategy");
+  for (uint32_t k : ks) std::printf(" %7s", ("k=" + std::to_string(k)).c_str());
+  std::printf("   space best (evaluated of size)\n");
+  std::string csv = "signature,strategy,evaluations,mean_best_speedup\n";
+  for (const auto& [sig, by] : mean_curves) {
+    for (const std::string& st : strategies) {
+      const std::vector<double>& c = by.at(st);
+      std::printf("%-28s %-7s", sig.c_str(), st.c_str());
+      for (uint32_t k : ks) std::printf(" %7.3f", c[k - 1]);
+      if (st == "mcts") std::printf("   %.3f (%zu of %zu)", space_best[sig], evaluated[sig], space_size[sig]);
+      std::printf("\n");
+      for (uint32_t k = 0; k < budget; ++k) csv += sig + "," + st + "," + std::to_string(k + 1) + "," + std::to_string(c[k]) + "\n";
+    }
+  }
+  std::printf("(%.1f minutes, %zu worker evaluations in all)\n", minutes,
+              [&] { size_t s = 0; for (auto& [k, v] : evaluated) s += v; return s; }());
+  if (!out_dir.empty()) {
+    fs::create_directories(out_dir);
+    std::ofstream(out_dir + "/search_bench.csv") << csv;
+    std::ofstream(out_dir + "/search_bench.svg") << svg_plot(mean_curves, budget);
+    std::printf("wrote %s/search_bench.csv and search_bench.svg\n", out_dir.c_str());
+  }
+  std::error_code ec;
+  fs::remove_all(tmpl, ec);
+  return 0;
+}

@@ -50,6 +50,7 @@ struct DaemonConfig {
   // [workers]
   std::vector<std::string> devices;    // "cpu", "cuda:N", or "auto" (every visible GPU, plus cpu)
   uint32_t cpu_slots = 1;              // CPU workers
+  uint32_t cpu_threads = 0;            // torch threads of a CPU worker (0: torch's default)
   std::string worker_program;          // kforge-worker; default beside kforged
   std::string worker_python;           // KFORGE_PYTHON for workers; default: theirs (python3)
   uint32_t compile_budget_ms = 60000;

@@ -130,6 +130,9 @@ void EvaluatorPool::run_slot(Slot& s) {
   wo.device = s.info.device;
   wo.build_cache_dir = options_.build_cache_dir;
   if (!options_.python.empty()) wo.env.emplace_back("KFORGE_PYTHON", options_.python);
+  if (options_.cpu_threads > 0 && s.backend == Backend::kCpu) {
+    wo.env.emplace_back("KFORGE_WORKER_CPU_THREADS", std::to_string(options_.cpu_threads));
+  }
   // Never the hook inside a worker: its reference is PyTorch's own kernel.
   wo.env.emplace_back("KFORGE_DISABLE", "1");
   WorkerProcess worker(wo);

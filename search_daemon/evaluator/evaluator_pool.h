@@ -41,6 +41,7 @@ struct PoolOptions {
   uint32_t cpu_slots = 1;
   std::string program;                   // kforge-worker
   std::string python;                    // KFORGE_PYTHON for the workers ("" = theirs)
+  uint32_t cpu_threads = 0;              // KFORGE_WORKER_CPU_THREADS for CPU workers (0: torch's default)
   std::string build_cache_dir;
   std::function<void(const std::string&)> log;   // one line per event worth an operator's eyes
 };

@@ -5,6 +5,7 @@
 // Exit status: 0 when the supervisor goes away, 3 when the worker cannot start (the reason on
 // stderr, which the supervisor's log shows), 4 after reporting a fault that lost the CUDA context
 // (nothing more can run in this process; the supervisor starts a new worker).
+#include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
 #include <fcntl.h>
 #include <unistd.h>
@@ -116,6 +117,15 @@ int worker_main(int argc, char** argv) {
   // The worker computes, never trains: no autograd bookkeeping around the reference kernels.
   c10::InferenceMode inference;
 
+  // KFORGE_WORKER_CPU_THREADS: torch's intra-op threads for CPU work (PyTorch's kernels and the CPU
+  // candidates alike, both on torch's pool). Unset: torch's default (every core). The daemon sets
+  // it (workers.cpu_threads) where the cores are shared with other work: an OpenMP region waits for
+  // its slowest thread, and a thread that loses its core for a time slice makes a timing worthless.
+  if (const char* t = std::getenv("KFORGE_WORKER_CPU_THREADS"); t != nullptr && *t != '\0') {
+    const int n = std::atoi(t);
+    if (n < 1 || n > 4096) return fail(std::string("KFORGE_WORKER_CPU_THREADS=") + t + ": expected 1..4096");
+    at::set_num_threads(n);
+  }
   StatusOr<std::unique_ptr<EvalDevice>> device = EvalDevice::open(args.device, args.torch_version);
   if (!device.ok()) return fail("cannot use " + args.device + ": " + device.status().message());
   EvalDevice& dev = **device;
@@ -134,7 +144,8 @@ int worker_main(int argc, char** argv) {
     StatusOr<CpuCompiler> cxx = CpuCompiler::detect();
     if (!cxx.ok()) return fail("no C++ compiler for CPU candidates: " + cxx.status().message());
     compiler_identity = cxx->identity;
-    note = "CPU candidates compiled by " + cxx->command + " (" + cxx->identity + ")";
+    note = "CPU candidates compiled by " + cxx->command + " (" + cxx->identity + "); " +
+           std::to_string(at::get_num_threads()) + " torch threads";
     builder = CandidateBuilder::for_cpu(args.build_cache, *cxx);
   }
   if (!builder.ok()) return fail("cannot use the build cache " + args.build_cache + ": " + builder.status().message());

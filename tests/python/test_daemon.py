@@ -1,0 +1,283 @@
+"""kforged end to end on the CPU backend, with real processes all the way:
+
+1. A model (a small classifier ending in a 3-way softmax) runs under the preload shim in
+   KFORGE_MODE=active; kforged receives its signatures, searches them with the template proposer
+   and a real kforge-worker, publishes a verified faster kernel, and announces it; the still-running
+   process loads it, shadows it and swaps it in. Its outputs meet the accuracy criterion against
+   plain PyTorch (computed in this process), and `kforge status` shows the search.
+2. kforged killed with SIGKILL mid-search: the serving process keeps running at full speed; a
+   restarted daemon resumes every search from its journal, and no evaluation is repeated.
+
+Processes synchronize through the daemon's status (`kforge status --json`) and the hook's stats,
+polled with deadlines, never with guessed sleeps.
+
+The softmax signature is float32[4096, 3]: PyTorch's CPU kernel vectorizes along the last
+dimension, which a 3-wide row defeats; a row-per-iteration template is several times faster on one
+thread (workers.cpu_threads = 1 keeps the timing meaningful on a shared 2-core machine).
+"""
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+import msgpack
+import pytest
+import torch
+
+TORCH_MM = ".".join(torch.__version__.split("+")[0].split(".")[:2])
+
+MODEL = textwrap.dedent("""
+    import ctypes, json, os, sys, time
+    import torch
+    lib = ctypes.CDLL(os.environ["KFORGE_TEST_HOOK"])
+    lib.kforge_hook_stats_json.restype = ctypes.c_char_p
+    def stats():
+        return json.loads(lib.kforge_hook_stats_json())
+    def softmax_state():
+        for s in stats()["signatures"]:
+            if s["op"] == "aten::_softmax":
+                return s
+        return None
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 3),
+                                torch.nn.Softmax(dim=-1)).eval()
+    deadline = time.monotonic() + float(os.environ["KFORGE_TEST_SECONDS"])
+    mode = os.environ["KFORGE_TEST_MODE"]
+    ticks = open(os.environ["KFORGE_TEST_TICKS"], "w") if "KFORGE_TEST_TICKS" in os.environ else None
+    saved = []
+    i = 0
+    with torch.inference_mode():
+        while time.monotonic() < deadline:
+            x = torch.randn(4096, 64)
+            t0 = time.monotonic()
+            y = model(x)
+            if ticks:
+                ticks.write(f"{t0} {time.monotonic() - t0}\\n")
+                ticks.flush()
+            i += 1
+            if mode == "until_active" and i % 20 == 0:
+                s = softmax_state()
+                if s and s["state"] == "active" and s["active_calls"] >= 40:
+                    # What the replacement computes now, for the parent to check against PyTorch.
+                    logits = [model[:3](torch.randn(4096, 64)) for _ in range(8)]
+                    saved = [(z, torch.softmax(z, -1)) for z in logits]
+                    break
+    out = {"iterations": i, "stats": stats()}
+    if saved:
+        torch.save(saved, os.environ["KFORGE_TEST_OUT"])
+    print("RESULT " + json.dumps(out), flush=True)
+""")
+
+
+@pytest.fixture(scope="module")
+def hook_path(build_dir):
+    p = build_dir / "interposer" / "hook" / f"libkforge_hook-torch{TORCH_MM}.so"
+    if not p.exists():
+        pytest.fail(f"no hook at {p}: build the kforge_hook target")
+    return p
+
+
+@pytest.fixture(scope="module")
+def daemon_bin(build_dir):
+    paths = {"kforged": build_dir / "search_daemon" / "kforged", "worker": build_dir / "search_daemon" / "kforge-worker",
+             "kforge": build_dir / "tools" / "kforge", "shim": build_dir / "interposer" / "libkforge_preload.so"}
+    for name, p in paths.items():
+        if not p.exists():
+            pytest.fail(f"no {name} at {p}: build it first")
+    return paths
+
+
+class Daemon:
+    """One kforged in a private directory, and the means to ask it how it is doing."""
+
+    def __init__(self, bins, root, *extra):
+        self.bins = bins
+        self.root = root
+        self.endpoint = f"ipc://{root}/run/daemon.sock"
+        self.log_path = root / "daemon.log"
+        self.args = [str(bins["kforged"]), "--endpoint", self.endpoint, "--cache-dir", str(root / "cache"),
+                     "--state-dir", str(root / "state"), "--devices", "cpu", "--cpu-slots", "1",
+                     "--cpu-threads", "1", "--worker", str(bins["worker"]), "--worker-python", sys.executable,
+                     "--min-calls", "30", "--strategy", "mcts", *extra]
+        self.proc = None
+
+    def start(self):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KFORGE_") and k != "LD_PRELOAD"}
+        env["KFORGE_WORKER_LIB_DIR"] = str(self.bins["worker"].parent)
+        self.log = open(self.log_path, "a")
+        self.proc = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        self.wait_for(lambda s: all(slot["state"] != "starting" for slot in s["slots"]), 120, "its worker to start")
+        return self
+
+    def status(self):
+        r = subprocess.run([str(self.bins["kforge"]), "status", "--json", "--endpoint", self.endpoint, "--timeout-ms", "3000"],
+                           capture_output=True, text=True, timeout=30)
+        return json.loads(r.stdout) if r.returncode == 0 else None
+
+    def wait_for(self, predicate, timeout, what):
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"kforged exited with {self.proc.returncode} waiting for {what}:\n{self.log_text()}")
+            last = self.status()
+            if last is not None and predicate(last):
+                return last
+            time.sleep(0.5)   # the poll interval of a deadline-bound handshake, not a guessed wait
+        raise AssertionError(f"kforged did not reach {what} in {timeout} s; last status {json.dumps(last)[:3000]}\n{self.log_text()}")
+
+    def log_text(self):
+        return self.log_path.read_text()[-6000:]
+
+    def stop(self, sig=signal.SIGTERM):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(timeout=120)
+        return self.proc.returncode
+
+
+def start_model(bins, hook_path, daemon, tmp_path, seconds, mode, **extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KFORGE_") and k != "LD_PRELOAD"}
+    env.update({"LD_PRELOAD": str(bins["shim"]), "KFORGE_HOOK_DIR": str(hook_path.parent), "KFORGE_MODE": "active",
+                "KFORGE_DAEMON_ENDPOINT": daemon.endpoint, "KFORGE_CACHE_DIR": str(daemon.root / "cache"),
+                "KFORGE_REPORT_INTERVAL_MS": "200", "KFORGE_SAMPLE_RATE": "4", "KFORGE_TEST_HOOK": str(hook_path),
+                "KFORGE_TEST_SECONDS": str(seconds), "KFORGE_TEST_MODE": mode, "KFORGE_TEST_OUT": str(tmp_path / "out.pt"),
+                "OMP_NUM_THREADS": "1"})
+    env.update({k: str(v) for k, v in extra.items()})
+    return subprocess.Popen([sys.executable, "-c", MODEL], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def model_result(proc, timeout):
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, out + err
+    lines = [l[len("RESULT "):] for l in out.splitlines() if l.startswith("RESULT ")]
+    assert lines, out + err
+    return json.loads(lines[-1]), err
+
+
+def criterion_ok(x, y):
+    """Note [Accuracy criterion] against plain PyTorch in this (hook-free) process."""
+    plain = torch.softmax(x, -1)
+    ref = torch.softmax(x.double(), -1)
+    eps = torch.finfo(torch.float32).eps
+    err_c = (y.double() - ref).abs().max().item()
+    err_t = (plain.double() - ref).abs().max().item()
+    rel_c = ((y.double() - ref).norm() / ref.norm()).item()
+    rel_t = ((plain.double() - ref).norm() / ref.norm()).item()
+    return (y.dtype == plain.dtype and y.shape == plain.shape and y.stride() == plain.stride()
+            and err_c <= 2 * err_t + 8 * eps * ref.abs().max().item() and rel_c <= 2 * rel_t + 8 * eps)
+
+
+def private_root(tmp_path):
+    root = tmp_path / "kf"
+    root.mkdir(mode=0o700)
+    (root / "run").mkdir(mode=0o700)
+    return root
+
+
+def softmax_record(status):
+    return next((s for s in status["signatures"] if s["signature"].startswith("aten::_softmax(float32[4096,3]")), None)
+
+
+def read_journals(state_dir):
+    """Every journal: node labels, and the outcomes recorded per node (Note [Journal format])."""
+    out = {}
+    jdir = state_dir / "journal"
+    for f in sorted(os.listdir(jdir)):
+        b = (jdir / f).read_bytes()
+        pos, nodes, outcomes = 0, {}, {}
+        while pos + 12 <= len(b):
+            n = struct.unpack_from("<I", b, pos)[0]
+            rec = msgpack.unpackb(b[pos + 12:pos + 12 + n], raw=False)
+            pos += 12 + n
+            if rec[0] == "node":
+                nodes[rec[1]] = rec[4]
+            elif rec[0] == "outcome":
+                outcomes.setdefault(rec[1], []).append(rec[2])
+        out[f] = (nodes, outcomes)
+    return out
+
+
+def test_a_running_model_gets_a_searched_kernel_swapped_in(daemon_bin, hook_path, tmp_path):
+    root = private_root(tmp_path)
+    d = Daemon(daemon_bin, root, "--max-evaluations", "4", "--set", "search.concurrent_searches=1").start()
+    try:
+        model = start_model(daemon_bin, hook_path, d, tmp_path, 420, "until_active")
+        res, err = model_result(model, timeout=480)
+        sm = next(s for s in res["stats"]["signatures"] if s["op"] == "aten::_softmax")
+        assert sm["state"] == "active", (sm, err, d.log_text())
+        assert sm["fallbacks"] == 0 and sm["shadow_calls"] >= 20, sm
+        saved = torch.load(tmp_path / "out.pt")
+        assert len(saved) == 8 and all(criterion_ok(x, y) for x, y in saved)
+        # The daemon's side: published, announced, and the entry in the cache is the one in use.
+        st = d.wait_for(lambda s: (softmax_record(s) or {}).get("state") == "published", 60, "the softmax search published")
+        rec = softmax_record(st)
+        assert rec["best_speedup"] > 1 and rec["entry"] == sm["entry"], (rec, sm)
+        assert st["counters"].get("kernel_ready_sent", 0) >= 1 and st["counters"].get("kernels_published", 0) >= 1
+        shown = subprocess.run([str(daemon_bin["kforge"]), "--cache-dir", str(root / "cache"), "cache", "show", rec["entry"],
+                                "--json"], capture_output=True, text=True)
+        assert shown.returncode == 0, shown.stderr
+        entry = json.loads(shown.stdout)
+        assert entry["provenance"]["proposer"].startswith("template:cpu.softmax"), entry["provenance"]
+        assert entry["state"] == "active" and entry["verification"]["passed"]
+        table = subprocess.run([str(daemon_bin["kforge"]), "status", "--endpoint", d.endpoint], capture_output=True, text=True)
+        assert table.returncode == 0 and "published" in table.stdout and "aten::_softmax(float32[4096,3]" in table.stdout
+    finally:
+        assert d.stop() == 0, d.log_text()
+
+
+def test_a_daemon_killed_mid_search_changes_nothing_for_the_model_and_resumes_from_its_journal(daemon_bin, hook_path, tmp_path):
+    root = private_root(tmp_path)
+    budget = 6
+    d = Daemon(daemon_bin, root, "--max-evaluations", str(budget), "--set", "search.concurrent_searches=1").start()
+    ticks = tmp_path / "ticks.txt"
+    model = start_model(daemon_bin, hook_path, d, tmp_path, 150, "steady", KFORGE_TEST_TICKS=ticks)
+    try:
+        st = d.wait_for(lambda s: any(x.get("search", {}).get("evaluated", 0) >= 2 for x in s["signatures"]), 240,
+                        "two evaluations of a search")
+        before = read_journals(root / "state")
+        d.proc.kill()   # SIGKILL: no clean shutdown, the workers die with it (PR_SET_PDEATHSIG)
+        d.proc.wait(timeout=30)
+        killed_at = time.monotonic()
+        # The model keeps running, no slower than before the kill.
+        deadline = killed_at + 8
+        while time.monotonic() < deadline and model.poll() is None:
+            time.sleep(0.25)
+        assert model.poll() is None, "the model process died with the daemon"
+        steps = [tuple(map(float, l.split())) for l in ticks.read_text().splitlines() if l.strip()]
+        before_kill = sorted(t for s, t in steps if s < killed_at)[-200:]
+        after_kill = [t for s, t in steps if s > killed_at + 1]
+        assert len(after_kill) >= 5, "the model stalled after the daemon was killed"
+        med = lambda v: sorted(v)[len(v) // 2]
+        assert med(after_kill) <= 1.5 * med(before_kill) + 0.002, (med(before_kill), med(after_kill))
+
+        # A new daemon on the same state: every journaled search resumes where it stood.
+        d2 = Daemon(daemon_bin, root, "--max-evaluations", str(budget), "--set", "search.concurrent_searches=1").start()
+        try:
+            d2.wait_for(lambda s: s["signatures"] and all(x["state"] not in ("searching", "observed") for x in s["signatures"]
+                                                          if x["calls"] >= 30),
+                        420, "every search to finish")
+            assert "resuming" in d2.log_text()
+        finally:
+            assert d2.stop() == 0, d2.log_text()
+        after = read_journals(root / "state")
+        for name, (nodes, outcomes) in after.items():
+            # Nothing evaluated twice: one outcome per node, the budget never exceeded.
+            assert all(len(v) == 1 for v in outcomes.values()), (name, outcomes)
+            assert len(outcomes) <= budget, (name, len(outcomes))
+            # What was evaluated before the kill is still there, not redone.
+            if name in before:
+                prev_nodes, prev_outcomes = before[name]
+                for node_id, statuses in prev_outcomes.items():
+                    assert outcomes[node_id] == statuses
+                    assert nodes[node_id] == prev_nodes[node_id]
+        assert any(len(o) == budget for _, o in after.values()), after
+    finally:
+        model.kill()
+        model.wait()
+        d.stop(signal.SIGKILL)

@@ -281,3 +281,57 @@ def test_a_daemon_killed_mid_search_changes_nothing_for_the_model_and_resumes_fr
         model.kill()
         model.wait()
         d.stop(signal.SIGKILL)
+
+
+def test_malformed_messages_and_control_requests_never_break_the_daemon(daemon_bin, tmp_path):
+    import zmq
+    root = private_root(tmp_path)
+    d = Daemon(daemon_bin, root).start()
+    try:
+        ctx = zmq.Context.instance()
+        s = ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(d.endpoint)
+        bad = [b"", b"\x00", b"\x94\xa6kforge\x01\x02\xc0", b"\xff" * 100, os.urandom(4096),
+               msgpack.packb(["kforge", 1, 5, [b"x" * 16, b"y" * 16, "k", 1.0]]),   # a daemon-to-hook type
+               msgpack.packb(["kforge", 99, 1, []])]
+        for b in bad:
+            s.send(b)
+        s.send_multipart([b"part one", b"part two"])
+        s.send(b'{"kforge_ctl": 1, "request": "explode"}')
+        assert s.poll(5000), "no answer to an unknown control request"
+        reply = json.loads(s.recv())
+        assert reply["ok"] is False and "unknown request" in reply["error"]
+        s.send(b"{not json")
+        assert s.poll(5000)
+        assert json.loads(s.recv())["ok"] is False
+        st = d.wait_for(lambda st: st["counters"].get("messages_malformed", 0) >= len(bad) + 1, 30, "the malformed messages counted")
+        assert st["processes"] == [] or all(not p["attached"] or p["pid"] for p in st["processes"])
+        # Logged once for this peer, not once per message.
+        assert d.log_text().count("logged once per peer") == 1, d.log_text()
+        s.close()
+    finally:
+        assert d.stop() == 0, d.log_text()
+
+
+def test_bad_configuration_is_one_line_naming_the_key(daemon_bin, tmp_path):
+    cfg = tmp_path / "kforged.toml"
+    cfg.write_text('[search]\nstrategy = "annealing"\n')
+    r = subprocess.run([str(daemon_bin["kforged"]), "--config", str(cfg)], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and "search.strategy" in r.stderr and "annealing" not in r.stderr.split(":")[0]
+    r = subprocess.run([str(daemon_bin["kforged"]), "--tcp-everywhere"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "unknown option --tcp-everywhere" in r.stderr
+    r = subprocess.run([str(daemon_bin["kforged"]), "--endpoint", "tcp://127.0.0.1:5999", "--set",
+                        "daemon.events_endpoint=tcp://127.0.0.1:6000"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "CURVE" in r.stderr
+
+
+def test_a_second_daemon_on_the_same_endpoint_is_refused(daemon_bin, tmp_path):
+    root = private_root(tmp_path)
+    d = Daemon(daemon_bin, root).start()
+    try:
+        r = subprocess.run(d.args, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 1 and "another kforged serves" in r.stderr, r.stderr
+    finally:
+        assert d.stop() == 0

@@ -74,7 +74,10 @@ void print_table(const json& st, std::ostream& out) {
         << "  reports " << p.value("reports", 0) << " (" << p.value("reports_dropped", 0) << " dropped by the hook)\n";
   }
   out << "\nsignatures:\n";
-  if (st["signatures"].empty()) out << "  (none reported)\n";
+  if (st["signatures"].empty()) {
+    out << "  (none reported)\n";
+    return;
+  }
   char line[512];
   std::snprintf(line, sizeof line, "  %-11s %10s %10s %7s %6s %8s  %s\n", "state", "calls", "mean", "share", "evals",
                 "best", "signature");

@@ -41,7 +41,7 @@ TEST_CASE("daemon config: no file, no flags: the hooks' endpoint, events beside 
   CHECK(moved->events_endpoint == "ipc:///tmp/k/events.sock");
 }
 
-TEST_CASE("daemon config: a TOML file sets every section; flags override it") {
+TEST_CASE("daemon config: a TOML file sets every section, and flags override it") {
   const char* toml = R"(
 [daemon]
 http = "127.0.0.1:7878"
@@ -111,7 +111,7 @@ TEST_CASE("daemon config: every bad value is one error naming the key and what i
   CHECK_THAT(c.status().message(), Catch::Contains(bad.says));
 }
 
-TEST_CASE("daemon config: bad flags name the flag; a missing file is an error naming it") {
+TEST_CASE("daemon config: bad flags name the flag, and a missing file is an error naming it") {
   StatusOr<DaemonConfig> a = load_daemon_config({"--strategy", "tabu"}, kEnv);
   REQUIRE_FALSE(a.ok());
   CHECK_THAT(a.status().message(), Catch::Contains("--strategy search.strategy=\"tabu\": expected one of"));

@@ -40,7 +40,7 @@ const auto kBandwidth = [](const OpSignature&) { return 4e12; };
 
 }  // namespace
 
-TEST_CASE("hot signatures: cumulative counters per process; a report gap is counted, not lost") {
+TEST_CASE("hot signatures: cumulative counters per process, and a report gap is counted, not lost") {
   HotSignatures hot(HotOptions{10, 0});
   const OpSignature a = softmax(64, 256);
   wire::Hello hello;

@@ -25,6 +25,7 @@
 #include "interposer/hook/config.h"
 #include "interposer/hook/recorder.h"
 #include "interposer/hook/signature_writer.h"
+#include "interposer/hook/target_arch.h"
 #include "runtime/op_signature.h"
 
 using namespace kforge;
@@ -303,6 +304,15 @@ TEST_CASE("SignaturePiece: an operator's head and a target, encoded once, append
   x.append(SignaturePiece::target(Backend::kCpu, "x86_64"));
   CHECK(x.ok());
   CHECK(x.bytes() == small.encode());
+
+  // TargetArch keeps the CPU target's piece, and has none where the arch is unknown.
+  const hook::TargetArch arch("x86_64-avx2");
+  REQUIRE(arch.cpu_target() != nullptr);
+  CHECK(arch.cpu_target()->bytes() == SignaturePiece::target(Backend::kCpu, "x86_64-avx2").bytes());
+  CHECK(hook::TargetArch("").cpu_target() == nullptr);
+  hook::TargetArch cuda("x86_64");
+  CHECK(cuda.cuda_target(-1) == nullptr);
+  CHECK(cuda.cuda_target(hook::TargetArch::kMaxCudaDevices) == nullptr);
 
   // Longer than a piece holds: not valid, and callers write the values instead.
   CHECK_FALSE(SignaturePiece::head("aten::" + std::string(80, 'o'), "", 1).valid());

@@ -276,10 +276,26 @@ bool typed_arg(TypedVisit& v, int64_t i) noexcept {
   return true;
 }
 
-bool typed_arg(TypedVisit& v, const c10::SymInt& i) noexcept {
+namespace {
+
+// SymInt::maybe_as_int, without passing a std::optional through memory for the common value.
+bool concrete_int(const c10::SymInt& i, int64_t& out) noexcept {
+  if (!i.is_heap_allocated()) [[likely]] {
+    out = i.as_int_unchecked();
+    return true;
+  }
   const std::optional<int64_t> value = i.maybe_as_int();
   if (!value) return false;
-  v.out.integer(*value);
+  out = *value;
+  return true;
+}
+
+}  // namespace
+
+bool typed_arg(TypedVisit& v, const c10::SymInt& i) noexcept {
+  int64_t value = 0;
+  if (!concrete_int(i, value)) return false;
+  v.out.integer(value);
   return true;
 }
 
@@ -287,9 +303,9 @@ bool typed_arg(TypedVisit& v, c10::SymIntArrayRef list) noexcept {
   if (list.size() > kMaxListLen) return false;
   v.out.int_list(static_cast<uint32_t>(list.size()));
   for (const c10::SymInt& e : list) {
-    const std::optional<int64_t> value = e.maybe_as_int();
-    if (!value) return false;
-    v.out.int_list_item(*value);
+    int64_t value = 0;
+    if (!concrete_int(e, value)) return false;
+    v.out.int_list_item(value);
   }
   return true;
 }

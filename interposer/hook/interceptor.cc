@@ -48,8 +48,9 @@ std::unique_ptr<OpSignature> make_signature(void* context) {
 
 // Note [Interceptor fast path]
 // Per call, with no heap allocation and no lock: encode the signature into a 1 KiB buffer on this
-// stack frame and hash it (SignatureWriter), one acquire load and a probe of the replacement
-// table, a probe of this thread's counter table, then the original kernel. The arguments stay on
+// stack frame and hash it (SignatureWriter; the operator's head and the target are copied, encoded
+// once: SignaturePiece), one acquire load and a probe of the replacement table, a probe of this
+// thread's counter table (Recorder::on_call, inlined), then the original kernel. The arguments stay on
 // the stack untouched for the original to consume. A thread's first call of a signature also
 // builds the OpSignature (allocating) and checks its id against the fast one. One CPU call in
 // KFORGE_SAMPLE_RATE is timed with steady_clock around the original. The boxed interceptor does
@@ -303,8 +304,9 @@ RegistrationSummary register_catalog(const HookConfig& config, Recorder& recorde
             summary.skipped.push_back(label + ": no kernel at this key");
             continue;
           }
-          OpIdentity identity{std::string(cat.name), std::string(cat.overload),
-                              static_cast<uint32_t>(handle->schema().arguments().size()), k.backend};
+          const auto num_arguments = static_cast<uint32_t>(handle->schema().arguments().size());
+          OpIdentity identity{std::string(cat.name), std::string(cat.overload), num_arguments, k.backend,
+                              SignaturePiece::head(cat.name, cat.overload, num_arguments)};
           // The original first: once ours is registered, the computed kernel is ours.
           const auto& returns = handle->schema().returns();
           bool tensor_returns = true;

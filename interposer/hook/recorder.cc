@@ -15,7 +15,8 @@ namespace kforge::hook {
 
 // Note [Per-thread counters]
 // Every thread that makes an intercepted call owns a ThreadCounters: a fixed-size open-addressing
-// table from SignatureId to counters, reached through a thread_local pointer. The owner is the
+// table from SignatureId to counters, reached through a thread_local pointer (Recorder::t_counters_;
+// the counting half of on_call is inline in recorder.h, the rest is here). The owner is the
 // only writer of its table, so counting is a relaxed load and store, with no lock and no atomic
 // read-modify-write; the reporter thread reads the tables under mu_ (which only the slow paths of
 // callers take), so a table is never freed while it is read. A slot is published by a release
@@ -41,61 +42,8 @@ const OpSignature* poisoned() noexcept { return reinterpret_cast<const OpSignatu
 
 }  // namespace
 
-class ThreadCounters {
- public:
-  static constexpr size_t kSlots = 512;     // power of two
-  static constexpr size_t kMaxUsed = 384;   // keeps probe sequences short
-
-  ThreadCounters(uint64_t gen, uint32_t sample_rate) : generation(gen), countdown(sample_rate) {}
-
-  // Hot path: a few probes of this thread's own table.
-  CounterSlot* find(const SignatureId& id) noexcept {
-    size_t i = static_cast<size_t>(id.lo) & (kSlots - 1);
-    for (;;) {
-      CounterSlot& s = slots_[i];
-      if (s.signature.load(std::memory_order_relaxed) == nullptr) return nullptr;
-      if (s.id == id) return &s;
-      i = (i + 1) & (kSlots - 1);
-    }
-  }
-
-  bool full() const noexcept { return used_ >= kMaxUsed; }
-
-  // Precondition: !full() and find(id) == nullptr. Takes ownership of `owned` (may be null when
-  // `sig` is poisoned()).
-  CounterSlot* insert(const SignatureId& id, const OpSignature* sig,
-                      std::unique_ptr<OpSignature> owned) noexcept {
-    size_t i = static_cast<size_t>(id.lo) & (kSlots - 1);
-    while (slots_[i].signature.load(std::memory_order_relaxed) != nullptr) i = (i + 1) & (kSlots - 1);
-    slots_[i].id = id;
-    owned_[i] = std::move(owned);
-    slots_[i].signature.store(sig, std::memory_order_release);
-    ++used_;
-    return &slots_[i];
-  }
-
-  template <typename F>
-  void for_each_slot(F&& f) const {
-    for (const CounterSlot& s : slots_) {
-      const OpSignature* sig = s.signature.load(std::memory_order_acquire);
-      if (sig != nullptr) f(s, sig);
-    }
-  }
-
-  const uint64_t generation;
-  uint32_t countdown;                       // timeable calls until the next sampled one
-  std::atomic<uint64_t> unknown_calls{0};
-  std::atomic<uint64_t> overflow_calls{0};
-
- private:
-  size_t used_ = 0;
-  CounterSlot slots_[kSlots];
-  std::unique_ptr<OpSignature> owned_[kSlots];
-};
-
 namespace {
 
-thread_local ThreadCounters* t_counters = nullptr;
 thread_local bool t_no_table = false;   // this thread could not get a table, or has exited
 
 }  // namespace
@@ -107,8 +55,8 @@ struct ThreadExit {
   ~ThreadExit() {
     t_no_table = true;   // intercepted calls from later thread-exit code are not recorded
     Recorder* r = g_recorder.load(std::memory_order_acquire);
-    if (armed && t_counters != nullptr && r != nullptr) r->retire(t_counters);
-    t_counters = nullptr;
+    if (armed && Recorder::t_counters_ != nullptr && r != nullptr) r->retire(Recorder::t_counters_);
+    Recorder::t_counters_ = nullptr;
   }
 };
 
@@ -132,7 +80,7 @@ void Recorder::start() {
 }
 
 ThreadCounters* Recorder::counters() noexcept {
-  ThreadCounters* t = t_counters;
+  ThreadCounters* t = t_counters_;
   if (t != nullptr && t->generation == generation_.load(std::memory_order_relaxed)) [[likely]] {
     return t;
   }
@@ -144,17 +92,17 @@ ThreadCounters* Recorder::register_thread() noexcept {
     const uint64_t gen = generation_.load(std::memory_order_relaxed);
     auto table = std::make_unique<ThreadCounters>(gen, options_.sample_rate);
     t_exit.armed = true;   // first touch constructs it and registers its destructor
-    ThreadCounters* old = t_counters;
+    ThreadCounters* old = t_counters_;
     {
       std::lock_guard<std::mutex> lock(mu_);
       live_.push_back(table.get());
       ++threads_;
       if (!reporter_started_) start_reporter_locked();   // a forked child's first call
     }
-    t_counters = table.release();
+    t_counters_ = table.release();
     // A table from before a fork: the child's registry no longer lists it and nobody reads it.
     delete old;
-    return t_counters;
+    return t_counters_;
   } catch (...) {
     t_no_table = true;
     return nullptr;
@@ -187,8 +135,8 @@ void Recorder::retire(ThreadCounters* t) noexcept {
   }
 }
 
-Recorder::Call Recorder::on_call(const SignatureId& id, SignatureFactory make, void* context,
-                                 bool timeable) noexcept {
+Recorder::Call Recorder::on_call_slow(const SignatureId& id, SignatureFactory make, void* context,
+                                      bool timeable) noexcept {
   Call c;
   ThreadCounters* t = counters();
   if (t == nullptr) return c;

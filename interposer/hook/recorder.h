@@ -55,7 +55,59 @@ inline void bump(std::atomic<uint64_t>& counter, uint64_t n) noexcept {
   counter.store(counter.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
 }
 
-class ThreadCounters;
+// One thread's counters: a fixed-size open-addressing table from SignatureId to CounterSlot (Note
+// [Per-thread counters] in recorder.cc). Declared here so that the hot half of Recorder::on_call
+// is inlined into the interceptors; only the Recorder makes and reads them.
+class ThreadCounters {
+ public:
+  static constexpr size_t kSlots = 512;     // power of two
+  static constexpr size_t kMaxUsed = 384;   // keeps probe sequences short
+
+  ThreadCounters(uint64_t gen, uint32_t sample_rate) : generation(gen), countdown(sample_rate) {}
+
+  // Hot path: a few probes of this thread's own table.
+  [[gnu::always_inline]] CounterSlot* find(const SignatureId& id) noexcept {
+    size_t i = static_cast<size_t>(id.lo) & (kSlots - 1);
+    for (;;) {
+      CounterSlot& s = slots_[i];
+      if (s.signature.load(std::memory_order_relaxed) == nullptr) return nullptr;
+      if (s.id == id) return &s;
+      i = (i + 1) & (kSlots - 1);
+    }
+  }
+
+  bool full() const noexcept { return used_ >= kMaxUsed; }
+
+  // Precondition: !full() and find(id) == nullptr. Takes ownership of `owned` (may be null when
+  // `sig` is a poison tag).
+  CounterSlot* insert(const SignatureId& id, const OpSignature* sig, std::unique_ptr<OpSignature> owned) noexcept {
+    size_t i = static_cast<size_t>(id.lo) & (kSlots - 1);
+    while (slots_[i].signature.load(std::memory_order_relaxed) != nullptr) i = (i + 1) & (kSlots - 1);
+    slots_[i].id = id;
+    owned_[i] = std::move(owned);
+    slots_[i].signature.store(sig, std::memory_order_release);
+    ++used_;
+    return &slots_[i];
+  }
+
+  template <typename F>
+  void for_each_slot(F&& f) const {
+    for (const CounterSlot& s : slots_) {
+      const OpSignature* sig = s.signature.load(std::memory_order_acquire);
+      if (sig != nullptr) f(s, sig);
+    }
+  }
+
+  const uint64_t generation;
+  uint32_t countdown;                       // timeable calls until the next sampled one
+  std::atomic<uint64_t> unknown_calls{0};
+  std::atomic<uint64_t> overflow_calls{0};
+
+ private:
+  size_t used_ = 0;
+  CounterSlot slots_[kSlots];
+  std::unique_ptr<OpSignature> owned_[kSlots];
+};
 
 // What a round's before_round hook hands the recorder (input_sampler.h makes it).
 struct RoundExtras {
@@ -135,7 +187,25 @@ class Recorder {
   // Counts one call of signature `id`. Hot path for a known signature: no lock, no allocation.
   // `timeable`: the caller can time this call (CPU with a clock, CUDA with events); only such
   // calls take part in sampling.
-  Call on_call(const SignatureId& id, SignatureFactory make, void* context, bool timeable) noexcept;
+  [[gnu::always_inline]] Call on_call(const SignatureId& id, SignatureFactory make, void* context,
+                                      bool timeable) noexcept {
+    // Inline: a signature this thread has counted before, in its current table. Anything else
+    // (no table yet, a table from before a fork, a new signature) takes on_call_slow.
+    ThreadCounters* t = t_counters_;
+    if (t != nullptr && t->generation == generation_.load(std::memory_order_relaxed)) [[likely]] {
+      if (CounterSlot* s = t->find(id)) [[likely]] {
+        Call c;
+        bump(s->calls, 1);
+        c.slot = s;
+        if (timeable && --t->countdown == 0) [[unlikely]] {
+          t->countdown = options_.sample_rate;
+          c.sample = true;
+        }
+        return c;
+      }
+    }
+    return on_call_slow(id, make, context, timeable);
+  }
   // A call whose signature could not be computed on the fast path.
   void on_unknown_call() noexcept;
   static void add_sample(CounterSlot* slot, uint64_t ns) noexcept {
@@ -161,6 +231,11 @@ class Recorder {
   };
   using TotalsMap = std::unordered_map<SignatureId, Totals, IdHash>;
 
+  // This thread's table; null before its first call and after it could not get one. One
+  // thread_local, constant-initialized, so reading it needs no initialization check.
+  static inline thread_local constinit ThreadCounters* t_counters_ = nullptr;
+
+  Call on_call_slow(const SignatureId& id, SignatureFactory make, void* context, bool timeable) noexcept;
   ThreadCounters* counters() noexcept;
   ThreadCounters* register_thread() noexcept;
   void retire(ThreadCounters* t) noexcept;

@@ -122,7 +122,7 @@ class ReplacementTable {
     published().store(t, std::memory_order_release);
   }
 
-  const Replacement* find(const SignatureId& id) const noexcept {
+  [[gnu::always_inline]] const Replacement* find(const SignatureId& id) const noexcept {
     if (slots_.empty()) return nullptr;
     for (size_t i = static_cast<size_t>(id.lo) & mask_;; i = (i + 1) & mask_) {
       const Slot& s = slots_[i];

@@ -2,6 +2,7 @@
 
 #include <c10/core/TensorImpl.h>
 
+#include <array>
 #include <limits>
 #include <string_view>
 #include <utility>
@@ -26,7 +27,7 @@ struct TensorFacts {
   uint32_t alignment = kMaxAlignment;
 };
 
-bool to_dtype(c10::ScalarType t, DType* out) noexcept {
+constexpr bool dtype_of(c10::ScalarType t, DType* out) noexcept {
   switch (t) {
     case c10::ScalarType::Float: *out = DType::kFloat32; return true;
     case c10::ScalarType::Double: *out = DType::kFloat64; return true;
@@ -46,9 +47,29 @@ bool to_dtype(c10::ScalarType t, DType* out) noexcept {
   }
 }
 
+// dtype_of as a table, so the fast path reads one byte instead of taking an indirect jump.
+constexpr size_t kScalarTypes = static_cast<size_t>(c10::ScalarType::NumOptions);
+constexpr int kNoDType = -1;
+constexpr std::array<int8_t, kScalarTypes> kDTypeOf = [] {
+  std::array<int8_t, kScalarTypes> table{};
+  for (size_t i = 0; i < kScalarTypes; ++i) {
+    DType d{};
+    table[i] = dtype_of(static_cast<c10::ScalarType>(i), &d) ? static_cast<int8_t>(d) : int8_t{kNoDType};
+  }
+  return table;
+}();
+
+[[gnu::always_inline]] inline bool to_dtype(c10::ScalarType t, DType* out) noexcept {
+  const auto i = static_cast<size_t>(t);
+  if (i >= kScalarTypes || kDTypeOf[i] == kNoDType) return false;
+  *out = static_cast<DType>(kDTypeOf[i]);
+  return true;
+}
+
 // A defined tensor's metadata, read from the TensorImpl without touching its refcount. False for
-// tensors a signature cannot describe. May throw (torch's checks); callers catch.
-bool tensor_facts(const c10::TensorImpl& impl, TensorFacts& f) {
+// tensors a signature cannot describe. May throw (torch's checks); callers catch. Inlined, so the
+// facts stay in registers on the fast path.
+[[gnu::always_inline]] inline bool tensor_facts(const c10::TensorImpl& impl, TensorFacts& f) {
   // Strided dense tensors only; symbolic shapes and storage-less tensors have no concrete layout.
   if (impl.layout() != c10::kStrided || impl.has_symbolic_sizes_strides() || !impl.has_storage()) {
     return false;
@@ -79,7 +100,7 @@ bool tensor_facts(const at::Tensor& t, TensorFacts& f) {
 }
 
 // Note [One classification, two encoders]
-// visit_call() decides what each argument is and hands it to a sink: WriterSink writes the
+// visit_args() decides what each argument is and hands it to a sink: WriterSink writes the
 // canonical bytes (fast path), BuilderSink builds the OpSignature (slow path). Because the
 // decisions are shared, a disagreement between the two ids can only come from the encoders,
 // which the recorder checks at every first sight of a signature.
@@ -149,15 +170,13 @@ bool visit_arg(const c10::IValue& v, Sink& sink, int& cuda_index) {
   return false;   // complex and symbolic scalars, dicts, objects, ...
 }
 
-// The target arch for the call, "" when unknown.
+// False: a value a signature cannot describe.
 template <typename Sink>
-std::string_view visit_call(const OpIdentity& op, const c10::IValue* args, TargetArch& arch, Sink& sink) {
-  int cuda_index = -1;
+bool visit_args(const OpIdentity& op, const c10::IValue* args, Sink& sink, int& cuda_index) {
   for (uint32_t i = 0; i < op.num_arguments; ++i) {
-    if (!visit_arg(args[i], sink, cuda_index)) return {};
+    if (!visit_arg(args[i], sink, cuda_index)) return false;
   }
-  if (op.backend == Backend::kCpu) return arch.cpu();
-  return arch.cuda(cuda_index);
+  return true;
 }
 
 struct WriterSink {
@@ -215,12 +234,11 @@ struct BuilderSink {
 bool write_stack_signature(const OpIdentity& op, const c10::IValue* args, TargetArch& arch,
                            SignatureWriter& out) noexcept {
   try {
-    out.begin(op.name, op.overload, op.num_arguments);
+    begin_signature(op, out);
     WriterSink sink{out};
-    const std::string_view target_arch = visit_call(op, args, arch, sink);
-    if (target_arch.empty()) return false;
-    out.target(op.backend, target_arch);
-    return out.ok();
+    int cuda_index = -1;
+    if (!visit_args(op, args, sink, cuda_index)) return false;
+    return finish_signature(op, arch, cuda_index, out);
   } catch (...) {
     // A torch check on an exotic tensor: not a signature we can describe.
     return false;
@@ -258,10 +276,26 @@ bool typed_arg(TypedVisit& v, int64_t i) noexcept {
   return true;
 }
 
-bool typed_arg(TypedVisit& v, const c10::SymInt& i) noexcept {
+namespace {
+
+// SymInt::maybe_as_int, without passing a std::optional through memory for the common value.
+bool concrete_int(const c10::SymInt& i, int64_t& out) noexcept {
+  if (!i.is_heap_allocated()) [[likely]] {
+    out = i.as_int_unchecked();
+    return true;
+  }
   const std::optional<int64_t> value = i.maybe_as_int();
   if (!value) return false;
-  v.out.integer(*value);
+  out = *value;
+  return true;
+}
+
+}  // namespace
+
+bool typed_arg(TypedVisit& v, const c10::SymInt& i) noexcept {
+  int64_t value = 0;
+  if (!concrete_int(i, value)) return false;
+  v.out.integer(value);
   return true;
 }
 
@@ -269,9 +303,9 @@ bool typed_arg(TypedVisit& v, c10::SymIntArrayRef list) noexcept {
   if (list.size() > kMaxListLen) return false;
   v.out.int_list(static_cast<uint32_t>(list.size()));
   for (const c10::SymInt& e : list) {
-    const std::optional<int64_t> value = e.maybe_as_int();
-    if (!value) return false;
-    v.out.int_list_item(*value);
+    int64_t value = 0;
+    if (!concrete_int(e, value)) return false;
+    v.out.int_list_item(value);
   }
   return true;
 }
@@ -320,13 +354,6 @@ bool typed_arg(TypedVisit& v, const c10::Scalar& s) noexcept {
   return true;
 }
 
-bool typed_finish(const OpIdentity& op, TargetArch& arch, TypedVisit& v) noexcept {
-  const std::string_view target_arch = op.backend == Backend::kCpu ? arch.cpu() : arch.cuda(v.cuda_index);
-  if (target_arch.empty()) return false;
-  v.out.target(op.backend, target_arch);
-  return v.out.ok();
-}
-
 std::unique_ptr<OpSignature> build_stack_signature(const OpIdentity& op, const c10::IValue* args,
                                                    TargetArch& arch) {
   auto sig = std::make_unique<OpSignature>();
@@ -334,16 +361,17 @@ std::unique_ptr<OpSignature> build_stack_signature(const OpIdentity& op, const c
   sig->overload = op.overload;
   sig->args.reserve(op.num_arguments);
   BuilderSink sink{sig->args};
-  std::string_view target_arch;
+  int cuda_index = -1;
   try {
-    target_arch = visit_call(op, args, arch, sink);
+    if (!visit_args(op, args, sink, cuda_index)) return nullptr;
   } catch (const std::bad_alloc&) {
     throw;
   } catch (...) {
     return nullptr;
   }
-  if (target_arch.empty()) return nullptr;
-  sig->target = Target{op.backend, std::string(target_arch)};
+  const std::string_view arch_name = target_arch(op, arch, cuda_index);
+  if (arch_name.empty()) return nullptr;
+  sig->target = Target{op.backend, std::string(arch_name)};
   return sig;
 }
 

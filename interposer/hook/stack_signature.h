@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "interposer/hook/signature_writer.h"
 #include "interposer/hook/target_arch.h"
@@ -33,7 +34,38 @@ struct OpIdentity {
   std::string overload;      // "Tensor"
   uint32_t num_arguments = 0;
   Backend backend = Backend::kCpu;
+  // SignaturePiece::head(name, overload, num_arguments), set by the registration: every call's
+  // first bytes, copied instead of encoded (when not valid(), they are encoded per call).
+  SignaturePiece head;
 };
+
+// Begins `out` with op's head.
+inline void begin_signature(const OpIdentity& op, SignatureWriter& out) noexcept {
+  if (op.head.valid()) [[likely]] {
+    out.begin(op.head);
+  } else {
+    out.begin(op.name, op.overload, op.num_arguments);
+  }
+}
+
+// The target arch of a call of `op` whose first CUDA tensor is on `cuda_index`; "" when unknown.
+inline std::string_view target_arch(const OpIdentity& op, TargetArch& arch, int cuda_index) noexcept {
+  return op.backend == Backend::kCpu ? arch.cpu() : arch.cuda(cuda_index);
+}
+
+// Closes `out` with the call's target. False if its arch cannot be known or the signature did not
+// fit (unknown).
+[[gnu::always_inline]] inline bool finish_signature(const OpIdentity& op, TargetArch& arch, int cuda_index,
+                                                    SignatureWriter& out) noexcept {
+  const SignaturePiece* target = op.backend == Backend::kCpu ? arch.cpu_target() : arch.cuda_target(cuda_index);
+  if (target == nullptr) return false;
+  if (target->valid()) [[likely]] {
+    out.append(*target);
+  } else {
+    out.target(op.backend, target_arch(op, arch, cuda_index));
+  }
+  return out.ok();
+}
 
 // `args` are the call's num_arguments values (the top of the stack). False: unknown signature
 // (the writer's content is then meaningless). Never throws.
@@ -61,16 +93,14 @@ bool typed_arg(TypedVisit& v, double d) noexcept;
 bool typed_arg(TypedVisit& v, bool b) noexcept;
 bool typed_arg(TypedVisit& v, std::string_view s) noexcept;
 bool typed_arg(TypedVisit& v, const c10::Scalar& s) noexcept;
-// Writes the target; false when the call's arch cannot be known.
-bool typed_finish(const OpIdentity& op, TargetArch& arch, TypedVisit& v) noexcept;
 
 // `cuda_index` gets the first CUDA tensor's device index (-1 if none).
 template <class... A>
 bool write_typed_signature(const OpIdentity& op, TargetArch& arch, SignatureWriter& out, int& cuda_index,
                            const A&... args) noexcept {
-  out.begin(op.name, op.overload, op.num_arguments);
+  begin_signature(op, out);
   TypedVisit v{out};
-  const bool ok = (typed_arg(v, args) && ...) && typed_finish(op, arch, v);
+  const bool ok = (typed_arg(v, args) && ...) && finish_signature(op, arch, v.cuda_index, out);
   cuda_index = v.cuda_index;
   return ok;
 }

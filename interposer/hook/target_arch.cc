@@ -44,6 +44,7 @@ std::string_view TargetArch::cuda_slow(int index) noexcept {
       return {};
     }
     s.length = static_cast<size_t>(n);
+    s.target = SignaturePiece::target(Backend::kCuda, std::string_view(s.arch, s.length));
     s.state.store(kReady, std::memory_order_release);
     return std::string_view(s.arch, s.length);
   } catch (...) {

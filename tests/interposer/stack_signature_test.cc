@@ -25,6 +25,7 @@
 #include "interposer/hook/config.h"
 #include "interposer/hook/recorder.h"
 #include "interposer/hook/signature_writer.h"
+#include "interposer/hook/target_arch.h"
 #include "runtime/op_signature.h"
 
 using namespace kforge;
@@ -32,9 +33,17 @@ using kforge::hook::SignatureWriter;
 
 namespace {
 
-// Writes `sig` through the writer, argument by argument, the way the hook's stack walk does.
-void write(const OpSignature& sig, SignatureWriter& w) {
-  w.begin(sig.op, sig.overload, static_cast<uint32_t>(sig.args.size()));
+// Writes `sig` through the writer, argument by argument, the way the hook's stack walk does. With
+// `pieces`, the head and the target are appended as SignaturePieces, as the interceptors do.
+void write(const OpSignature& sig, SignatureWriter& w, bool pieces = false) {
+  const auto nargs = static_cast<uint32_t>(sig.args.size());
+  const hook::SignaturePiece head = hook::SignaturePiece::head(sig.op, sig.overload, nargs);
+  const hook::SignaturePiece target = hook::SignaturePiece::target(sig.target.backend, sig.target.arch);
+  if (pieces && head.valid()) {
+    w.begin(head);
+  } else {
+    w.begin(sig.op, sig.overload, nargs);
+  }
   for (const Arg& a : sig.args) {
     std::visit(
         [&](const auto& v) {
@@ -63,16 +72,22 @@ void write(const OpSignature& sig, SignatureWriter& w) {
         },
         a.value);
   }
-  w.target(sig.target.backend, sig.target.arch);
+  if (pieces && target.valid()) {
+    w.append(target);
+  } else {
+    w.target(sig.target.backend, sig.target.arch);
+  }
 }
 
 void require_same_as_runtime(const OpSignature& sig) {
-  SignatureWriter w;
-  write(sig, w);
-  REQUIRE(w.ok());
-  INFO(sig.to_string());
-  CHECK(w.bytes() == sig.encode());
-  CHECK(w.id() == sig.id());
+  for (bool pieces : {false, true}) {
+    SignatureWriter w;
+    write(sig, w, pieces);
+    REQUIRE(w.ok());
+    INFO(sig.to_string() << (pieces ? " (head and target as pieces)" : ""));
+    CHECK(w.bytes() == sig.encode());
+    CHECK(w.id() == sig.id());
+  }
 }
 
 TensorMeta tensor(DType dt, std::vector<int64_t> sizes, uint32_t alignment = 16,
@@ -209,7 +224,7 @@ TEST_CASE("SignatureWriter: random signatures match the runtime encoder") {
       }
     }
     SignatureWriter w;
-    write(s, w);
+    write(s, w, /*pieces=*/round % 2 == 1);
     if (!w.ok()) {
       // Only signatures longer than the buffer may be refused.
       CHECK(s.encode().size() > hook::kSignatureBufferBytes);
@@ -230,6 +245,79 @@ TEST_CASE("SignatureWriter: a signature longer than the buffer is refused, never
   write(small, w);
   CHECK(w.ok());
   CHECK(w.bytes() == small.encode());
+}
+
+TEST_CASE("SignatureWriter: refused exactly when the encoding is longer than the buffer, wherever the limit falls") {
+  // The writer checks room once per group of bytes (Note [Writer bounds]): a whole tensor of rank
+  // <= 16, a header, a string. Padding with a string of every length moves the limit through every
+  // byte of the groups after it, including a rank-16 tensor of 9-byte integers and a rank-20
+  // tensor, which the writer takes value by value.
+  TensorMeta wide = tensor(DType::kInt64, std::vector<int64_t>(kMaxTensorRank, 5000000000));
+  TensorMeta deep = tensor(DType::kFloat32, std::vector<int64_t>(20, 200));
+  for (const TensorMeta& last : {wide, deep}) {
+    for (size_t pad = 300; pad <= hook::kSignatureBufferBytes; ++pad) {
+      const OpSignature s{"aten::x", "", {Arg::string(std::string(pad, 'p')), Arg::tensor(last), Arg::integer(-70000)},
+                          {Backend::kCpu, "x86_64-avx2"}};
+      const std::string encoded = s.encode();
+      for (bool pieces : {false, true}) {
+        SignatureWriter w;
+        write(s, w, pieces);
+        INFO("pad " << pad << ", " << encoded.size() << " bytes" << (pieces ? ", pieces" : ""));
+        REQUIRE(w.ok() == (encoded.size() <= hook::kSignatureBufferBytes));
+        if (w.ok()) REQUIRE(w.bytes() == encoded);
+      }
+    }
+  }
+}
+
+TEST_CASE("SignaturePiece: an operator's head and a target, encoded once, append the bytes begin() and target() write") {
+  using hook::SignaturePiece;
+  const OpSignature sig{"aten::native_layer_norm", "",
+                        {Arg::tensor(tensor(DType::kBFloat16, {4, 77, 768})), Arg::int_list({768}), Arg::none(),
+                         Arg::none(), Arg::real(1e-5)},
+                        {Backend::kCuda, "sm_90"}};
+  const SignaturePiece head = SignaturePiece::head(sig.op, sig.overload, static_cast<uint32_t>(sig.args.size()));
+  const SignaturePiece target = SignaturePiece::target(sig.target.backend, sig.target.arch);
+  REQUIRE(head.valid());
+  REQUIRE(target.valid());
+  SignatureWriter w;
+  w.begin(head);
+  w.tensor(DType::kBFloat16, DeviceType::kCpu, std::vector<int64_t>{4, 77, 768}.data(),
+           tensor(DType::kBFloat16, {4, 77, 768}).strides.data(), 3, 16);
+  w.int_list(1);
+  w.int_list_item(768);
+  w.none();
+  w.none();
+  w.real(1e-5);
+  w.append(target);
+  REQUIRE(w.ok());
+  CHECK(w.bytes() == sig.encode());
+  CHECK(w.id() == sig.id());
+
+  // begin(head) starts over, like begin(op, overload, nargs): a writer that overflowed is reusable.
+  SignatureWriter x;
+  write({"aten::x", "", {Arg::string(std::string(hook::kSignatureBufferBytes, 'x'))}, {Backend::kCpu, "x"}}, x);
+  REQUIRE_FALSE(x.ok());
+  const OpSignature small{"aten::x", "", {Arg::integer(1)}, {Backend::kCpu, "x86_64"}};
+  x.begin(SignaturePiece::head(small.op, small.overload, 1));
+  x.integer(1);
+  x.append(SignaturePiece::target(Backend::kCpu, "x86_64"));
+  CHECK(x.ok());
+  CHECK(x.bytes() == small.encode());
+
+  // TargetArch keeps the CPU target's piece, and has none where the arch is unknown.
+  const hook::TargetArch arch("x86_64-avx2");
+  REQUIRE(arch.cpu_target() != nullptr);
+  CHECK(arch.cpu_target()->bytes() == SignaturePiece::target(Backend::kCpu, "x86_64-avx2").bytes());
+  CHECK(hook::TargetArch("").cpu_target() == nullptr);
+  hook::TargetArch cuda("x86_64");
+  CHECK(cuda.cuda_target(-1) == nullptr);
+  CHECK(cuda.cuda_target(hook::TargetArch::kMaxCudaDevices) == nullptr);
+
+  // Longer than a piece holds: not valid, and callers write the values instead.
+  CHECK_FALSE(SignaturePiece::head("aten::" + std::string(80, 'o'), "", 1).valid());
+  CHECK_FALSE(SignaturePiece::target(Backend::kCpu, std::string(80, 'a')).valid());
+  CHECK(SignaturePiece::head("aten::" + std::string(40, 'o'), std::string(10, 'v'), 1).valid());
 }
 
 TEST_CASE("pointer_alignment: the largest power of two up to 16 that divides the address") {

@@ -15,7 +15,8 @@
 //                               entry replaces PyTorch's kernel.
 //   KFORGE_SHADOW_CALLS         clean shadow calls before an entry's trial passes (1..1000000,
 //                               default 20)
-//   KFORGE_SAMPLE_RATE          time one call in N (1..1000000, default 64)
+//   KFORGE_SAMPLE_RATE          per thread and signature, time the first call and then one in N
+//                               (1..1000000, default 64)
 //   KFORGE_REPORT_INTERVAL_MS   how often counters go to the daemon (10..3600000, default 1000)
 //   KFORGE_OPS                  comma-separated allow list ("aten::add.Tensor", "add", "_softmax");
 //                               empty or unset: every catalog operator

@@ -90,7 +90,7 @@ ThreadCounters* Recorder::counters() noexcept {
 ThreadCounters* Recorder::register_thread() noexcept {
   try {
     const uint64_t gen = generation_.load(std::memory_order_relaxed);
-    auto table = std::make_unique<ThreadCounters>(gen, options_.sample_rate);
+    auto table = std::make_unique<ThreadCounters>(gen);
     t_exit.armed = true;   // first touch constructs it and registers its destructor
     ThreadCounters* old = t_counters_;
     {
@@ -174,8 +174,8 @@ Recorder::Call Recorder::on_call_slow(const SignatureId& id, SignatureFactory ma
   }
   bump(s->calls, 1);
   c.slot = s;
-  if (timeable && --t->countdown == 0) {
-    t->countdown = options_.sample_rate;
+  if (timeable && --s->sample_countdown == 0) {
+    s->sample_countdown = options_.sample_rate;
     c.sample = true;
   }
   return c;

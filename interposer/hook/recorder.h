@@ -46,6 +46,10 @@ namespace kforge::hook {
 struct CounterSlot {
   SignatureId id;                                        // written before `signature` is published
   std::atomic<const OpSignature*> signature{nullptr};    // null: free slot
+  // Timeable calls of this signature on this thread until the next sampled one; the owning thread
+  // alone reads and writes it. Per signature, not per thread: with one countdown shared by a
+  // thread's calls, a loop calling two ops alternately with an even sample rate timed only one.
+  uint32_t sample_countdown = 1;                         // the first call is timed
   std::atomic<uint64_t> calls{0};
   std::atomic<uint64_t> sampled_calls{0};
   std::atomic<uint64_t> sampled_ns{0};
@@ -63,7 +67,7 @@ class ThreadCounters {
   static constexpr size_t kSlots = 512;     // power of two
   static constexpr size_t kMaxUsed = 384;   // keeps probe sequences short
 
-  ThreadCounters(uint64_t gen, uint32_t sample_rate) : generation(gen), countdown(sample_rate) {}
+  explicit ThreadCounters(uint64_t gen) : generation(gen) {}
 
   // Hot path: a few probes of this thread's own table.
   [[gnu::always_inline]] CounterSlot* find(const SignatureId& id) noexcept {
@@ -99,7 +103,6 @@ class ThreadCounters {
   }
 
   const uint64_t generation;
-  uint32_t countdown;                       // timeable calls until the next sampled one
   std::atomic<uint64_t> unknown_calls{0};
   std::atomic<uint64_t> overflow_calls{0};
 
@@ -197,8 +200,8 @@ class Recorder {
         Call c;
         bump(s->calls, 1);
         c.slot = s;
-        if (timeable && --t->countdown == 0) [[unlikely]] {
-          t->countdown = options_.sample_rate;
+        if (timeable && --s->sample_countdown == 0) [[unlikely]] {
+          s->sample_countdown = options_.sample_rate;
           c.sample = true;
         }
         return c;

@@ -190,7 +190,7 @@ def read_journals(state_dir):
     jdir = state_dir / "journal"
     for f in sorted(os.listdir(jdir)):
         b = (jdir / f).read_bytes()
-        pos, nodes, outcomes = 0, {}, {}
+        pos, nodes, outcomes, messages = 0, {}, {}, {}
         while pos + 12 <= len(b):
             n = struct.unpack_from("<I", b, pos)[0]
             rec = msgpack.unpackb(b[pos + 12:pos + 12 + n], raw=False)
@@ -199,8 +199,13 @@ def read_journals(state_dir):
                 nodes[rec[1]] = rec[4]
             elif rec[0] == "outcome":
                 outcomes.setdefault(rec[1], []).append(rec[2])
+                messages[rec[1]] = rec[9]
         out[f] = (nodes, outcomes)
+        read_journals.messages.update({(f, k): v for k, v in messages.items()})
     return out
+
+
+read_journals.messages = {}
 
 
 def test_a_running_model_gets_a_searched_kernel_swapped_in(daemon_bin, hook_path, tmp_path):
@@ -335,3 +340,93 @@ def test_a_second_daemon_on_the_same_endpoint_is_refused(daemon_bin, tmp_path):
         assert r.returncode == 1 and "another kforged serves" in r.stderr, r.stderr
     finally:
         assert d.stop() == 0
+
+
+LLM_SOURCE = r"""
+#include <math.h>
+#include "runtime/cpu_kernel_abi.h"
+extern "C" void softmax_rows(const kforge_cpu_block* b, void* const* p) {
+  const float* x = *(const float* const*)p[0];
+  float* y = *(float* const*)p[1];
+  const int64_t cols = *(const int64_t*)p[2];
+  const float* xr = x + (int64_t)b->block_idx[0] * cols;
+  float* yr = y + (int64_t)b->block_idx[0] * cols;
+  double m = -INFINITY;
+  for (int64_t c = 0; c < cols; ++c) m = xr[c] > m ? xr[c] : m;
+  double s = 0;
+  for (int64_t c = 0; c < cols; ++c) s += exp((double)xr[c] - m);
+  for (int64_t c = 0; c < cols; ++c) yr[c] = (float)(exp((double)xr[c] - m) / s);
+}
+"""
+
+LLM_PLAN = {"summary": "one row per block, double accumulation", "entry_points": ["softmax_rows"],
+            "outputs": [{"like": 0}],
+            "launches": [{"entry": "softmax_rows", "grid": ["size0_0"], "block": [1],
+                          "args": [{"input": 0}, {"output": 0}, {"size": "size0_1", "type": "int64"}]}]}
+
+
+def test_templates_and_an_llm_propose_in_one_search_and_the_llm_kernel_is_verified(daemon_bin, hook_path, tmp_path):
+    """An OpenAI-compatible server in this process answers with a hand-written kernel: the search
+    holds moves of both proposers, the LLM's kernel goes through the worker like any other, and
+    the key reaches the server in its header and nowhere in the daemon's log."""
+    import http.server
+    import threading
+    secret = "sk-test-" + os.urandom(12).hex()
+    seen = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            seen.append((self.path, self.headers.get("Authorization"), json.loads(body)))
+            text = "```cpp\n" + LLM_SOURCE + "```\n```json\n" + json.dumps(LLM_PLAN) + "\n```\n"
+            out = json.dumps({"id": "c1", "object": "chat.completion", "model": "test",
+                              "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                                           "finish_reason": "stop"}],
+                              "usage": {"prompt_tokens": 1000, "completion_tokens": 300, "total_tokens": 1300}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    root = private_root(tmp_path)
+    os.environ["TEST_LLM_API_KEY"] = secret
+    try:
+        d = Daemon(daemon_bin, root, "--strategy", "greedy", "--max-evaluations", "8", "--set", "search.concurrent_searches=1",
+                   "--llm", "on", "--set", f"llm.base_url=http://127.0.0.1:{server.server_address[1]}",
+                   "--set", "llm.model=test", "--set", "llm.api_key_env=TEST_LLM_API_KEY")
+        d.start()
+        model = start_model(daemon_bin, hook_path, d, tmp_path, 300, "steady")
+        try:
+            st = d.wait_for(lambda s: (softmax_record(s) or {}).get("state") in ("done", "published"), 280,
+                            "the softmax search to end")
+            softmax_journal = softmax_record(st)["id"] + ".kfj"
+        finally:
+            model.kill()
+            model.wait()
+            assert d.stop() == 0, d.log_text()
+    finally:
+        del os.environ["TEST_LLM_API_KEY"]
+        server.shutdown()
+    journals = read_journals(root / "state")
+    nodes, outcomes = journals[softmax_journal]
+    labels = {label: outcomes.get(node_id) for node_id, label in nodes.items()}
+    llm = {l: o for l, o in labels.items() if l.startswith("llm: ")}
+    assert llm and any(l.startswith("cpu.softmax") for l in labels), labels
+    # The LLM's kernel is a correct softmax: built, verified and timed (status 0, measured).
+    assert any(o == [0] for o in llm.values()), (llm, [m for m in read_journals.messages.values() if m])
+    # The same answer to the gelu search is a softmax where a gelu belongs: the worker rejects it.
+    other = [j for name, j in journals.items() if name != softmax_journal]
+    for o_nodes, o_outcomes in other:
+        for node_id, label in o_nodes.items():
+            if label.startswith("llm: ") and node_id in o_outcomes:
+                assert o_outcomes[node_id] != [0], "a softmax passed for a gelu"
+    assert seen and all(path == "/v1/chat/completions" and auth == f"Bearer {secret}" for path, auth, _ in seen)
+    prompt = seen[0][2]["messages"][-1]["content"]
+    assert "aten::_softmax" in prompt and "float32[4096,3]" in prompt
+    assert secret not in d.log_text() and secret[8:] not in d.log_text()

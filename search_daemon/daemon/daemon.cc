@@ -413,8 +413,8 @@ void Daemon::Impl::handle_events() {
         {
           std::lock_guard<std::mutex> lock(mu);
           count("kernels_published");
+          // The state stays "searching" until the search ends (then "published", see kFinished).
           if (SignatureRecord* r = hot.find(e.signature)) {
-            r->state = SearchState::kPublished;
             r->best_speedup = e.speedup;
             r->entry_key = e.entry_key;
           }
@@ -437,8 +437,13 @@ void Daemon::Impl::handle_events() {
       case SessionEvent::Kind::kFinished: {
         std::lock_guard<std::mutex> lock(mu);
         if (SignatureRecord* r = hot.find(e.signature)) {
-          if (r->state != SearchState::kPublished) r->state = e.message.rfind("failed", 0) == 0 ? SearchState::kFailed : SearchState::kDone;
-          if (e.message.rfind("stopped", 0) == 0) r->state = SearchState::kObserved;
+          if (e.message.rfind("stopped", 0) == 0) {
+            r->state = SearchState::kObserved;   // the daemon is stopping; the journal resumes it
+          } else if (e.message.rfind("failed", 0) == 0) {
+            r->state = SearchState::kFailed;
+          } else {
+            r->state = r->entry_key.empty() ? SearchState::kDone : SearchState::kPublished;
+          }
           r->note = e.message;
         }
         finished.push_back(e.signature);

@@ -34,9 +34,9 @@ namespace kforge::daemon {
 
 enum class SearchState : uint8_t {
   kObserved,     // reported; below the thresholds, or waiting for a slot
-  kSearching,
-  kDone,         // searched; nothing faster found (or not yet published)
-  kPublished,    // a faster verified kernel is in the cache
+  kSearching,    // a search runs (it may have published already: entry_key says)
+  kDone,         // searched; nothing faster found
+  kPublished,    // searched, and a faster verified kernel is in the cache
   kUnrunnable,   // no evaluation slot runs this target
   kFailed,       // the search could not run (journal unusable, ...)
 };

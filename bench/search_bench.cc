@@ -78,15 +78,6 @@ std::vector<NamedSignature> signatures(bool cuda, const std::string& arch) {
   return out;
 }
 
-std::string default_worker() {
-  if (const char* w = std::getenv("KFORGE_WORKER"); w != nullptr && *w != '\0') return w;
-  std::error_code ec;
-  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
-  for (const fs::path& p : {self.parent_path() / "kforge-worker", self.parent_path().parent_path() / "search_daemon" / "kforge-worker"}) {
-    if (fs::exists(p)) return p.string();
-  }
-  return "kforge-worker";
-}
 
 // The landscape: outcomes by spec id, evaluated on first need.
 class Landscape {
@@ -217,7 +208,7 @@ int main(int argc, char** argv) {
   char tmpl[] = "/tmp/kforge-bench-search-XXXXXX";
   if (::mkdtemp(tmpl) == nullptr) return 1;
   eval::WorkerOptions wo;
-  wo.program = default_worker();
+  wo.program = eval::WorkerOptions::default_program();
   wo.device = device;
   wo.build_cache_dir = std::string(tmpl) + "/builds";
   eval::WorkerProcess w(wo);

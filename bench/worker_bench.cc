@@ -91,15 +91,6 @@ OpSignature silu_signature(bool cuda, int64_t n, const std::string& arch) {
   return OpSignature{"aten::silu", "", {Arg::tensor(m)}, Target{cuda ? Backend::kCuda : Backend::kCpu, arch}};
 }
 
-std::string default_worker() {
-  if (const char* w = std::getenv("KFORGE_WORKER"); w != nullptr && *w != '\0') return w;
-  std::error_code ec;
-  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
-  for (const fs::path& p : {self.parent_path() / "kforge-worker", self.parent_path().parent_path() / "search_daemon" / "kforge-worker"}) {
-    if (fs::exists(p)) return p.string();
-  }
-  return "kforge-worker";
-}
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -179,7 +170,7 @@ int main(int argc, char** argv) {
   if (::mkdtemp(tmpl) == nullptr) return 1;
   const fs::path dir = tmpl;
   WorkerOptions wo;
-  wo.program = default_worker();
+  wo.program = eval::WorkerOptions::default_program();
   wo.device = o.device;
   wo.build_cache_dir = (dir / "builds").string();
   WorkerProcess w(wo);

@@ -72,6 +72,15 @@ class Packer : public msgpack::packer<msgpack::sbuffer> {
  public:
   explicit Packer(msgpack::sbuffer& buf) : msgpack::packer<msgpack::sbuffer>(buf), buf_(&buf) {}
   void pack_f64(double v);
+  // A msgpack str / bin of these bytes.
+  void pack_text(std::string_view s) {
+    pack_str(static_cast<uint32_t>(s.size()));
+    pack_str_body(s.data(), static_cast<uint32_t>(s.size()));
+  }
+  void pack_bytes(std::string_view s) {
+    pack_bin(static_cast<uint32_t>(s.size()));
+    pack_bin_body(s.data(), static_cast<uint32_t>(s.size()));
+  }
 
  private:
   msgpack::sbuffer* buf_;

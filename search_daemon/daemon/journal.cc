@@ -37,16 +37,6 @@ uint64_t get_le(const char* p, int bytes) {
   return v;
 }
 
-void pack_str(Packer& pk, std::string_view s) {
-  pk.pack_str(static_cast<uint32_t>(s.size()));
-  pk.pack_str_body(s.data(), static_cast<uint32_t>(s.size()));
-}
-
-void pack_bin(Packer& pk, std::string_view s) {
-  pk.pack_bin(static_cast<uint32_t>(s.size()));
-  pk.pack_bin_body(s.data(), static_cast<uint32_t>(s.size()));
-}
-
 std::string journal_dir(const std::string& state_dir) { return state_dir + "/journal"; }
 
 Status make_private_dir(const std::string& dir) {
@@ -223,10 +213,10 @@ StatusOr<SearchJournal> SearchJournal::open(const std::string& state_dir, const 
     msgpack::sbuffer buf;
     Packer pk(buf);
     pk.pack_array(5);
-    pack_str(pk, "search");
+    pk.pack_text("search");
     pk.pack_uint32(kJournalVersion);
-    pack_bin(pk, sig.encode());
-    pack_str(pk, strategy);
+    pk.pack_bytes(sig.encode());
+    pk.pack_text(strategy);
     pk.pack_int64(std::chrono::duration_cast<std::chrono::milliseconds>(
                       std::chrono::system_clock::now().time_since_epoch())
                       .count());
@@ -258,13 +248,13 @@ Status SearchJournal::append_node(const search::Node& node) {
   msgpack::sbuffer buf;
   Packer pk(buf);
   pk.pack_array(7);
-  pack_str(pk, "node");
+  pk.pack_text("node");
   pk.pack_uint64(node.id);
   pk.pack_uint64(node.parent);
-  pack_str(pk, node.move.proposer);
-  pack_str(pk, node.move.label);
+  pk.pack_text(node.move.proposer);
+  pk.pack_text(node.move.label);
   pk.pack_f64(node.move.prior);
-  pack_bin(pk, node.move.spec.encode());
+  pk.pack_bytes(node.move.spec.encode());
   return append(std::string(buf.data(), buf.size()));
 }
 
@@ -272,7 +262,7 @@ Status SearchJournal::append_submitted(uint64_t id) {
   msgpack::sbuffer buf;
   Packer pk(buf);
   pk.pack_array(2);
-  pack_str(pk, "submit");
+  pk.pack_text("submit");
   pk.pack_uint64(id);
   return append(std::string(buf.data(), buf.size()));
 }
@@ -281,7 +271,7 @@ Status SearchJournal::append_outcome(uint64_t id, const search::Outcome& o) {
   msgpack::sbuffer buf;
   Packer pk(buf);
   pk.pack_array(11);
-  pack_str(pk, "outcome");
+  pk.pack_text("outcome");
   pk.pack_uint64(id);
   pk.pack_uint8(static_cast<uint8_t>(o.status));
   pk.pack_f64(o.speedup);
@@ -289,9 +279,9 @@ Status SearchJournal::append_outcome(uint64_t id, const search::Outcome& o) {
   pk.pack(o.significant);
   pk.pack_f64(o.baseline_ns);
   pk.pack_f64(o.candidate_ns);
-  pack_str(pk, o.failed_check);
-  pack_str(pk, o.message.substr(0, 1u << 16));
-  pack_str(pk, o.build_log.substr(0, 1u << 20));
+  pk.pack_text(o.failed_check);
+  pk.pack_text(o.message.substr(0, 1u << 16));
+  pk.pack_text(o.build_log.substr(0, 1u << 20));
   return append(std::string(buf.data(), buf.size()));
 }
 
@@ -299,8 +289,8 @@ Status SearchJournal::append_done(const std::string& reason) {
   msgpack::sbuffer buf;
   Packer pk(buf);
   pk.pack_array(2);
-  pack_str(pk, "done");
-  pack_str(pk, reason.substr(0, 4096));
+  pk.pack_text("done");
+  pk.pack_text(reason.substr(0, 4096));
   const Status s = append(std::string(buf.data(), buf.size()));
   if (s.ok()) {
     contents_.done = true;

@@ -24,15 +24,6 @@ constexpr size_t kMaxEvalArray = 4096;
 constexpr size_t kMaxEvalDepth = 8;
 constexpr size_t kMaxText = 1u << 20;
 
-void pack_str(Packer& pk, std::string_view s) {
-  pk.pack_str(static_cast<uint32_t>(s.size()));
-  pk.pack_str_body(s.data(), static_cast<uint32_t>(s.size()));
-}
-void pack_bin(Packer& pk, std::string_view s) {
-  pk.pack_bin(static_cast<uint32_t>(s.size()));
-  pk.pack_bin_body(s.data(), static_cast<uint32_t>(s.size()));
-}
-
 Status open_record(const Reader& r, size_t fields) {
   KFORGE_ASSIGN_OR_RETURN(size_t n, r.array_size());
   if (n < fields) return r.error("expected " + std::to_string(fields) + " fields, got " + std::to_string(n));
@@ -105,8 +96,8 @@ Status read_stats(const Reader& r, wire::InputStats* s) {
 void pack_body(Packer& pk, const EvalJob& j) {
   pk.pack_array(8);
   pk.pack_uint64(j.job_id);
-  pack_bin(pk, j.signature.encode());
-  pack_bin(pk, j.spec.encode());
+  pk.pack_bytes(j.signature.encode());
+  pk.pack_bytes(j.spec.encode());
   pk.pack_array(7);
   pk.pack_uint32(j.policy.trials);
   pk.pack_uint64(j.policy.seed);
@@ -118,7 +109,7 @@ void pack_body(Packer& pk, const EvalJob& j) {
   pk.pack_array(static_cast<uint32_t>(j.input_stats.size()));
   for (const wire::InputStats& s : j.input_stats) pack_stats(pk, s);
   pk.pack_array(static_cast<uint32_t>(j.captured.size()));
-  for (const wire::CapturedInputs& c : j.captured) pack_bin(pk, wire::encode(c));
+  for (const wire::CapturedInputs& c : j.captured) pk.pack_bytes(wire::encode(c));
   pk.pack_uint32(j.compile_budget_ms);
   pk.pack_uint32(j.run_budget_ms);
 }
@@ -166,14 +157,14 @@ void pack_verify(Packer& pk, const VerifyOutcome& v) {
   pk.pack_array(10);
   pk.pack_uint32(v.trials_run);
   pk.pack_uint32(v.trials_passed);
-  pack_str(pk, v.failed_check);
-  pack_str(pk, v.trial);
-  pack_str(pk, v.detail);
+  pk.pack_text(v.failed_check);
+  pk.pack_text(v.trial);
+  pk.pack_text(v.detail);
   pk.pack_f64(v.max_abs_error);
   pk.pack_f64(v.rel_error);
   pk.pack_f64(v.torch_max_abs_error);
   pk.pack_f64(v.torch_rel_error);
-  pack_str(pk, v.checks);
+  pk.pack_text(v.checks);
 }
 
 Status read_verify(const Reader& r, VerifyOutcome* v) {
@@ -193,7 +184,7 @@ Status read_verify(const Reader& r, VerifyOutcome* v) {
 
 void pack_timing(Packer& pk, const TimingOutcome& t) {
   pk.pack_array(14);
-  pack_str(pk, t.clock);
+  pk.pack_text(t.clock);
   pk.pack_uint32(t.runs);
   pk.pack_f64(t.baseline_median_ns);
   pk.pack_f64(t.candidate_median_ns);
@@ -230,7 +221,7 @@ Status read_timing(const Reader& r, TimingOutcome* t) {
 
 // An environment that was never filled in travels as an empty bin.
 void pack_environment(Packer& pk, const Environment& env) {
-  pack_bin(pk, env == Environment{} ? std::string() : env.encode());
+  pk.pack_bytes(env == Environment{} ? std::string() : env.encode());
 }
 
 Status read_environment_field(const Reader& r, Environment* env) {
@@ -249,18 +240,18 @@ void pack_body(Packer& pk, const EvalResult& r) {
   pk.pack_array(13);
   pk.pack_uint64(r.job_id);
   pk.pack_uint8(static_cast<uint8_t>(r.status));
-  pack_str(pk, r.message);
-  pack_str(pk, r.build_log.size() > kMaxLogBytes ? std::string_view(r.build_log).substr(0, kMaxLogBytes)
+  pk.pack_text(r.message);
+  pk.pack_text(r.build_log.size() > kMaxLogBytes ? std::string_view(r.build_log).substr(0, kMaxLogBytes)
                                                  : std::string_view(r.build_log));
   pk.pack(r.build_cached);
   pk.pack_f64(r.build_ms);
-  pack_str(pk, r.artifact_name);
-  pack_bin(pk, r.artifact);
+  pk.pack_text(r.artifact_name);
+  pk.pack_bytes(r.artifact);
   pack_verify(pk, r.verify);
   pack_timing(pk, r.timing);
   pack_environment(pk, r.environment);
   pk.pack_int32(r.worker_pid);
-  pack_str(pk, r.phase);
+  pk.pack_text(r.phase);
 }
 
 StatusOr<EvalMessage> read_result(const Reader& b) {
@@ -288,11 +279,11 @@ StatusOr<EvalMessage> read_result(const Reader& b) {
 void pack_body(Packer& pk, const WorkerReady& w) {
   pk.pack_array(6);
   pk.pack_int32(w.pid);
-  pack_str(pk, w.device);
+  pk.pack_text(w.device);
   pack_environment(pk, w.environment);
   pk.pack_f64(w.bandwidth_ceiling_bytes_per_s);
   pk.pack_int64(w.max_shared_mem_bytes);
-  pack_str(pk, w.note);
+  pk.pack_text(w.note);
 }
 
 StatusOr<EvalMessage> read_ready(const Reader& b) {
@@ -311,7 +302,7 @@ StatusOr<EvalMessage> read_ready(const Reader& b) {
 void pack_body(Packer& pk, const JobPhase& p) {
   pk.pack_array(3);
   pk.pack_uint64(p.job_id);
-  pack_str(pk, p.phase);
+  pk.pack_text(p.phase);
   pk.pack_uint32(p.budget_ms);
 }
 
@@ -376,7 +367,7 @@ std::string encode(const EvalMessage& m) {
   msgpack::sbuffer buf;
   Packer pk(buf);
   pk.pack_array(4);
-  pack_str(pk, kEvalMagic);
+  pk.pack_text(kEvalMagic);
   pk.pack_uint16(kEvalVersion);
   std::visit(
       [&](const auto& body) {

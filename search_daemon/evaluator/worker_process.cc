@@ -98,7 +98,11 @@ std::string WorkerOptions::default_program() {
   std::error_code ec;
   const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
   if (ec) return "kforge-worker";
-  return (self.parent_path() / "kforge-worker").string();
+  // Beside the program (the bundle's bin/), else a build tree's search_daemon/ next to its bench/.
+  const std::filesystem::path beside = self.parent_path() / "kforge-worker";
+  const std::filesystem::path build_tree = self.parent_path().parent_path() / "search_daemon" / "kforge-worker";
+  if (!std::filesystem::exists(beside, ec) && std::filesystem::exists(build_tree, ec)) return build_tree.string();
+  return beside.string();
 }
 
 WorkerProcess::WorkerProcess(WorkerOptions options) : options_(std::move(options)) {}

@@ -50,7 +50,8 @@ struct WorkerOptions {
   uint32_t start_budget_ms = 120000;   // until WorkerReady (python, torch import, CUDA init)
   uint32_t grace_ms = 2000;            // watchdog slack over each phase's own budget
 
-  // $KFORGE_WORKER, else kforge-worker in the directory of the running executable.
+  // $KFORGE_WORKER, else kforge-worker in the directory of the running executable (else, in a build
+  // tree, ../search_daemon/kforge-worker).
   static std::string default_program();
 };
 

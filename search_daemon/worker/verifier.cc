@@ -143,6 +143,24 @@ struct Failure {
   std::string detail;
 };
 
+// A failure of `check` if run `b`'s outputs differ from run 1's (`first`, whose bits are `bits`) in
+// any element: how many, and the first with both values.
+std::optional<Failure> differs(const RunBuffers& first, const RunBuffers& b, const std::vector<at::Tensor>& bits,
+                               const char* check, const std::string& what) {
+  for (size_t k = 0; k < b.outputs.size(); ++k) {
+    if (!bits[k].defined()) continue;
+    const at::Tensor diff = bits_of(b.outputs[k]).ne(bits[k]);
+    const int64_t n = diff.sum().item<int64_t>();
+    if (n > 0) {
+      const int64_t i = first_true(diff);
+      return Failure{check, what + " " + std::to_string(n) + " elements of output " + std::to_string(k) +
+                                " (first at " + index_text(i, b.outputs[k].sizes()) + ": " +
+                                element_text(first.outputs[k], i) + " then " + element_text(b.outputs[k], i) + ")"};
+    }
+  }
+  return std::nullopt;
+}
+
 class TrialRunner {
  public:
   TrialRunner(EvalDevice& device, const LoadedCandidate& candidate, const VerifyRequest& r, VerifyRun& out)
@@ -286,19 +304,7 @@ std::optional<Failure> TrialRunner::run(const TrialPlan& t, size_t trial_index) 
     RunBuffers b = make_run_buffers(device_, plan, Poison::kFirst);
     if (auto f = launch(in, b, seed_base + 2 * (run + 1) + 1, 0xFF)) return f;
     if (auto f = check_memory(in, before, b)) return f;
-    for (size_t k = 0; k < b.outputs.size(); ++k) {
-      if (!bits[k].defined()) continue;
-      const at::Tensor diff = bits_of(b.outputs[k]).ne(bits[k]);
-      const int64_t n = diff.sum().item<int64_t>();
-      if (n > 0) {
-        const int64_t i = first_true(diff);
-        return Failure{"nondeterministic", "run " + std::to_string(run + 2) + " differs from run 1 in " +
-                                               std::to_string(n) + " elements of output " + std::to_string(k) +
-                                               " (first at " + index_text(i, b.outputs[k].sizes()) + ": " +
-                                               element_text(first.outputs[k], i) + " then " +
-                                               element_text(b.outputs[k], i) + ")"};
-      }
-    }
+    if (auto f = differs(first, b, bits, "nondeterministic", "run " + std::to_string(run + 2) + " differs from run 1 in")) return f;
   }
 
   // Uninitialized reads: scratch, shared memory and outputs poisoned otherwise, blocks as in run 1.
@@ -306,18 +312,9 @@ std::optional<Failure> TrialRunner::run(const TrialPlan& t, size_t trial_index) 
     RunBuffers b = make_run_buffers(device_, plan, Poison::kSecond);
     if (auto f = launch(in, b, seed_base | 1, 0x00)) return f;
     if (auto f = check_memory(in, before, b)) return f;
-    for (size_t k = 0; k < b.outputs.size(); ++k) {
-      if (!bits[k].defined()) continue;
-      const at::Tensor diff = bits_of(b.outputs[k]).ne(bits[k]);
-      const int64_t n = diff.sum().item<int64_t>();
-      if (n > 0) {
-        const int64_t i = first_true(diff);
-        return Failure{"uninitialized_read",
-                       "with scratch, shared memory and outputs poisoned otherwise, " + std::to_string(n) +
-                           " elements of output " + std::to_string(k) + " change (first at " +
-                           index_text(i, b.outputs[k].sizes()) + ": " + element_text(first.outputs[k], i) + " then " +
-                           element_text(b.outputs[k], i) + ")"};
-      }
+    if (auto f = differs(first, b, bits, "uninitialized_read",
+                         "with scratch, shared memory and outputs poisoned otherwise, a run differs from run 1 in")) {
+      return f;
     }
   }
 

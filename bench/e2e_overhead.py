@@ -28,8 +28,10 @@ the step. Decoded tokens must be identical with and without the hook.
 import argparse
 import inspect
 import os
+import resource
 import statistics
 import sys
+import threading
 import time
 
 import side_by_side as sbs
@@ -63,13 +65,52 @@ def parse_args(argv=None):
     p.add_argument("--calls", type=int, default=20000, help="calls per repeat of the per-call bench")
     p.add_argument("--repeats", type=int, default=5, help="repeats of the per-call bench per child")
     p.add_argument("--seed", type=int, default=0, help="seed of the round order")
-    p.add_argument("--child", choices=("without", "with"), help=argparse.SUPPRESS)
+    p.add_argument("--control", action="store_true",
+                   help="also run a second plain child per round ('control', identical to 'without'): "
+                        "its paired difference from 'without' is what process-to-process noise alone gives")
+    p.add_argument("--child", choices=("without", "with", "control"), help=argparse.SUPPRESS)
     p.add_argument("--ops", default="", help=argparse.SUPPRESS)   # which tiny_calls a child times
     sbs.add_kforge_arguments(p)
     return p.parse_args(argv)
 
 
 # ---- one child ---------------------------------------------------------------------------------
+
+def thread_times():
+    """{tid: (name, CPU clock ticks, last CPU, involuntary switches)} of this process's threads
+    (/proc/self/task; a thread that ends meanwhile is left out)."""
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                s = f.read()
+            with open(f"/proc/self/task/{tid}/status") as f:
+                nivcsw = next(int(l.split()[1]) for l in f if l.startswith("nonvoluntary_ctxt_switches"))
+        except (OSError, StopIteration):
+            continue
+        fields = s[s.rindex(")") + 2:].split()   # fields[0] is stat's field 3 (state)
+        out[int(tid)] = (s[s.index("(") + 1:s.rindex(")")], int(fields[11]) + int(fields[12]),
+                         int(fields[36]), nivcsw)
+    return out
+
+
+def thread_deltas(before, after, exclude):
+    """CPU time each other thread used between two thread_times(), busiest first."""
+    tick_ms = 1000 / os.sysconf("SC_CLK_TCK")
+    rows = [{"name": a[0], "cpu_ms": (a[1] - before.get(tid, (None, 0))[1]) * tick_ms}
+            for tid, a in after.items() if tid != exclude]
+    return sorted((r for r in rows if r["cpu_ms"] > 0), key=lambda r: -r["cpu_ms"])
+
+
+def sm_clock(torch, device):
+    """The GPU's SM clock now in MHz (needs pynvml), or None."""
+    if device != "cuda":
+        return None
+    try:
+        return torch.cuda.clock_rate()
+    except Exception:   # no pynvml, no NVML
+        return None
+
 
 def decoder(model):
     """step(ids, cache) -> (next ids, cache), for transformers before and after `past_key_values`
@@ -92,7 +133,8 @@ def child(args):
     torch.set_num_threads(args.threads)
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config()).eval().to(args.device)
+    with torch.device(args.device):   # weights initialized on the device: seconds less per child
+        model = GPT2LMHeadModel(GPT2Config()).eval()
     step = decoder(model)
     tokens, step_ms = [], []
     with torch.inference_mode():
@@ -101,20 +143,36 @@ def child(args):
             ids, cache = step(ids, cache)
         sync()
         before = hook.calls_by_op() if hook else {}
+        threads_before, main_before = thread_times(), resource.getrusage(resource.RUSAGE_THREAD)
+        issue_ms = []
         for _ in range(args.steps):
             t0 = time.perf_counter()
             ids, cache = step(ids, cache)
+            t1 = time.perf_counter()
             sync()
             step_ms.append((time.perf_counter() - t0) * 1000)
+            issue_ms.append((t1 - t0) * 1000)
             tokens.append(int(ids.item()))
+        threads_after, main_after = thread_times(), resource.getrusage(resource.RUSAGE_THREAD)
         after = hook.calls_by_op() if hook else {}
         # Per-call cost of each operator the decode step uses, on tiny CPU tensors.
         calls = tiny_calls(torch)
         micro = {op: sbs.ns_per_call(calls[op], args.calls, args.repeats)
                  for op in filter(None, args.ops.split(","))}
     median = statistics.median(step_ms)
-    out = {"median_ms": median, "step_ms": step_ms, "tokens": tokens, "micro_ns": micro,
-           "headline": f"{median:.3f} ms/step", "threads": torch.get_num_threads(),
+    main_cpu_ms = ((main_after.ru_utime + main_after.ru_stime) - (main_before.ru_utime + main_before.ru_stime)) * 1000
+    others = thread_deltas(threads_before, threads_after, exclude=threading.get_native_id())
+    diag = {"main_cpu_ms_per_step": main_cpu_ms / args.steps,
+            "main_nivcsw": main_after.ru_nivcsw - main_before.ru_nivcsw,
+            "main_nvcsw": main_after.ru_nvcsw - main_before.ru_nvcsw,
+            "main_cpu": threads_after.get(threading.get_native_id(), (None, 0, -1, 0))[2],
+            "others_cpu_ms": sum(t["cpu_ms"] for t in others), "busiest": others[:3],
+            "p90_ms": statistics.quantiles(step_ms, n=10)[-1], "min_ms": min(step_ms),
+            "issue_ms": statistics.median(issue_ms), "sm_mhz": sm_clock(torch, args.device)}
+    out = {"median_ms": median, "step_ms": step_ms, "diag": diag, "tokens": tokens, "micro_ns": micro,
+           "headline": (f"{median:.3f} ms/step (issue {diag['issue_ms']:.3f}, main cpu "
+                        f"{diag['main_cpu_ms_per_step']:.3f}, nivcsw {diag['main_nivcsw']}, cpu "
+                        f"{diag['main_cpu']}, others {diag['others_cpu_ms']:.0f} ms, sm {diag['sm_mhz']} MHz)"), "threads": torch.get_num_threads(),
            "transformers": transformers.__version__,
            "attn": getattr(model.config, "_attn_implementation", "?")}
     if hook:
@@ -136,6 +194,8 @@ def main():
     hooked_env = sbs.child_env(files, args.load, KFORGE_MODE=args.mode,
                                **({"KFORGE_CACHE_DIR": cache_dir} if args.mode == "active" else {}))
     variants = {"without": sbs.child_env(), "with": hooked_env}
+    if args.control:
+        variants["control"] = sbs.child_env()
     base = [sys.executable, os.path.abspath(__file__), "--device", args.device, "--steps", str(args.steps),
             "--warmup", str(args.warmup), "--threads", str(args.threads), "--calls", str(args.calls),
             "--repeats", str(args.repeats)]
@@ -156,7 +216,7 @@ def main():
     res, orders = sbs.run_rounds(variants, args.pairs, args.seed, start)
     sbs.remove_private_dirs()
     wo, wi = res["without"], res["with"]
-    if any(r["tokens"] != wo[0]["tokens"] for r in wo + wi):
+    if any(r["tokens"] != wo[0]["tokens"] for r in wo + wi + res.get("control", [])):
         sys.exit("decoded tokens differ between children: the runs are not comparable")
     if any(r["swap_entries"] or r["cache_error"] for r in wi):
         found = [(r["swap_entries"], r["cache_error"]) for r in wi]
@@ -172,6 +232,12 @@ def main():
           f"{'95% bootstrap':>18s} {'min':>7s} {'max':>7s}")
     print(f"{step['without']:16.3f} {step['with']:12.3f} {step['with'] / step['without']:7.4f} "
           f"{step['diff']:+12.2%} {interval:>18s} {step['min']:+7.2%} {step['max']:+7.2%}")
+    if args.control:
+        ctl = sbs.paired([r["median_ms"] for r in wo], [r["median_ms"] for r in res["control"]],
+                         sbs.first(orders, "without", "control"), relative=True)
+        print(f"{'control':>16s} {ctl['with']:12.3f} {ctl['with'] / ctl['without']:7.4f} {ctl['diff']:+12.2%} "
+              "{:>18s} {:+7.2%} {:+7.2%}   (plain python again: the noise floor)".format(
+                  "[{:+.2%}, {:+.2%}]".format(*ctl["interval"]), ctl["min"], ctl["max"]))
     if len(orders) < 8:
         verdict = f"NOT resolved: {len(orders)} pairs are too few for an interval (at least 8)"
     elif hi < 0.01:
@@ -189,6 +255,19 @@ def main():
     print(f"per-child medians without: {[round(r['median_ms'], 3) for r in wo]}")
     print(f"per-child medians with:    {[round(r['median_ms'], 3) for r in wi]}")
     print("decoded tokens: identical in every child")
+    print()
+    print("per child, in run order (main: the decoding thread's CPU time per step and its involuntary "
+          "context switches over the timed steps; others: CPU time of all other threads then)")
+    print(f"{'round':>5s} {'child':>8s} {'median':>7s} {'p90':>7s} {'min':>7s} {'issue':>7s} {'main cpu':>9s} "
+          f"{'nivcsw':>6s} {'cpu#':>4s} {'others ms':>9s}  busiest other threads")
+    for r, order in enumerate(orders):
+        for name in order:
+            c = res[name][r]
+            d = c["diag"]
+            busiest = ", ".join(f"{t['name']} {t['cpu_ms']:.0f}" for t in d["busiest"])
+            print(f"{r + 1:5d} {name:>8s} {c['median_ms']:7.3f} {d['p90_ms']:7.3f} {d['min_ms']:7.3f} {d['issue_ms']:7.3f} "
+                  f"{d['main_cpu_ms_per_step']:9.3f} {d['main_nivcsw']:6d} {d['main_cpu']:4d} "
+                  f"{d['others_cpu_ms']:9.0f}  {busiest}")
 
     # The analytic bound: intercepted calls per step x per-call miss cost.
     calls = wi[0]["calls_per_step"]

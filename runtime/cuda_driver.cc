@@ -216,6 +216,13 @@ Status CudaDriver::resolve_entry_points() {
   KFORGE_CUDA_DRIVER_OPTIONAL(KFORGE_CU_RESOLVE_OPTIONAL)
 #undef KFORGE_CU_RESOLVE_REQUIRED
 #undef KFORGE_CU_RESOLVE_OPTIONAL
+  // Drivers before 11.4 have only the first cuDeviceGetUuid, whose prototype is the same.
+  static_assert(std::is_same_v<PFN_cuDeviceGetUuid_v9020, PFN_cuDeviceGetUuid_v11040>);
+  if (cuDeviceGetUuid == nullptr) {
+    if (void* p = lookup("cuDeviceGetUuid", 9020, "cuDeviceGetUuid"); p != nullptr) {
+      assign_entry_point(cuDeviceGetUuid, p);
+    }
+  }
 
   if (!missing.empty()) {
     return unavailable("CUDA driver at " + library_path_ + " lacks " + missing +
@@ -251,6 +258,27 @@ Status CudaDriver::error(CUresult result, std::string_view statement, const char
     return Status(status.code(), status.message() + " [device " + std::to_string(device) + "]");
   }
   return status;
+}
+
+std::string gpu_uuid_string(const CUuuid& uuid) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out = "GPU-";
+  for (size_t i = 0; i < sizeof uuid.bytes; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
+    const auto b = static_cast<unsigned char>(uuid.bytes[i]);
+    out += kHex[b >> 4];
+    out += kHex[b & 15];
+  }
+  return out;
+}
+
+StatusOr<std::string> device_uuid(const CudaDriver& driver, CUdevice device) {
+  if (driver.cuDeviceGetUuid == nullptr) {
+    return unavailable("CUDA driver at " + driver.library_path() + " has no cuDeviceGetUuid");
+  }
+  CUuuid uuid{};
+  KFORGE_CU_RETURN_IF_ERROR(driver, driver.cuDeviceGetUuid(&uuid, device));
+  return gpu_uuid_string(uuid);
 }
 
 // ---- PrimaryContext ----------------------------------------------------------------------------

@@ -78,7 +78,11 @@ namespace kforge {
   X(cuThreadExchangeStreamCaptureMode, 10010)
 
 // Entry points that may be missing; their members are null when the driver lacks them.
-#define KFORGE_CUDA_DRIVER_OPTIONAL(X) X(cuModuleLoadDataEx, 2010)
+// cuDeviceGetUuid is cuda.h's cuDeviceGetUuid_v2 (11.4+: a MIG instance's own UUID); a driver
+// without it gets the plain cuDeviceGetUuid (9.2+, the same prototype) in the same member.
+#define KFORGE_CUDA_DRIVER_OPTIONAL(X) \
+  X(cuModuleLoadDataEx, 2010)          \
+  X(cuDeviceGetUuid, 11040)
 
 class CudaDriver {
  public:
@@ -129,6 +133,14 @@ class CudaDriver {
   std::string library_path_;
   int version_ = 0;
 };
+
+// A device's UUID as nvidia-smi prints it and CUDA_VISIBLE_DEVICES accepts it:
+// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", lowercase hex, the 16 bytes in order. The one name
+// of a GPU that every process agrees on (ordinals depend on each process's CUDA_VISIBLE_DEVICES).
+// A MIG instance's UUID is printed with the same "GPU-" prefix (nvidia-smi writes "MIG-").
+std::string gpu_uuid_string(const CUuuid& uuid);
+// gpu_uuid_string of `device` (cuDeviceGetUuid); kUnavailable when the driver lacks the call.
+StatusOr<std::string> device_uuid(const CudaDriver& driver, CUdevice device);
 
 // Builds the Status for a failed driver call. Separate from CudaDriver so the mapping from
 // CUresult to StatusCode is testable without a driver: no device, no driver, out of memory ->

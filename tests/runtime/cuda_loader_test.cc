@@ -122,6 +122,18 @@ TEST_CASE("a failed driver call names the statement, place and CUresult", "[cuda
   CHECK(cu_error_status(CUDA_SUCCESS, "n", "", "s", "f", 1).ok());
 }
 
+TEST_CASE("a GPU's UUID is written as nvidia-smi writes it", "[cuda][driver]") {
+  // Processes see different ordinals (each has its own CUDA_VISIBLE_DEVICES); the hook, the worker
+  // and the daemon meet on this string, so its form is fixed: "GPU-", 8-4-4-4-12 lowercase hex.
+  CUuuid uuid{};
+  const unsigned char bytes[16] = {0x5e, 0x2a, 0x91, 0x0c, 0xd3, 0x4f, 0x8b, 0x17,
+                                   0xa0, 0xff, 0x00, 0x01, 0x7e, 0x80, 0xc9, 0x3b};
+  std::memcpy(uuid.bytes, bytes, sizeof bytes);
+  CHECK(gpu_uuid_string(uuid) == "GPU-5e2a910c-d34f-8b17-a0ff-00017e80c93b");
+  CHECK(gpu_uuid_string(CUuuid{}) == "GPU-00000000-0000-0000-0000-000000000000");
+  CHECK(gpu_uuid_string(uuid).size() == 40);
+}
+
 TEST_CASE("KFORGE_LIBNVRTC is the only NVRTC tried when set", "[cuda][nvrtc]") {
   ScopedEnv env("KFORGE_LIBNVRTC", "/nonexistent/libnvrtc.so.13");
   StatusOr<std::unique_ptr<Nvrtc>> nvrtc = Nvrtc::load_uncached();

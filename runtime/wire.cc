@@ -247,6 +247,19 @@ Status read_list(const Reader& r, size_t max, std::vector<T>* out, ReadOne read_
   return Status();
 }
 
+// A GPU UUID: 1..kMaxGpuUuidChars letters, digits and '-'. The daemon logs and serves these
+// strings, so nothing else (no spaces, quotes or control characters) gets through.
+Status read_gpu_uuid(const Reader& r, std::string* out) {
+  KFORGE_ASSIGN_OR_RETURN(*out, r.str(kMaxGpuUuidChars));
+  if (out->empty()) return r.error("empty GPU UUID");
+  for (char c : *out) {
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '-')) {
+      return r.error("not a GPU UUID (expected letters, digits and '-', like \"GPU-5e2a910c-d34f-...\")");
+    }
+  }
+  return Status();
+}
+
 Status read_device(const Reader& r, DeviceInfo* d) {
   KFORGE_RETURN_IF_ERROR(open_record(r, 5));
   KFORGE_ASSIGN_OR_RETURN(int64_t index, field(r, 0, "index").i64_in(0, kMaxDeviceIndex));
@@ -254,7 +267,15 @@ Status read_device(const Reader& r, DeviceInfo* d) {
   KFORGE_RETURN_IF_ERROR(read_backend(field(r, 1, "backend"), &d->backend));
   KFORGE_RETURN_IF_ERROR(read_string(field(r, 2, "arch"), kMaxStringBytes, &d->arch));
   KFORGE_RETURN_IF_ERROR(read_string(field(r, 3, "model"), kMaxStringBytes, &d->model));
-  return read_u64(field(r, 4, "total_memory_bytes"), &d->total_memory_bytes);
+  KFORGE_RETURN_IF_ERROR(read_u64(field(r, 4, "total_memory_bytes"), &d->total_memory_bytes));
+  // Appended after version 1's first release: absent (an older hook) means "".
+  KFORGE_ASSIGN_OR_RETURN(size_t fields, r.array_size());
+  if (fields < 6) return Status();
+  Reader uuid = field(r, 5, "uuid");
+  KFORGE_RETURN_IF_ERROR(read_string(uuid, kMaxGpuUuidChars, &d->uuid));
+  if (d->uuid.empty()) return Status();
+  if (d->backend == Backend::kCpu) return uuid.error("the CPU has no GPU UUID (expected \"\")");
+  return read_gpu_uuid(uuid, &d->uuid);
 }
 
 StatusOr<WireMessage> read_hello(const Reader& b) {
@@ -314,6 +335,9 @@ StatusOr<WireMessage> read_hot_report(const Reader& b) {
   KFORGE_RETURN_IF_ERROR(read_u64(field(b, 1, "sequence"), &m.sequence));
   KFORGE_RETURN_IF_ERROR(read_u64(field(b, 2, "reports_dropped"), &m.reports_dropped));
   KFORGE_RETURN_IF_ERROR(read_list(field(b, 3, "entries"), kMaxReportEntries, &m.entries, read_hot_entry));
+  // Appended after version 1's first release: absent (an older hook) means none.
+  KFORGE_ASSIGN_OR_RETURN(size_t fields, b.array_size());
+  if (fields > 4) KFORGE_RETURN_IF_ERROR(read_list(field(b, 4, "gpus_in_use"), kMaxDevices, &m.gpus_in_use, read_gpu_uuid));
   return WireMessage(std::move(m));
 }
 
@@ -430,17 +454,18 @@ void pack_body(Packer& pk, const Hello& m) {
   pack_string(pk, m.cache_dir);
   pk.pack_array(static_cast<uint32_t>(m.devices.size()));
   for (const DeviceInfo& d : m.devices) {
-    pk.pack_array(5);
+    pk.pack_array(6);
     pk.pack_int32(d.index);
     pk.pack_uint8(static_cast<uint8_t>(d.backend));
     pack_string(pk, d.arch);
     pack_string(pk, d.model);
     pk.pack_uint64(d.total_memory_bytes);
+    pack_string(pk, d.uuid);
   }
 }
 
 void pack_body(Packer& pk, const HotReport& m) {
-  pk.pack_array(4);
+  pk.pack_array(5);
   pk.pack_int32(m.pid);
   pk.pack_uint64(m.sequence);
   pk.pack_uint64(m.reports_dropped);
@@ -464,6 +489,8 @@ void pack_body(Packer& pk, const HotReport& m) {
       pk.pack_f64(s.zero_fraction);
     }
   }
+  pk.pack_array(static_cast<uint32_t>(m.gpus_in_use.size()));
+  for (const std::string& uuid : m.gpus_in_use) pack_string(pk, uuid);
 }
 
 void pack_body(Packer& pk, const CapturedInputs& m) {

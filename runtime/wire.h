@@ -61,24 +61,31 @@ inline constexpr size_t kMaxMessageBytes = 4u << 20;          // every type but 
 inline constexpr size_t kMaxCapturedInputsBytes = 64u << 20;  // CapturedInputs, tensors included
 inline constexpr size_t kMaxReportEntries = 4096;             // HotReport.entries
 inline constexpr size_t kMaxStatsPerEntry = 64;               // HotEntry.input_stats
-inline constexpr size_t kMaxDevices = 64;                     // Hello.devices
+inline constexpr size_t kMaxDevices = 64;                     // Hello.devices, HotReport.gpus_in_use
 inline constexpr size_t kMaxCapturedTensors = 64;             // CapturedInputs.tensors
 inline constexpr size_t kMaxStringBytes = 4096;               // every string field but paths
 inline constexpr size_t kMaxPathBytes = 4096;                 // Hello.cache_dir (PATH_MAX)
 inline constexpr size_t kMaxEntryKeyChars = 128;              // KernelReady/Revoke.entry_key
 inline constexpr uint32_t kMaxArgIndex = 255;                 // arg_index fields
 inline constexpr int32_t kMaxDeviceIndex = 65535;             // DeviceInfo.index
+// A GPU UUID (DeviceInfo.uuid, HotReport.gpus_in_use): at most this many letters, digits and '-'
+// ("GPU-5e2a910c-d34f-8b17-a0ff-00017e80c93b", runtime/cuda_driver.h gpu_uuid_string).
+inline constexpr size_t kMaxGpuUuidChars = 64;
 
 // ---- hook -> daemon -----------------------------------------------------------------------------
 
 // One device the serving process can run kernels on (the CPU counts as one, index 0).
-// Encoded as [index, backend, arch, model, total_memory_bytes].
+// Encoded as [index, backend, arch, model, total_memory_bytes, uuid]
+// (uuid appended later: a device of 5 fields, from an older hook, has uuid "").
 struct DeviceInfo {
   int32_t index = 0;                // CUDA ordinal in this process; 0 for the CPU; 0..65535
   Backend backend = Backend::kCpu;  // encoded as its enum value
   std::string arch;                 // "sm_90", "x86_64-avx2": as in OpSignature's Target
   std::string model;                // "NVIDIA H200"; the CPU model name for the CPU
   uint64_t total_memory_bytes = 0;  // device memory; host RAM for the CPU
+  // The GPU's UUID, "GPU-..." (kMaxGpuUuidChars): how processes with different ordinals name the
+  // same GPU. "" for the CPU (required), and for a GPU whose driver could not say.
+  std::string uuid;
   friend bool operator==(const DeviceInfo&, const DeviceInfo&) = default;
 };
 
@@ -124,7 +131,8 @@ struct HotEntry {
 };
 
 // Periodic report from the hook's background thread. Encoded as
-// [pid, sequence, reports_dropped, entries].
+// [pid, sequence, reports_dropped, entries, gpus_in_use]
+// (gpus_in_use appended later: a report of 4 fields, from an older hook, has none).
 struct HotReport {
   static constexpr MessageType kType = MessageType::kHotReport;
   int32_t pid = 0;                 // 1..INT32_MAX
@@ -132,6 +140,10 @@ struct HotReport {
                                    // sent or not: a gap the daemon sees is a dropped report
   uint64_t reports_dropped = 0;    // reports built but not sent since the process started
   std::vector<HotEntry> entries;   // at most kMaxReportEntries
+  // UUIDs (DeviceInfo::uuid form, none empty) of the GPUs on which this process has an active
+  // primary context, i.e. that torch has initialized, as of this report: the whole current set,
+  // not a change. At most kMaxDevices. The daemon flags timings on these GPUs.
+  std::vector<std::string> gpus_in_use;
   friend bool operator==(const HotReport&, const HotReport&) = default;
 };
 

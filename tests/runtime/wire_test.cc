@@ -44,6 +44,9 @@ OpSignature addmm() {
                      Target{Backend::kCuda, "sm_90"}};
 }
 
+const std::string kGpu0 = "GPU-5e2a910c-d34f-8b17-a0ff-00017e80c93b";
+const std::string kGpu1 = "GPU-0b1c2d3e-4f50-6172-8394-a5b6c7d8e9f0";
+
 Hello hello() {
   Hello m;
   m.pid = 4242;
@@ -51,9 +54,9 @@ Hello hello() {
   m.torch_version = "2.9.0+cu130";
   m.process_name = "python3.12";
   m.cache_dir = "/home/ml/.cache/kforge";
-  m.devices = {DeviceInfo{0, Backend::kCuda, "sm_90", "NVIDIA H200", 150754820096ull},
-               DeviceInfo{1, Backend::kCuda, "sm_90", "NVIDIA H200", 150754820096ull},
-               DeviceInfo{0, Backend::kCpu, "x86_64-avx512f", "AMD EPYC 9654 96-Core Processor", 540000000000ull}};
+  m.devices = {DeviceInfo{0, Backend::kCuda, "sm_90", "NVIDIA H200", 150754820096ull, kGpu0},
+               DeviceInfo{1, Backend::kCuda, "sm_90", "NVIDIA H200", 150754820096ull, kGpu1},
+               DeviceInfo{0, Backend::kCpu, "x86_64-avx512f", "AMD EPYC 9654 96-Core Processor", 540000000000ull, ""}};
   return m;
 }
 
@@ -85,6 +88,7 @@ HotReport hot_report(size_t n_entries = 4) {
   m.pid = 4242;
   m.sequence = 17;
   m.reports_dropped = 2;
+  m.gpus_in_use = {kGpu1, kGpu0};
   for (size_t i = 0; i < n_entries; ++i) {
     m.entries.push_back(entry(i % 2 ? addmm() : softmax(), 1000 * (i + 1)));
   }
@@ -341,6 +345,62 @@ TEST_CASE("wire: missing fields are rejected, extra trailing fields are ignored 
   REQUIRE(r.ok());
   CHECK(*r == WireMessage(hot_report()));
   CHECK(encode(*r) == report);
+}
+
+TEST_CASE("wire: GPU UUIDs appended to Hello's devices and to HotReport decode, and older messages without them too") {
+  // An older hook of the same version sends 5-field devices and 4-field reports: it keeps being
+  // understood (no GPU named, none in use), and what it sends re-encodes in today's form.
+  const std::string old_hello = mutate(mutate(encode(hello()), {3, 5, 0}, with_length(5)), {3, 5, 1}, with_length(5));
+  auto h = decode(old_hello);
+  REQUIRE(h.ok());
+  const Hello& got = std::get<Hello>(*h);
+  CHECK(got.devices[0].uuid.empty());
+  CHECK(got.devices[1].uuid.empty());
+  CHECK(got.devices[0].model == "NVIDIA H200");
+
+  const std::string old_report = mutate(encode(hot_report()), {3}, with_length(4));
+  auto r = decode(old_report);
+  REQUIRE(r.ok());
+  CHECK(std::get<HotReport>(*r).gpus_in_use.empty());
+  CHECK(std::get<HotReport>(*r).entries.size() == 4);
+
+  // Today's messages carry them, in the order the hook wrote them.
+  auto now = decode(encode(hot_report()));
+  REQUIRE(now.ok());
+  CHECK(std::get<HotReport>(*now).gpus_in_use == std::vector<std::string>{kGpu1, kGpu0});
+  HotReport none = hot_report(1);
+  none.gpus_in_use.clear();
+  REQUIRE(decode(encode(none)).ok());
+}
+
+TEST_CASE("wire: malformed GPU UUIDs are rejected with their path") {
+  const std::string h = encode(hello());
+  const std::string report = encode(hot_report());
+  struct Case {
+    std::string bytes;
+    std::string reason;
+  };
+  const std::string long_uuid = "GPU-" + std::string(kMaxGpuUuidChars, 'a');
+  const std::vector<Case> cases = {
+      {mutate(h, {3, 5, 2, 5}, with_string("GPU-5e2a910c")),
+       "Hello.devices[2].uuid: the CPU has no GPU UUID (expected \"\")"},
+      {mutate(h, {3, 5, 0, 5}, with_string("GPU 5e2a910c")),
+       "Hello.devices[0].uuid: not a GPU UUID (expected letters, digits and '-', like \"GPU-5e2a910c-d34f-...\")"},
+      {mutate(h, {3, 5, 1, 5}, with_string(long_uuid.c_str())), "Hello.devices[1].uuid: string of 68 bytes exceeds 64"},
+      {mutate(h, {3, 5, 1, 5}, with_int(3)), "Hello.devices[1].uuid: expected string, got integer"},
+      {mutate(report, {3, 4}, with_string(kGpu0.c_str())), "HotReport.gpus_in_use: expected array, got string"},
+      {mutate(report, {3, 4, 1}, with_string("")), "HotReport.gpus_in_use[1]: empty GPU UUID"},
+      {mutate(report, {3, 4, 0}, with_string("GPU-\n")),
+       "HotReport.gpus_in_use[0]: not a GPU UUID (expected letters, digits and '-', like \"GPU-5e2a910c-d34f-...\")"},
+      {mutate(report, {3, 4, 0}, with_string(long_uuid.c_str())), "HotReport.gpus_in_use[0]: string of 68 bytes exceeds 64"},
+  };
+  for (const Case& c : cases) CHECK(message_of(decode(c.bytes)) == c.reason);
+
+  HotReport many = hot_report(1);
+  many.gpus_in_use.assign(kMaxDevices, kGpu0);
+  REQUIRE(decode(encode(many)).ok());
+  many.gpus_in_use.push_back(kGpu1);
+  CHECK(message_of(decode(encode(many))) == "HotReport.gpus_in_use: 65 elements exceed the limit of 64");
 }
 
 TEST_CASE("wire: out-of-range values are rejected with their path") {

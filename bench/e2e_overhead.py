@@ -24,6 +24,15 @@ the 1% target (the interval lies wholly below or wholly above +1%). It also prin
 the calls the hook intercepted per decode step (its stats) times each operator's per-call miss
 cost, measured in the same children on tiny CPU tensors (the hook's host-side work), as a share of
 the step. Decoded tokens must be identical with and without the hook.
+
+Host speed. On a VM the same child can run its host code (which is what a batch-1 decode step is
+bound by) 1.5-2x slower in one process than in the next, for the whole process, with or without
+kforge (bench/results/2026-12-04-h200-cuda-e2e-overhead-diag.log). So each child also times a host
+probe after every step (--calib-calls calls of mul on 8-element CPU tensors: Python plus the
+dispatcher, an operator the hook does not intercept) and the parent repeats the comparison on
+step / probe, which divides the process's CPU speed out. --control adds a third, plain child per
+round: its row is what process-to-process noise alone gives, raw and normalized, and says whether
+the normalization works.
 """
 import argparse
 import inspect
@@ -68,6 +77,8 @@ def parse_args(argv=None):
     p.add_argument("--control", action="store_true",
                    help="also run a second plain child per round ('control', identical to 'without'): "
                         "its paired difference from 'without' is what process-to-process noise alone gives")
+    p.add_argument("--calib-calls", type=int, default=100,
+                   help="calls of the host-speed probe after every timed step (0: none)")
     p.add_argument("--child", choices=("without", "with", "control"), help=argparse.SUPPRESS)
     p.add_argument("--ops", default="", help=argparse.SUPPRESS)   # which tiny_calls a child times
     sbs.add_kforge_arguments(p)
@@ -112,6 +123,18 @@ def sm_clock(torch, device):
         return None
 
 
+def host_probe(torch, calls):
+    """A fixed piece of host work like a decode step's (Python calling small ATen ops through the
+    dispatcher), none of whose operators the hook intercepts: its time measures how fast this
+    process's CPU runs now. mul on 8-element CPU tensors; returns ms for `calls` calls."""
+    a, b = torch.ones(8), torch.full((8,), 1.5)
+    mul = torch.mul
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        mul(a, b)
+    return (time.perf_counter() - t0) * 1000
+
+
 def decoder(model):
     """step(ids, cache) -> (next ids, cache), for transformers before and after `past_key_values`
     was renamed `cache`."""
@@ -144,7 +167,7 @@ def child(args):
         sync()
         before = hook.calls_by_op() if hook else {}
         threads_before, main_before = thread_times(), resource.getrusage(resource.RUSAGE_THREAD)
-        issue_ms = []
+        issue_ms, probe_ms = [], []
         for _ in range(args.steps):
             t0 = time.perf_counter()
             ids, cache = step(ids, cache)
@@ -153,6 +176,8 @@ def child(args):
             step_ms.append((time.perf_counter() - t0) * 1000)
             issue_ms.append((t1 - t0) * 1000)
             tokens.append(int(ids.item()))
+            if args.calib_calls:
+                probe_ms.append(host_probe(torch, args.calib_calls))
         threads_after, main_after = thread_times(), resource.getrusage(resource.RUSAGE_THREAD)
         after = hook.calls_by_op() if hook else {}
         # Per-call cost of each operator the decode step uses, on tiny CPU tensors.
@@ -168,11 +193,17 @@ def child(args):
             "main_cpu": threads_after.get(threading.get_native_id(), (None, 0, -1, 0))[2],
             "others_cpu_ms": sum(t["cpu_ms"] for t in others), "busiest": others[:3],
             "p90_ms": statistics.quantiles(step_ms, n=10)[-1], "min_ms": min(step_ms),
-            "issue_ms": statistics.median(issue_ms), "sm_mhz": sm_clock(torch, args.device)}
-    out = {"median_ms": median, "step_ms": step_ms, "diag": diag, "tokens": tokens, "micro_ns": micro,
+            "issue_ms": statistics.median(issue_ms), "sm_mhz": sm_clock(torch, args.device),
+            "probe_ms": statistics.median(probe_ms) if probe_ms else None}
+    # The step in units of the host probe: a process whose CPU runs slower (the same work, more CPU
+    # time) scales both, the hook's added work only the step.
+    normalized = median / diag["probe_ms"] if probe_ms else None
+    out = {"median_ms": median, "normalized": normalized, "step_ms": step_ms, "diag": diag, "tokens": tokens, "micro_ns": micro,
            "headline": (f"{median:.3f} ms/step (issue {diag['issue_ms']:.3f}, main cpu "
                         f"{diag['main_cpu_ms_per_step']:.3f}, nivcsw {diag['main_nivcsw']}, cpu "
-                        f"{diag['main_cpu']}, others {diag['others_cpu_ms']:.0f} ms, sm {diag['sm_mhz']} MHz)"), "threads": torch.get_num_threads(),
+                        f"{diag['main_cpu']}, others {diag['others_cpu_ms']:.0f} ms, sm {diag['sm_mhz']} MHz"
+                        + (f", probe {diag['probe_ms']:.4f} ms, step/probe {normalized:.2f}" if probe_ms else "")
+                        + ")"), "threads": torch.get_num_threads(),
            "transformers": transformers.__version__,
            "attn": getattr(model.config, "_attn_implementation", "?")}
     if hook:
@@ -184,6 +215,19 @@ def child(args):
 
 
 # ---- the parent --------------------------------------------------------------------------------
+
+def verdict(p, pairs):
+    """Whether a sbs.paired() relative comparison resolves the 1% target."""
+    lo, hi = p["interval"]
+    interval = f"[{lo:+.2%}, {hi:+.2%}]"
+    if pairs < 8:
+        return f"NOT resolved: {pairs} pairs are too few for an interval (at least 8)"
+    if hi < 0.01:
+        return f"resolved: the added cost is below 1% (the interval {interval} lies below +1%)"
+    if lo > 0.01:
+        return f"resolved: the added cost is above 1% (the interval {interval} lies above +1%)"
+    return f"NOT resolved at 1%: the interval {interval} contains +1% (width {hi - lo:.2%})"
+
 
 def main():
     args = parse_args()
@@ -198,7 +242,7 @@ def main():
         variants["control"] = sbs.child_env()
     base = [sys.executable, os.path.abspath(__file__), "--device", args.device, "--steps", str(args.steps),
             "--warmup", str(args.warmup), "--threads", str(args.threads), "--calls", str(args.calls),
-            "--repeats", str(args.repeats)]
+            "--repeats", str(args.repeats), "--calib-calls", str(args.calib_calls)]
 
     # A first hooked child, not counted: it warms the file cache and says which operators a
     # decode step sends through the hook (every measured child then times those per call).
@@ -238,15 +282,7 @@ def main():
         print(f"{'control':>16s} {ctl['with']:12.3f} {ctl['with'] / ctl['without']:7.4f} {ctl['diff']:+12.2%} "
               "{:>18s} {:+7.2%} {:+7.2%}   (plain python again: the noise floor)".format(
                   "[{:+.2%}, {:+.2%}]".format(*ctl["interval"]), ctl["min"], ctl["max"]))
-    if len(orders) < 8:
-        verdict = f"NOT resolved: {len(orders)} pairs are too few for an interval (at least 8)"
-    elif hi < 0.01:
-        verdict = f"resolved: the added cost is below 1% (the interval {interval} lies below +1%)"
-    elif lo > 0.01:
-        verdict = f"resolved: the added cost is above 1% (the interval {interval} lies above +1%)"
-    else:
-        verdict = f"NOT resolved at 1%: the interval {interval} contains +1% (width {hi - lo:.2%})"
-    print(verdict)
+    print(verdict(step, len(orders)))
     print("(paired diff: with/without - 1 per round; their median within each order, averaged over "
           "the two orders; interval: bootstrap within each order)")
     print("median paired diff by order: " + ", ".join(
@@ -255,11 +291,29 @@ def main():
     print(f"per-child medians without: {[round(r['median_ms'], 3) for r in wo]}")
     print(f"per-child medians with:    {[round(r['median_ms'], 3) for r in wi]}")
     print("decoded tokens: identical in every child")
+    if args.calib_calls:
+        # The same comparison in units of each child's host probe (host_probe()): what is left
+        # when each process's CPU speed is divided out. The control row says how well that works:
+        # plain against plain should then differ by far less than unnormalized.
+        norm = sbs.paired([r["normalized"] for r in wo], [r["normalized"] for r in wi], wo_first, relative=True)
+        print()
+        print(f"the same, per child divided by its host probe ({args.calib_calls} x mul of 8-element CPU tensors "
+              "after every step, median ms):")
+        print(f"{'without':>16s} {'with':>12s} {'ratio':>7s} {'paired diff':>12s} {'95% bootstrap':>18s} {'min':>7s} {'max':>7s}")
+        rows = [("", norm)]
+        if args.control:
+            rows.append(("control", sbs.paired([r["normalized"] for r in wo], [r["normalized"] for r in res["control"]],
+                                               sbs.first(orders, "without", "control"), relative=True)))
+        for label, n in rows:
+            print(f"{n['without']:16.2f} {n['with']:12.2f} {n['with'] / n['without']:7.4f} {n['diff']:+12.2%} "
+                  "{:>18s} {:+7.2%} {:+7.2%}".format("[{:+.2%}, {:+.2%}]".format(*n["interval"]), n["min"], n["max"])
+                  + (f"   ({label}: plain python again)" if label else ""))
+        print("normalized: " + verdict(norm, len(orders)))
     print()
     print("per child, in run order (main: the decoding thread's CPU time per step and its involuntary "
           "context switches over the timed steps; others: CPU time of all other threads then)")
     print(f"{'round':>5s} {'child':>8s} {'median':>7s} {'p90':>7s} {'min':>7s} {'issue':>7s} {'main cpu':>9s} "
-          f"{'nivcsw':>6s} {'cpu#':>4s} {'others ms':>9s}  busiest other threads")
+          f"{'nivcsw':>6s} {'cpu#':>4s} {'others ms':>9s} {'probe ms':>8s} {'step/probe':>10s}  busiest other threads")
     for r, order in enumerate(orders):
         for name in order:
             c = res[name][r]
@@ -267,7 +321,7 @@ def main():
             busiest = ", ".join(f"{t['name']} {t['cpu_ms']:.0f}" for t in d["busiest"])
             print(f"{r + 1:5d} {name:>8s} {c['median_ms']:7.3f} {d['p90_ms']:7.3f} {d['min_ms']:7.3f} {d['issue_ms']:7.3f} "
                   f"{d['main_cpu_ms_per_step']:9.3f} {d['main_nivcsw']:6d} {d['main_cpu']:4d} "
-                  f"{d['others_cpu_ms']:9.0f}  {busiest}")
+                  f"{d['others_cpu_ms']:9.0f} {d['probe_ms'] or 0:8.4f} {c['normalized'] or 0:10.2f}  {busiest}")
 
     # The analytic bound: intercepted calls per step x per-call miss cost.
     calls = wi[0]["calls_per_step"]

@@ -31,6 +31,7 @@ for f in "$root"/bin/* "$root"/lib/*.so*; do
 done
 [[ -x "$root/share/kforge/tests/run-gpu-tests" ]] || fail "GPU suite runner missing from the bundle"
 for f in python/conftest.py python/test_hook_observe.py python/test_hook_swap.py python/test_hook_swap_cuda.py \
+         python/test_daemon.py python/test_daemon_cuda.py \
          include/runtime/cpu_kernel_abi.h; do
   [[ -f "$root/share/kforge/tests/$f" ]] || fail "share/kforge/tests/$f missing from the bundle (run-gpu-tests needs it)"
 done

@@ -15,10 +15,12 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 def _layout_from_bundle(bundle: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
     lib = bundle / "lib"
-    for sub in ("lib", "runtime", "interposer", "interposer/hook"):
+    for sub in ("lib", "runtime", "interposer", "interposer/hook", "search_daemon"):
         shutil.copytree(lib, out / sub, dirs_exist_ok=True)
     (out / "tools").mkdir(parents=True, exist_ok=True)
     shutil.copy2(bundle / "bin" / "kforge", out / "tools" / "kforge")   # RUNPATH $ORIGIN/../lib
+    for name in ("kforged", "kforge-worker"):   # the daemon tests' layout; the worker's library beside it
+        shutil.copy2(bundle / "bin" / name, out / "search_daemon" / name)
     return out
 
 

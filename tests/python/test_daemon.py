@@ -25,7 +25,6 @@ import tempfile
 import textwrap
 import time
 
-import msgpack
 import pytest
 import torch
 
@@ -186,6 +185,7 @@ def softmax_record(status):
 
 def read_journals(state_dir):
     """Every journal: node labels, and the outcomes recorded per node (Note [Journal format])."""
+    import msgpack   # here, not at the top: the CUDA daemon test imports this module where msgpack may be missing
     out = {}
     jdir = state_dir / "journal"
     for f in sorted(os.listdir(jdir)):
@@ -289,6 +289,7 @@ def test_a_daemon_killed_mid_search_changes_nothing_for_the_model_and_resumes_fr
 
 
 def test_malformed_messages_and_control_requests_never_break_the_daemon(daemon_bin, tmp_path):
+    import msgpack
     import zmq
     root = private_root(tmp_path)
     d = Daemon(daemon_bin, root).start()

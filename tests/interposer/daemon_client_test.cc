@@ -94,8 +94,8 @@ Hello hello() {
   m.torch_version = "2.11.0+cu130";
   m.process_name = "python3.12";
   m.cache_dir = "/home/ml/.cache/kforge";
-  m.devices = {DeviceInfo{0, Backend::kCuda, "sm_90", "NVIDIA H200", 150754820096ull},
-               DeviceInfo{0, Backend::kCpu, "x86_64-avx512f", "AMD EPYC 9654 96-Core Processor", 540000000000ull}};
+  m.devices = {DeviceInfo{0, Backend::kCuda, "sm_90", "NVIDIA H200", 150754820096ull, "GPU-5e2a910c-d34f-8b17-a0ff-00017e80c93b"},
+               DeviceInfo{0, Backend::kCpu, "x86_64-avx512f", "AMD EPYC 9654 96-Core Processor", 540000000000ull, ""}};
   return m;
 }
 

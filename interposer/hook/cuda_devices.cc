@@ -1,10 +1,16 @@
 #include "interposer/hook/cuda_devices.h"
 
+#include <dlfcn.h>
+#include <pthread.h>
+
 #include <algorithm>
+#include <array>
+#include <mutex>
 
 #include "interposer/hook/log.h"
 #include "runtime/cuda_environment.h"
 #include "runtime/cuda_launcher.h"
+#include "runtime/wire.h"
 
 namespace kforge::hook {
 
@@ -83,6 +89,95 @@ StatusOr<const CudaDeviceModule*> CudaDevices::load(int ordinal, const std::stri
   // Never freed: calling threads (and captured graphs) may launch these kernels until the end.
   auto* loaded = new CudaKernel(std::move(*kernel));
   return new CudaDeviceModule{loaded, context};
+}
+
+namespace {
+
+// Every ActiveGpus that installed its fork handler (the hook has one; tests may add a few). Never
+// shrinks: instances are never destroyed.
+constexpr size_t kMaxActiveGpus = 8;
+std::array<std::atomic<ActiveGpus*>, kMaxActiveGpus> g_active_gpus{};
+std::atomic<size_t> g_active_gpus_count{0};
+
+}  // namespace
+
+void ActiveGpus::install_fork_handler() {
+  static std::once_flag registered;
+  std::call_once(registered, [] { ::pthread_atfork(&ActiveGpus::before_fork, nullptr, &ActiveGpus::in_child); });
+  const size_t i = g_active_gpus_count.fetch_add(1);
+  if (i < kMaxActiveGpus) {
+    g_active_gpus[i].store(this, std::memory_order_release);
+  } else {
+    // No handler watches this instance: it must assume the worst after any fork.
+    g_active_gpus_count.fetch_sub(1);
+    log_line("internal error: too many ActiveGpus; GPU use is not reported");
+    inherited_.store(true);
+  }
+}
+
+bool ActiveGpus::libcuda_loaded() const noexcept {
+  void* handle = ::dlopen(libcuda_.c_str(), RTLD_NOW | RTLD_NOLOAD);
+  if (handle == nullptr) return false;
+  ::dlclose(handle);   // drops the reference NOLOAD took; the library stays loaded
+  return true;
+}
+
+void ActiveGpus::before_fork() noexcept {
+  const size_t n = std::min(g_active_gpus_count.load(), kMaxActiveGpus);
+  for (size_t i = 0; i < n; ++i) {
+    ActiveGpus* g = g_active_gpus[i].load(std::memory_order_acquire);
+    if (g == nullptr) continue;
+    // Once seen, libcuda stays: no dlopen (and no loader lock) in later forks.
+    if (!g->seen_.load() && g->libcuda_loaded()) g->seen_.store(true);
+    g->loaded_at_fork_.store(g->seen_.load());
+  }
+}
+
+void ActiveGpus::in_child() noexcept {
+  const size_t n = std::min(g_active_gpus_count.load(), kMaxActiveGpus);
+  for (size_t i = 0; i < n; ++i) {
+    ActiveGpus* g = g_active_gpus[i].load(std::memory_order_acquire);
+    if (g != nullptr && g->loaded_at_fork_.load()) g->inherited_.store(true);
+  }
+}
+
+bool ActiveGpus::may_use_driver() {
+  if (inherited_.load()) return false;
+  if (!seen_.load()) {
+    if (!libcuda_loaded()) return false;
+    seen_.store(true);
+  }
+  return true;
+}
+
+std::vector<std::string> ActiveGpus::current() {
+  std::vector<std::string> out;
+  if (!may_use_driver()) return out;
+  StatusOr<const CudaDriver*> driver = CudaDriver::load();
+  if (!driver.ok()) return out;
+  const CudaDriver& cu = **driver;
+  int count = 0;
+  if (cu.cuDeviceGetCount(&count) != CUDA_SUCCESS) return out;
+  count = std::clamp(count, 0, static_cast<int>(wire::kMaxDevices));
+  if (uuids_.size() < static_cast<size_t>(count)) uuids_.resize(static_cast<size_t>(count));
+  for (int d = 0; d < count; ++d) {
+    CUdevice device = 0;
+    unsigned int flags = 0;
+    int active = 0;
+    if (cu.cuDeviceGet(&device, d) != CUDA_SUCCESS ||
+        cu.cuDevicePrimaryCtxGetState(device, &flags, &active) != CUDA_SUCCESS || active == 0) {
+      continue;
+    }
+    std::optional<std::string>& uuid = uuids_[static_cast<size_t>(d)];
+    if (!uuid) {
+      StatusOr<std::string> u = device_uuid(cu, device);
+      uuid = u.ok() ? *u : std::string();
+    }
+    if (!uuid->empty()) out.push_back(*uuid);
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
 }
 
 StatusOr<std::string> cuda_entry_image(const std::vector<BlobRef>& blobs,

@@ -12,7 +12,8 @@
 //                                                the CUDA devices it is loaded on and the CUDA
 //                                                counters unloaded_device_calls and
 //                                                capture_shadow_skips), reports, registrations,
-//                                                and "swap": the loader's cache and entries
+//                                                "gpus_in_use" (the UUIDs the last report round
+//                                                found), and "swap": the loader's cache and entries
 //   int kforge_hook_report_now(int timeout_ms);  asks the reporter for a report now and, with
 //                                                timeout_ms > 0, waits until it was built and
 //                                                offered; 1 if it was, else 0
@@ -27,6 +28,7 @@
 
 #include "cache/cache_dir.h"
 #include "interposer/hook/config.h"
+#include "interposer/hook/cuda_devices.h"
 #include "interposer/hook/cuda_timer.h"
 #include "interposer/hook/input_sampler.h"
 #include "interposer/hook/interceptor.h"
@@ -52,6 +54,7 @@ struct Hook {
   TargetArch* arch = nullptr;
   InputSampler* sampler = nullptr;
   CudaTimer* timer = nullptr;
+  ActiveGpus* gpus = nullptr;
   RegistrationSummary registration;
 };
 
@@ -66,15 +69,16 @@ std::string process_name() {
   return slash == std::string::npos ? argv0 : argv0.substr(slash + 1);
 }
 
-// Devices for Hello: the CPU always; CUDA devices only when the driver is already in the process
-// (torch has used CUDA). Loading the driver here would initialize CUDA in processes that never use
-// it, and a process that forks after cuInit cannot use CUDA in the child.
+// Devices for Hello: the CPU always; CUDA devices (with their UUIDs) only when the driver is
+// already in the process (torch has used CUDA). Loading the driver here would initialize CUDA in
+// processes that never use it, and a process that forks after cuInit cannot use CUDA in the child.
 std::vector<wire::DeviceInfo> devices(const Environment& cpu) {
   std::vector<wire::DeviceInfo> out;
   const long pages = ::sysconf(_SC_PHYS_PAGES);
   const long page_size = ::sysconf(_SC_PAGE_SIZE);
   out.push_back(wire::DeviceInfo{0, Backend::kCpu, cpu.arch, cpu.device_model,
-                                 pages > 0 && page_size > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size) : 0});
+                                 pages > 0 && page_size > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size) : 0,
+                                 ""});
   void* libcuda = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
   if (libcuda == nullptr) return out;
   ::dlclose(libcuda);   // drops the reference NOLOAD took; the library stays loaded
@@ -94,8 +98,9 @@ std::vector<wire::DeviceInfo> devices(const Environment& cpu) {
         cu.cuDeviceGetName(name, sizeof name - 1, dev) != CUDA_SUCCESS) {
       continue;
     }
+    StatusOr<std::string> uuid = device_uuid(cu, dev);
     out.push_back(wire::DeviceInfo{i, Backend::kCuda, "sm_" + std::to_string(major) + std::to_string(minor),
-                                   name, 0});
+                                   name, 0, uuid.ok() ? *uuid : std::string()});
   }
   return out;
 }
@@ -146,15 +151,19 @@ void start() noexcept {
     InputSampler* sampler = hook->sampler;
     hook->timer = new CudaTimer();
     CudaTimer* timer = hook->timer;
-    options.before_round = [sampler, timer](int32_t pid, RoundExtras& extras) {
+    hook->gpus = new ActiveGpus();
+    ActiveGpus* gpus = hook->gpus;
+    options.before_round = [sampler, timer, gpus](int32_t pid, RoundExtras& extras) {
       sampler->drain(pid, extras);
       timer->collect(extras);
+      extras.gpus_in_use = gpus->current();
     };
     hook->recorder = new Recorder(std::move(options));
     Recorder* recorder = hook->recorder;
     swapper->set_wake([recorder] { recorder->report_now(0); });
     if (config.mode != HookMode::kObserve) swapper->install_process_handlers();
     hook->recorder->start();
+    gpus->install_fork_handler();   // after the Recorder's: see ActiveGpus::install_fork_handler
 
     hook->registration = register_catalog(config, *hook->recorder, *hook->arch, hook->sampler, hook->timer);
     if (config.log) {
@@ -265,6 +274,7 @@ std::string stats_json() {
   j["overflow_calls"] = st.overflow_calls;
   j["id_mismatches"] = st.id_mismatches;
   j["threads"] = st.threads;
+  j["gpus_in_use"] = st.gpus_in_use;
   j["reports"] = {{"built", st.reports_built},
                   {"offered", st.reports_offered},
                   {"client_running", st.client_running},

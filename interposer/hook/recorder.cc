@@ -234,6 +234,7 @@ RecorderStats Recorder::stats() const {
     });
   }
   st.id_mismatches = id_mismatches_;
+  st.gpus_in_use = gpus_in_use_;
   st.threads = threads_;
   st.reports_built = reports_built_;
   st.reports_offered = reports_offered_;
@@ -334,6 +335,8 @@ void Recorder::build_and_offer_reports() {
   std::vector<std::shared_ptr<const OpSignature>> fresh;
   DaemonClient* client = nullptr;
   int32_t pid = 0;
+  std::vector<std::string> gpus;
+  bool gpus_changed = false;
   RoundExtras extras;
   if (options_.before_round) {
     int32_t p = 0;
@@ -360,6 +363,8 @@ void Recorder::build_and_offer_reports() {
       ++n;
       total += ns;
     }
+    gpus_in_use_ = std::move(extras.gpus_in_use);
+    gpus = gpus_in_use_;
     // A report the client dropped (no daemon connected yet, or a slow one) carried counts that
     // only appear again when they change. Counts are cumulative, so after any drop the next round
     // reports every signature again: a daemon that connects late still learns everything.
@@ -370,8 +375,10 @@ void Recorder::build_and_offer_reports() {
         drops_seen_ = drops;
         resend_all_ = false;
         for (auto& [id, last] : last_reported_calls_) last = UINT64_MAX;
+        gpus_offered_.reset();
       }
     }
+    gpus_changed = gpus_offered_ != gpus;
     TotalsMap m = merge_locked();
     for (const auto& [id, tot] : m) {
       auto [it, inserted] = last_reported_calls_.try_emplace(id, 0);
@@ -387,11 +394,16 @@ void Recorder::build_and_offer_reports() {
   } catch (...) {
     return;   // out of memory: try again next interval (counts are cumulative)
   }
-  // Reports are split at the decoder's limit; each part is a report of its own.
-  for (size_t first = 0; first < changed.size(); first += wire::kMaxReportEntries) {
+  // Reports are split at the decoder's limit; each part is a report of its own. A change of the
+  // GPUs in use is news even without counts: then one report with no entries carries it.
+  const size_t parts = std::max<size_t>((changed.size() + wire::kMaxReportEntries - 1) / wire::kMaxReportEntries,
+                                        gpus_changed ? 1 : 0);
+  for (size_t part = 0; part < parts; ++part) {
+    const size_t first = part * wire::kMaxReportEntries;
     const size_t last = std::min(changed.size(), first + wire::kMaxReportEntries);
     wire::HotReport report;
     report.pid = pid;
+    report.gpus_in_use = gpus;
     report.entries.assign(std::make_move_iterator(changed.begin() + static_cast<std::ptrdiff_t>(first)),
                           std::make_move_iterator(changed.begin() + static_cast<std::ptrdiff_t>(last)));
     {
@@ -406,6 +418,7 @@ void Recorder::build_and_offer_reports() {
     if (client->offer(std::move(report))) {
       std::lock_guard<std::mutex> lock(mu_);
       ++reports_offered_;
+      gpus_offered_ = gpus;
     } else {
       std::lock_guard<std::mutex> lock(mu_);
       resend_all_ = true;
@@ -474,6 +487,8 @@ void Recorder::after_fork_child() noexcept {
   r->last_reported_calls_.clear();
   r->input_stats_.clear();
   r->device_timed_.clear();
+  r->gpus_in_use_.clear();
+  r->gpus_offered_ = std::vector<std::string>{};
   r->wake_ = new std::condition_variable();
   r->round_done_ = new std::condition_variable();
   r->rounds_ = 0;

@@ -14,8 +14,10 @@
 //   new signature, take the slow path: the full OpSignature is built (allocating) once per thread
 //   and signature, and a thread's first call registers its table under a mutex.
 // - One background thread merges the tables every report interval into cumulative HotReports
-//   (only signatures whose counts moved), offered to DaemonClient, which never blocks: a daemon
-//   that is absent costs dropped reports, counted, never a delay.
+//   (only signatures whose counts moved; with no such signature, a report is still built when the
+//   GPUs in use changed), offered to DaemonClient, which never blocks: a daemon that is absent
+//   costs dropped reports, counted, never a delay. Every report carries the GPUs in use that
+//   before_round gave (RoundExtras::gpus_in_use).
 // - Fork: a child process starts over with empty counters and its own reporter thread, started
 //   by the child's first intercepted call (a child that only execs never starts one).
 // - Nothing here throws to the caller.
@@ -27,6 +29,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -122,6 +125,9 @@ struct RoundExtras {
   // Device times (ns) of sampled calls, one per call, measured off the calling thread (CUDA
   // events); counted as sampled calls of the signature.
   std::vector<std::pair<SignatureId, uint64_t>> timed;
+  // The GPUs this process uses now (ActiveGpus::current()): every report carries them, and a
+  // change is reported even in a round with no counts to report.
+  std::vector<std::string> gpus_in_use;
 };
 
 // What the background thread needs that the hook knows at load.
@@ -153,6 +159,7 @@ struct RecorderStats {
     std::vector<wire::InputStats> input_stats;
   };
   std::vector<Signature> signatures;     // sorted by id
+  std::vector<std::string> gpus_in_use;  // as the last round found them (HotReport.gpus_in_use)
   uint64_t unknown_calls = 0;            // signature not computable: fell through uncounted
   uint64_t overflow_calls = 0;           // a thread's table was full
   uint64_t id_mismatches = 0;            // fast-path id != OpSignature::id() (a kforge bug)
@@ -293,6 +300,9 @@ class Recorder {
   uint64_t extras_refused_ = 0;
   uint64_t drops_seen_ = 0;          // the client's drop count at the last round (guarded by mu_)
   bool resend_all_ = false;          // an offer was refused: report everything next round
+  std::vector<std::string> gpus_in_use_;                  // the last round's
+  // In the last report offered; a daemon assumes none until told. nullopt after a drop: resend.
+  std::optional<std::vector<std::string>> gpus_offered_{std::vector<std::string>{}};
 };
 
 }  // namespace kforge::hook

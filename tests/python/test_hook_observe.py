@@ -347,8 +347,9 @@ sys.stdin.read()                                # the test closes stdin once it 
 """
 
 
-def collect_reports(router, pid, want, timeout=60):
-    """Reads the ROUTER until a Hello and HotReports whose cumulative counts equal `want` arrived."""
+def collect_reports(router, pid, want, timeout=60, gpus=None):
+    """Reads the ROUTER until a Hello and HotReports whose cumulative counts equal `want` arrived.
+    Each report's gpus_in_use is appended to `gpus` when given."""
     hello, reported = None, {}
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and (hello is None or reported != want):
@@ -360,8 +361,11 @@ def collect_reports(router, pid, want, timeout=60):
         assert magic == "kforge" and version == 1
         if mtype == 1:                              # Hello
             hello = body
-        elif mtype == 2:                            # HotReport: [pid, sequence, dropped, entries]
+        elif mtype == 2:                            # HotReport: [pid, sequence, dropped, entries, gpus_in_use]
             assert body[0] == pid and body[1] >= 1
+            assert len(body) == 5, body[:3]
+            if gpus is not None:
+                gpus.append(body[4])
             for entry in body[3]:                   # [signature, calls, sampled, ns, stats]
                 reported[msgpack.packb(entry[0]).hex()] = entry[1]
     return hello, reported
@@ -385,12 +389,17 @@ def test_hello_and_hot_reports_reach_a_daemon(hook_path):
         want = {sig["encoding"]: sig["calls"] for sig in stats["signatures"]}
         assert len(want) == 2
 
-        hello, reported = collect_reports(router, proc.pid, want, timeout=30)
+        gpus = []
+        hello, reported = collect_reports(router, proc.pid, want, timeout=30, gpus=gpus)
         assert hello is not None, "no Hello"
         assert hello[0] == proc.pid and hello[1] == stats["kforge_version"]
         assert hello[2] == torch.__version__
         assert hello[5][0][1] == 0                      # the CPU is device 0
+        assert hello[5][0][5] == ""                     # ... and has no GPU UUID
         assert reported == want
+        # A process that never used CUDA has no GPU in use, and the hook did not make it load CUDA.
+        assert gpus and all(g == [] for g in gpus), gpus
+        assert stats["gpus_in_use"] == []
     finally:
         proc.stdin.close()
         proc.wait(timeout=30)

@@ -179,7 +179,7 @@ void SearchSession::run() {
           }
           ++in_flight;
           const uint64_t node = c.node;
-          ctx_.pool->submit(std::move(job), [this, node](eval::EvalResult r) {
+          ctx_.pool->submit(std::move(job), [this, node](eval::EvalResult r, eval::JobPlacement) {
             std::lock_guard<std::mutex> lock(mu_);
             results_.emplace_back(node, std::move(r));
             cv_.notify_all();

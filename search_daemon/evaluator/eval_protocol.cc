@@ -277,13 +277,14 @@ StatusOr<EvalMessage> read_result(const Reader& b) {
 }
 
 void pack_body(Packer& pk, const WorkerReady& w) {
-  pk.pack_array(6);
+  pk.pack_array(7);
   pk.pack_int32(w.pid);
   pk.pack_text(w.device);
   pack_environment(pk, w.environment);
   pk.pack_f64(w.bandwidth_ceiling_bytes_per_s);
   pk.pack_int64(w.max_shared_mem_bytes);
   pk.pack_text(w.note);
+  pk.pack_text(w.device_uuid);
 }
 
 StatusOr<EvalMessage> read_ready(const Reader& b) {
@@ -296,6 +297,17 @@ StatusOr<EvalMessage> read_ready(const Reader& b) {
   KFORGE_RETURN_IF_ERROR(read_f64(b.field(3, "bandwidth_ceiling_bytes_per_s"), &w.bandwidth_ceiling_bytes_per_s));
   KFORGE_ASSIGN_OR_RETURN(w.max_shared_mem_bytes, b.field(4, "max_shared_mem_bytes").i64_in(0, INT64_MAX));
   KFORGE_RETURN_IF_ERROR(read_str(b.field(5, "note"), kMaxText, &w.note));
+  // Appended after version 1's first release: absent means "".
+  KFORGE_ASSIGN_OR_RETURN(size_t fields, b.array_size());
+  if (fields > 6) {
+    Reader uuid = b.field(6, "device_uuid");
+    KFORGE_RETURN_IF_ERROR(read_str(uuid, wire::kMaxGpuUuidChars, &w.device_uuid));
+    for (char c : w.device_uuid) {
+      if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '-')) {
+        return uuid.error("not a GPU UUID (expected letters, digits and '-')");
+      }
+    }
+  }
   return EvalMessage(std::move(w));
 }
 

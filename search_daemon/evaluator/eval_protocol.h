@@ -162,7 +162,8 @@ struct EvalResult {
 };
 
 // First message of a worker, once it can take jobs. Encoded as
-// [pid, device, environment, bandwidth_ceiling_bytes_per_s, max_shared_mem_bytes, note].
+// [pid, device, environment, bandwidth_ceiling_bytes_per_s, max_shared_mem_bytes, note, device_uuid]
+// (device_uuid appended later; a message of 6 fields has it "").
 struct WorkerReady {
   static constexpr EvalMessageType kType = EvalMessageType::kReady;
   int32_t pid = 0;
@@ -171,6 +172,10 @@ struct WorkerReady {
   double bandwidth_ceiling_bytes_per_s = 0;
   int64_t max_shared_mem_bytes = 0;   // per block, as the worker enforces it
   std::string note;                   // anything the operator should know ("NVRTC 13.0 from ...")
+  // The GPU's UUID (runtime/cuda_driver.h gpu_uuid_string; at most wire::kMaxGpuUuidChars
+  // letters, digits and '-'): the name serving processes use for it too, whatever their ordinals.
+  // "" for cpu, or when the driver could not say.
+  std::string device_uuid;
   friend bool operator==(const WorkerReady&, const WorkerReady&) = default;
 };
 

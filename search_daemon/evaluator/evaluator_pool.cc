@@ -1,6 +1,7 @@
 #include "search_daemon/evaluator/evaluator_pool.h"
 
 #include <algorithm>
+#include <iterator>
 
 #include "runtime/cuda_driver.h"
 
@@ -9,9 +10,18 @@ namespace kforge::eval {
 struct EvaluatorPool::Slot {
   SlotInfo info;
   Backend backend = Backend::kCpu;
+  bool waiting = false;   // started and not busy: a candidate for choose_slot
   bool busy = false;
   std::thread thread;
 };
+
+size_t choose_slot(const std::vector<SlotCandidate>& idle) {
+  size_t best = 0;
+  for (size_t i = 1; i < idle.size(); ++i) {
+    if (idle[i].serving_processes < idle[best].serving_processes) best = i;
+  }
+  return idle[best].slot;
+}
 
 EvaluatorPool::EvaluatorPool(PoolOptions options) : options_(std::move(options)) {}
 
@@ -96,6 +106,32 @@ double EvaluatorPool::bandwidth_for(const OpSignature& sig) const {
   return 0;
 }
 
+const std::vector<int32_t>* EvaluatorPool::serving_on(const Slot& s) const {
+  if (s.info.uuid.empty()) return nullptr;
+  auto it = serving_.find(s.info.uuid);
+  return it == serving_.end() ? nullptr : &it->second;
+}
+
+bool EvaluatorPool::chosen_for(const Slot& s, const OpSignature& sig) const {
+  std::vector<SlotCandidate> idle;
+  size_t self = slots_.size();
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const Slot& t = *slots_[i];
+    if (!t.waiting || !matches(t, sig)) continue;
+    const std::vector<int32_t>* pids = serving_on(t);
+    idle.push_back(SlotCandidate{i, pids == nullptr ? 0 : pids->size()});
+    if (&t == &s) self = i;
+  }
+  return self < slots_.size() && choose_slot(idle) == self;
+}
+
+void EvaluatorPool::set_serving_gpus(std::map<std::string, std::vector<int32_t>> pids_by_uuid) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (pids_by_uuid == serving_) return;
+  serving_ = std::move(pids_by_uuid);
+  cv_.notify_all();   // the choice of slot may have changed for queued jobs
+}
+
 std::vector<SlotInfo> EvaluatorPool::slots() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<SlotInfo> out;
@@ -121,7 +157,7 @@ void EvaluatorPool::submit(EvalJob job, Done done) {
   r.message = stopping_ ? "the daemon is stopping"
                         : "no evaluation slot runs " + std::string(backend_name(job.signature.target.backend)) + " " +
                               job.signature.target.arch + " signatures";
-  done(std::move(r));
+  done(std::move(r), JobPlacement{});
 }
 
 void EvaluatorPool::run_slot(Slot& s) {
@@ -143,44 +179,77 @@ void EvaluatorPool::run_slot(Slot& s) {
     if (const auto& r = worker.ready()) {
       s.info.arch = r->environment.arch;
       s.info.device_model = r->environment.device_model;
+      s.info.uuid = r->device_uuid;
       s.info.bandwidth_bytes_per_s = r->bandwidth_ceiling_bytes_per_s;
     }
   };
+  // From here the slot is idle, a candidate for choose_slot (before it waits for a job, so that
+  // once its start is logged no job goes elsewhere in its stead).
   if (Status st = worker.start(); !st.ok()) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       s.info.state = "failed: " + st.message();
+      s.waiting = true;
     }
     if (options_.log) options_.log("worker on " + s.info.device + " did not start: " + st.message());
   } else {
     refresh("idle");
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      s.waiting = true;
+    }
     if (options_.log) {
       const auto& r = *worker.ready();
       options_.log("worker pid " + std::to_string(r.pid) + " on " + s.info.device + " (" + r.environment.device_model +
-                   ", " + r.environment.arch + ") ready; " + r.note);
+                   ", " + r.environment.arch + (r.device_uuid.empty() ? "" : ", " + r.device_uuid) + ") ready; " +
+                   r.note);
     }
   }
+  // Who uses this slot's GPU now, merged into `pids` (sorted, unique). Under mu_.
+  auto add_serving = [&](std::vector<int32_t>& pids) {
+    if (const std::vector<int32_t>* now = serving_on(s)) {
+      std::vector<int32_t> merged;
+      std::set_union(pids.begin(), pids.end(), now->begin(), now->end(), std::back_inserter(merged));
+      pids = std::move(merged);
+    }
+  };
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     auto it = queue_.end();
     cv_.wait(lock, [&] {
       if (stopping_) return true;
-      it = std::find_if(queue_.begin(), queue_.end(), [&](const auto& q) { return matches(s, q.first.signature); });
+      // The first queued job this slot can run and is the chosen idle slot for (see choose_slot).
+      it = std::find_if(queue_.begin(), queue_.end(),
+                        [&](const auto& q) { return matches(s, q.first.signature) && chosen_for(s, q.first.signature); });
       return it != queue_.end();
     });
     if (stopping_) break;
     std::pair<EvalJob, Done> item = std::move(*it);
     queue_.erase(it);
+    s.waiting = false;
     s.busy = true;
     s.info.state = "busy";
+    JobPlacement where;
+    where.device = s.info.device;
+    where.uuid = s.info.uuid;
+    add_serving(where.serving_pids);
+    cv_.notify_all();   // this slot left the idle ones: other queued jobs may be another slot's now
     lock.unlock();
     EvalResult r = worker.evaluate(item.first);
     refresh("idle");
-    item.second(std::move(r));
     lock.lock();
+    where.uuid = s.info.uuid;   // a restarted worker reports the same GPU; the first report may come late
+    add_serving(where.serving_pids);
+    // Idle before the callback: a search submits its next job from there, and that job must see
+    // this slot free (else a slot on a GPU a serving process uses would take it in its stead).
     s.busy = false;
+    s.waiting = true;
     ++s.info.jobs;
+    lock.unlock();
+    item.second(std::move(r), std::move(where));
+    lock.lock();
   }
+  s.waiting = false;
 }
 
 void EvaluatorPool::stop() {
@@ -198,7 +267,7 @@ void EvaluatorPool::stop() {
     r.status = EvalStatus::kWorkerError;
     r.phase = "start";
     r.message = "the daemon is stopping";
-    done(std::move(r));
+    done(std::move(r), JobPlacement{});
   }
   // A slot in the middle of an evaluation finishes it (bounded by the worker's watchdog).
   for (auto& s : slots_) {

@@ -3,13 +3,20 @@
 //
 //   EvaluatorPool pool({.devices = {"cuda:0", "cpu"}, .cpu_slots = 1, .program = ..., .build_cache_dir = ...});
 //   pool.start();                                     // workers start in the background
-//   pool.submit(job, [](EvalResult r) { ... });       // r comes back on the slot's thread
+//   pool.set_serving_gpus({{"GPU-5e2a...", {4242}}}); // the daemon, as hooks report
+//   pool.submit(job, [](EvalResult r, JobPlacement where) { ... });   // on the slot's thread
 //   size_t n = pool.idle_slots_for(sig);              // how many jobs for `sig` could start now
 //
 // Promises:
 // - Each slot owns one WorkerProcess on its own thread; a job runs on a slot whose device matches
 //   the job's signature (backend, and for CUDA the arch its worker reported). Jobs for a signature
 //   no slot can run come back at once as kWorkerError saying so.
+// - Among the idle slots that can run a job, it goes to one whose GPU no serving process uses
+//   (set_serving_gpus; GPUs named by the UUID the slot's worker reported), else to the one whose
+//   GPU the fewest use, the earliest slot on a tie (choose_slot). A busy slot is never waited for.
+// - The callback learns where the job ran (JobPlacement): the slot, its GPU's UUID, and the serving
+//   processes using that GPU when the slot handed the job to its worker or when the result came
+//   back (the union: a process that attached or left meanwhile counts).
 // - submit() never blocks and never throws; every submitted job gets exactly one callback, also
 //   when the pool stops (kWorkerError "the daemon is stopping").
 // - A worker that dies (a candidate's fault, a hang killed by the watchdog) is replaced by the
@@ -23,6 +30,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -51,14 +59,32 @@ struct SlotInfo {
   std::string state;                     // "starting", "idle", "busy", "failed: <why>"
   std::string arch;                      // from WorkerReady ("sm_90", "x86_64-avx2")
   std::string device_model;
+  std::string uuid;                      // from WorkerReady: the GPU's UUID ("" for cpu, or unknown)
   uint64_t jobs = 0;
   uint64_t restarts = 0;                 // worker starts beyond the first
   double bandwidth_bytes_per_s = 0;
 };
 
+// Where a job ran.
+struct JobPlacement {
+  std::string device;                    // the slot's device, "cuda:0"; "" when no slot ran it
+  std::string uuid;                      // its GPU ("" for cpu, or unknown)
+  // Serving processes using that GPU when the job started or when it ended (sorted, unique).
+  std::vector<int32_t> serving_pids;
+};
+
+// One idle slot that could take a job: its index and how many serving processes use its GPU.
+struct SlotCandidate {
+  size_t slot = 0;
+  size_t serving_processes = 0;
+};
+// The slot that takes the job: the fewest serving processes on its GPU (none, preferably), the
+// earliest in `idle` on a tie. `idle` must not be empty.
+size_t choose_slot(const std::vector<SlotCandidate>& idle);
+
 class EvaluatorPool {
  public:
-  using Done = std::function<void(EvalResult)>;
+  using Done = std::function<void(EvalResult, JobPlacement)>;
   explicit EvaluatorPool(PoolOptions options);
   ~EvaluatorPool();   // stop()
   EvaluatorPool(const EvaluatorPool&) = delete;
@@ -73,6 +99,9 @@ class EvaluatorPool {
   // Slots that could ever take a job for `sig`.
   size_t slots_for(const OpSignature& sig) const;
   std::vector<SlotInfo> slots() const;
+  // The serving processes (pids) using each GPU, by UUID: replaces what was set before. The daemon
+  // calls it whenever the hooks' reports change it. Thread-safe; never calls back.
+  void set_serving_gpus(std::map<std::string, std::vector<int32_t>> pids_by_uuid);
   // The measured copy bandwidth of a slot that runs `sig` (0 if none reported yet).
   double bandwidth_for(const OpSignature& sig) const;
   // Fails every queued job, stops the threads and kills the workers.
@@ -81,6 +110,10 @@ class EvaluatorPool {
  private:
   struct Slot;
   bool matches(const Slot& s, const OpSignature& sig) const;
+  // Under mu_: whether `s` is the slot choose_slot picks for `sig` among the idle ones.
+  bool chosen_for(const Slot& s, const OpSignature& sig) const;
+  // Under mu_: who uses the GPU of `s` now.
+  const std::vector<int32_t>* serving_on(const Slot& s) const;
   void run_slot(Slot& s);
 
   PoolOptions options_;
@@ -88,6 +121,7 @@ class EvaluatorPool {
   std::condition_variable cv_;
   std::deque<std::pair<EvalJob, Done>> queue_;
   std::vector<std::unique_ptr<Slot>> slots_;
+  std::map<std::string, std::vector<int32_t>> serving_;   // set_serving_gpus
   bool stopping_ = false;
 };
 

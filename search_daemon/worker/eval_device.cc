@@ -95,6 +95,13 @@ Status EvalDevice::init_cuda(int ordinal, const std::string& torch_version) {
     return unavailable("torch cannot use " + name_ + ": " + e.what());
   }
   KFORGE_CU_RETURN_IF_ERROR(cu, cu.cuDeviceGet(&cu_device_, ordinal));
+  // Only the daemon's bookkeeping needs it (which serving processes share this GPU): no UUID is
+  // no reason to refuse evaluations.
+  if (StatusOr<std::string> uuid = device_uuid(cu, cu_device_); uuid.ok()) {
+    uuid_ = *uuid;
+  } else {
+    uuid_note_ = uuid.status().message();
+  }
   // One reference on torch's primary context, never released: candidate modules live in it.
   KFORGE_CU_RETURN_IF_ERROR(cu, cu.cuDevicePrimaryCtxRetain(&context_, cu_device_));
   KFORGE_CU_RETURN_IF_ERROR(cu, cu.cuCtxSetCurrent(context_));

@@ -62,6 +62,10 @@ class EvalDevice {
   CUcontext context() const noexcept { return context_; }
   int sm_major() const noexcept { return sm_major_; }
   int sm_minor() const noexcept { return sm_minor_; }
+  // The GPU's UUID (gpu_uuid_string): how serving processes name it too. "" on CPU, or when the
+  // driver could not say (uuid_note() says why).
+  const std::string& uuid() const noexcept { return uuid_; }
+  const std::string& uuid_note() const noexcept { return uuid_note_; }
   // torch's current stream on this device (CUDA), read anew each call.
   CUstream cuda_stream() const;
 
@@ -114,6 +118,8 @@ class EvalDevice {
   CUcontext context_ = nullptr;
   int sm_major_ = 0;
   int sm_minor_ = 0;
+  std::string uuid_;
+  std::string uuid_note_;
   bool lost_ = false;
   std::unique_ptr<CuptiKernelTimer> cupti_;
   std::string cupti_note_;

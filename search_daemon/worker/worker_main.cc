@@ -139,7 +139,8 @@ int worker_main(int argc, char** argv) {
     builder = CandidateBuilder::for_cuda(args.build_cache, *nvrtc, dev.sm_major(), dev.sm_minor());
     note = "NVRTC " + std::to_string((*nvrtc)->version().major) + "." + std::to_string((*nvrtc)->version().minor) +
            " from " + (*nvrtc)->library_path() + "; timing: " + dev.clock_name() +
-           (dev.cupti_note().empty() ? "" : " (" + dev.cupti_note() + ")");
+           (dev.cupti_note().empty() ? "" : " (" + dev.cupti_note() + ")") +
+           (dev.uuid().empty() ? "; no GPU UUID (" + dev.uuid_note() + "): serving processes on it go unnoticed" : "");
   } else {
     StatusOr<CpuCompiler> cxx = CpuCompiler::detect();
     if (!cxx.ok()) return fail("no C++ compiler for CPU candidates: " + cxx.status().message());
@@ -160,6 +161,7 @@ int worker_main(int argc, char** argv) {
   ready.bandwidth_ceiling_bytes_per_s = dev.bandwidth_ceiling();
   ready.max_shared_mem_bytes = dev.max_shared_mem_bytes();
   ready.note = note;
+  ready.device_uuid = dev.uuid();
   if (!channel.send(EvalMessage(ready))) return fail("cannot send WorkerReady");
 
   JobRunner runner(dev, *builder, compiler_identity, [&](const JobPhase& p) { (void)channel.send(EvalMessage(p)); });

@@ -5,6 +5,7 @@
 
 #include <random>
 
+#include "runtime/msgpack_codec.h"
 #include "search_daemon/evaluator/eval_protocol.h"
 
 using namespace kforge;
@@ -61,14 +62,42 @@ TEST_CASE("every evaluation message round-trips through encode and decode", "[ev
   r.environment = cpu_host_environment("2.11.0");
   r.worker_pid = 1234;
   r.phase = "verify";
-  WorkerReady w{77, "cpu", cpu_host_environment("2.11.0"), 1e10, 1 << 20, "note"};
+  WorkerReady w{77, "cpu", cpu_host_environment("2.11.0"), 1e10, 1 << 20, "note", ""};
+  WorkerReady gpu{78, "cuda:1", cpu_host_environment("2.11.0"), 4e12, 227 << 10, "NVRTC 13.0",
+                  "GPU-5e2a910c-d34f-8b17-a0ff-00017e80c93b"};
   JobPhase p{42, "measure", 3000};
 
-  for (const EvalMessage& m : {EvalMessage(sample_job()), EvalMessage(r), EvalMessage(w), EvalMessage(p)}) {
+  for (const EvalMessage& m : {EvalMessage(sample_job()), EvalMessage(r), EvalMessage(w), EvalMessage(gpu), EvalMessage(p)}) {
     StatusOr<EvalMessage> back = decode_eval_message(encode(m));
     REQUIRE(back.ok());
     CHECK(*back == m);
   }
+}
+
+TEST_CASE("WorkerReady names the worker's GPU by UUID, and a worker of an older build, without it, names none", "[eval_protocol]") {
+  WorkerReady w{78, "cuda:1", cpu_host_environment("2.11.0"), 4e12, 227 << 10, "NVRTC 13.0",
+                "GPU-5e2a910c-d34f-8b17-a0ff-00017e80c93b"};
+  const std::string bytes = encode(EvalMessage(w));
+  // The same message as a 6-field body: drop the last element (a short text) and fix the count.
+  msgpack::object_handle oh = msgpack::unpack(bytes.data(), bytes.size());
+  msgpack::object env = oh.get();
+  msgpack::object& body = env.via.array.ptr[3];
+  body.via.array.size = 6;
+  msgpack::sbuffer old;
+  msgpack::pack(old, env);
+  StatusOr<EvalMessage> back = decode_eval_message(std::string(old.data(), old.size()));
+  REQUIRE(back.ok());
+  CHECK(std::get<WorkerReady>(*back).device_uuid.empty());
+  CHECK(std::get<WorkerReady>(*back).device == "cuda:1");
+
+  w.device_uuid = "GPU-5e2a910c d34f";
+  StatusOr<EvalMessage> bad = decode_eval_message(encode(EvalMessage(w)));
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.status().message() == "WorkerReady.device_uuid: not a GPU UUID (expected letters, digits and '-')");
+  w.device_uuid = std::string(65, 'a');
+  bad = decode_eval_message(encode(EvalMessage(w)));
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.status().message() == "WorkerReady.device_uuid: string of 65 bytes exceeds 64");
 }
 
 TEST_CASE("malformed evaluation messages are rejected with the field named, never a crash", "[eval_protocol]") {

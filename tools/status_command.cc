@@ -55,6 +55,13 @@ std::optional<std::string> ask(const std::string& endpoint, const std::string& r
   return reply;
 }
 
+// "123, 456" from a JSON array of pids.
+std::string pid_list(const json& pids) {
+  std::string out;
+  for (const json& p : pids) out += (out.empty() ? "" : ", ") + p.dump();
+  return out;
+}
+
 void print_table(const json& st, std::ostream& out) {
   const json& d = st["daemon"];
   out << "kforged " << d.value("version", "?") << " pid " << d.value("pid", 0) << ", up "
@@ -65,7 +72,12 @@ void print_table(const json& st, std::ostream& out) {
   out << "\nslots:\n";
   for (const json& s : st["slots"]) {
     out << "  " << s.value("device", "?") << "  " << s.value("state", "?") << "  " << s.value("model", "") << " "
-        << s.value("arch", "") << "  jobs " << s.value("jobs", 0) << ", restarts " << s.value("restarts", 0) << "\n";
+        << s.value("arch", "") << "  jobs " << s.value("jobs", 0) << ", restarts " << s.value("restarts", 0);
+    // Timings there share the GPU with these serving processes (the daemon flags them).
+    if (const json pids = s.value("serving_pids", json::array()); pids.is_array() && !pids.empty()) {
+      out << "  serving pid(s) " << pid_list(pids);
+    }
+    out << "\n";
   }
   out << "\nprocesses:\n";
   if (st["processes"].empty()) out << "  (none attached)\n";
@@ -90,6 +102,10 @@ void print_table(const json& st, std::ostream& out) {
                   best > 0 ? (fixed(best, 2) + "x").c_str() : "-", s.value("signature", "?").c_str());
     out << line;
     if (!s.value("note", "").empty()) out << "               " << s.value("note", "") << "\n";
+    if (const uint64_t shared = s.value("shared_gpu_timings", 0ull); shared > 0) {
+      out << "               " << shared << (shared == 1 ? " timing" : " timings")
+          << " shared the GPU with a serving process: speedups may be noisier\n";
+    }
   }
 }
 

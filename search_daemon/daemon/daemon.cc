@@ -86,6 +86,7 @@ struct Daemon::Impl {
   std::map<std::string, uint64_t> counters;
   std::set<std::string> malformed_logged;   // peers already logged once
   Clock::time_point started = Clock::now();
+  Clock::time_point liveness_checked = Clock::now();
 
   std::atomic<uint64_t> evaluations_total{0};
   std::atomic<uint64_t> next_job_id{1};
@@ -113,6 +114,8 @@ struct Daemon::Impl {
   void handle_wire(const std::string& peer, const std::string& bytes);
   void handle_control(const std::string& peer, const std::string& bytes);
   void handle_events();
+  void check_liveness();
+  void share_serving_gpus_locked();
   void send_to(const std::string& peer, const std::string& bytes);
   void publish_event(const std::string& topic, const json& body);
   json status_locked() const;
@@ -201,6 +204,10 @@ void Daemon::Impl::resume_journals() {
     std::lock_guard<std::mutex> lock(mu);
     SignatureRecord& r = hot.adopt(c->signature);
     r.evaluations = c->tree.evaluated();
+    r.shared_gpu_timings = 0;
+    for (const search::Node& n : c->tree.nodes()) {
+      if (n.outcome && !n.outcome->shared_gpu_pids.empty()) ++r.shared_gpu_timings;
+    }
     if (const search::Node* b = c->tree.best()) r.best_speedup = b->outcome->speedup;
     if (c->done) {
       r.state = r.best_speedup > 1 ? SearchState::kPublished : SearchState::kDone;
@@ -285,6 +292,25 @@ void Daemon::Impl::schedule() {
   }
 }
 
+// Under mu: the pool learns which GPUs serving processes use (slot choice and JobPlacement).
+void Daemon::Impl::share_serving_gpus_locked() { pool->set_serving_gpus(serving_gpus(hot.processes())); }
+
+// A serving process killed without a Goodbye would otherwise hold its GPUs in the daemon's view for
+// ever (and flag every timing there). kill(pid, 0) sees processes in the daemon's pid namespace; a
+// hook in another one may be taken for gone when an unrelated process of its number exits, and is
+// revived by its next report.
+void Daemon::Impl::check_liveness() {
+  const Clock::time_point now = Clock::now();
+  if (now - liveness_checked < std::chrono::seconds(1)) return;
+  liveness_checked = now;
+  std::lock_guard<std::mutex> lock(mu);
+  const std::vector<int32_t> exited =
+      hot.forget_exited([](int32_t pid) { return ::kill(pid, 0) == 0 || errno != ESRCH; });
+  if (exited.empty()) return;
+  log("info", "process(es) " + pid_list(exited) + " exited without a Goodbye");
+  share_serving_gpus_locked();
+}
+
 void Daemon::Impl::send_to(const std::string& peer, const std::string& bytes) {
   if (zmq_send(router, peer.data(), peer.size(), ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) return;
   (void)zmq_send(router, bytes.data(), bytes.size(), ZMQ_DONTWAIT);
@@ -310,15 +336,18 @@ void Daemon::Impl::handle_wire(const std::string& peer, const std::string& bytes
   if (const auto* h = std::get_if<wire::Hello>(&*m)) {
     hot.on_hello(peer, *h);
     log("info", "process " + std::to_string(h->pid) + " attached (torch " + h->torch_version + ")");
+    share_serving_gpus_locked();
   } else if (const auto* r = std::get_if<wire::HotReport>(&*m)) {
     hot.on_report(peer, *r);
     count("reports_received");
+    share_serving_gpus_locked();
   } else if (const auto* c = std::get_if<wire::CapturedInputs>(&*m)) {
     hot.on_captured(peer, *c);
     count("captured_inputs_received");
   } else if (const auto* g = std::get_if<wire::Goodbye>(&*m)) {
     hot.on_goodbye(peer, *g);
     log("info", "process " + std::to_string(g->pid) + " detached: " + g->reason);
+    share_serving_gpus_locked();
   } else {
     count("messages_malformed");
     if (malformed_logged.insert(peer).second) log("warn", "a peer sent a daemon-to-hook message type (logged once per peer)");
@@ -403,9 +432,23 @@ void Daemon::Impl::handle_events() {
       case SessionEvent::Kind::kResult: {
         std::lock_guard<std::mutex> lock(mu);
         count("evaluations_" + std::string(eval::eval_status_name(e.status)));
-        if (SignatureRecord* r = hot.find(e.signature)) ++r->evaluations;
+        SignatureRecord* r = hot.find(e.signature);
+        if (r != nullptr) ++r->evaluations;
+        if (!e.shared_gpu_pids.empty()) {
+          count("timings_on_shared_gpu");
+          if (r != nullptr) {
+            ++r->shared_gpu_timings;
+            if (!r->shared_gpu_logged) {
+              r->shared_gpu_logged = true;
+              log("warn", "timing of " + r->signature.to_string() + " on " + e.device + " (" + e.uuid +
+                              ") shared the GPU with serving pid(s) " + pid_list(e.shared_gpu_pids) +
+                              ": speedups may be noisier");
+            }
+          }
+        }
         publish_event("result", {{"signature", sig}, {"node", e.node}, {"status", eval::eval_status_name(e.status)},
-                                 {"speedup", e.speedup}, {"message", e.message}, {"label", e.label}});
+                                 {"speedup", e.speedup}, {"message", e.message}, {"label", e.label},
+                                 {"device", e.device}, {"uuid", e.uuid}, {"shared_gpu_pids", e.shared_gpu_pids}});
         break;
       }
       case SessionEvent::Kind::kPublished: {
@@ -431,7 +474,8 @@ void Daemon::Impl::handle_events() {
           std::lock_guard<std::mutex> lock(mu);
           count("kernel_ready_sent", peers.size());
         }
-        publish_event("published", {{"signature", sig}, {"entry", e.entry_key}, {"speedup", e.speedup}, {"label", e.label}});
+        publish_event("published", {{"signature", sig}, {"entry", e.entry_key}, {"speedup", e.speedup}, {"label", e.label},
+                                    {"shared_gpu_pids", e.shared_gpu_pids}});
         break;
       }
       case SessionEvent::Kind::kFinished: {
@@ -485,6 +529,7 @@ json Daemon::Impl::status_locked() const {
   json slots = json::array();
   for (const eval::SlotInfo& s : pool->slots()) {
     slots.push_back({{"device", s.device}, {"state", s.state}, {"arch", s.arch}, {"model", s.device_model},
+                     {"uuid", s.uuid}, {"serving_pids", serving_pids_on(hot.processes(), s.uuid)},
                      {"jobs", s.jobs}, {"restarts", s.restarts}, {"bandwidth_bytes_per_s", s.bandwidth_bytes_per_s}});
   }
   j["slots"] = slots;
@@ -492,7 +537,7 @@ json Daemon::Impl::status_locked() const {
   for (const auto& [peer, p] : hot.processes()) {
     procs.push_back({{"pid", p.hello.pid}, {"torch", p.hello.torch_version}, {"reports", p.reports},
                      {"reports_dropped", p.reports_dropped}, {"sequence_gaps", p.sequence_gaps},
-                     {"attached", !p.gone}, {"goodbye", p.goodbye_reason}});
+                     {"attached", !p.gone}, {"goodbye", p.goodbye_reason}, {"gpus", p.gpus_in_use}});
   }
   j["processes"] = procs;
   json sigs = json::array();
@@ -504,6 +549,7 @@ json Daemon::Impl::status_locked() const {
            {"mean_ns", r.mean_ns()},
            {"time_share", hot.time_share(r)},
            {"evaluations", r.evaluations},
+           {"shared_gpu_timings", r.shared_gpu_timings},
            {"best_speedup", r.best_speedup},
            {"entry", r.entry_key},
            {"note", r.note}};
@@ -579,6 +625,10 @@ Status Daemon::start() {
   po.log = [&d](const std::string& line) { d.log("info", line); };
   d.pool = std::make_unique<eval::EvaluatorPool>(po);
   KFORGE_RETURN_IF_ERROR(d.pool->start());
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    d.count("timings_on_shared_gpu", 0);   // in the status from the start: tools read it
+  }
   KFORGE_RETURN_IF_ERROR(d.start_http());
   d.resume_journals();
   d.log("info", "listening on " + d.config.endpoint + " (events on " + d.config.events_endpoint + ")");
@@ -607,6 +657,7 @@ int Daemon::run() {
     }
     if (items[0].revents & ZMQ_POLLIN) d.handle_router();
     if (items[1].revents & ZMQ_POLLIN) d.handle_events();
+    d.check_liveness();
     d.schedule();
   }
   d.stopping.store(true);

@@ -14,7 +14,11 @@
 // every live hook when a search publishes (hooks of other environments ignore it). The CLI sends
 // one JSON frame {"kforge_ctl": 1, "request": "status"} and gets one JSON frame back. Wire
 // messages are msgpack arrays, control messages JSON objects: the first byte tells them apart. A
-// malformed message is counted and logged (once per peer), never fatal. PUB socket
+// malformed message is counted and logged (once per peer), never fatal. A process that exits
+// without a Goodbye is found gone by its pid (kill(pid, 0), once a second). Which GPUs attached
+// processes use (their reports' gpus_in_use) goes to the evaluator pool as it changes; a timing
+// run on one of them is flagged (counter timings_on_shared_gpu, the signature's shared_gpu_timings,
+// one log line per signature, the result event's shared_gpu_pids). PUB socket
 // (config.events_endpoint): every session event as one JSON frame, topic first ("published ...").
 // ipc:// endpoints live in a private directory (0700, ours); tcp:// needs CURVE keys.
 #pragma once

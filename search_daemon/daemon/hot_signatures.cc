@@ -7,6 +7,13 @@
 
 namespace kforge::daemon {
 
+namespace {
+
+// ProcessRecord::goodbye_reason of a process forget_exited() found gone.
+constexpr std::string_view kExitedWithoutGoodbye = "exited without a Goodbye";
+
+}  // namespace
+
 std::string_view search_state_name(SearchState s) noexcept {
   switch (s) {
     case SearchState::kObserved: return "observed";
@@ -36,10 +43,13 @@ double SignatureRecord::mean_ns() const {
 
 void HotSignatures::on_hello(const std::string& peer, const wire::Hello& hello) {
   ProcessRecord& p = processes_[peer];
-  // A new connection of the same peer (a hook that reconnected) or a new process.
+  // A new connection of the same peer (a hook that reconnected) or a new process. Its GPUs in use
+  // are the next report's to say.
   p.peer = peer;
   p.hello = hello;
   p.gone = false;
+  p.goodbye_reason.clear();
+  p.gpus_in_use.clear();
   p.last_seen = std::chrono::steady_clock::now();
 }
 
@@ -52,6 +62,12 @@ void HotSignatures::on_report(const std::string& peer, const wire::HotReport& re
   if (p.last_sequence != 0 && report.sequence > p.last_sequence + 1) p.sequence_gaps += report.sequence - p.last_sequence - 1;
   p.last_sequence = std::max(p.last_sequence, report.sequence);
   p.last_seen = std::chrono::steady_clock::now();
+  p.gpus_in_use = report.gpus_in_use;
+  // A process that reports is attached, whatever forget_exited() concluded (Goodbye is its last).
+  if (p.gone && p.goodbye_reason == kExitedWithoutGoodbye) {
+    p.gone = false;
+    p.goodbye_reason.clear();
+  }
   for (const wire::HotEntry& e : report.entries) {
     const SignatureId id = e.signature.id();
     auto [it, inserted] = signatures_.try_emplace(id);
@@ -80,6 +96,49 @@ void HotSignatures::on_goodbye(const std::string& peer, const wire::Goodbye& bye
   ProcessRecord& p = processes_[peer];
   p.gone = true;
   p.goodbye_reason = bye.reason;
+  p.gpus_in_use.clear();
+}
+
+std::vector<int32_t> HotSignatures::forget_exited(const std::function<bool(int32_t pid)>& exists) {
+  std::vector<int32_t> out;
+  for (auto& [peer, p] : processes_) {
+    if (p.gone || p.hello.pid <= 0 || exists(p.hello.pid)) continue;
+    p.gone = true;
+    p.goodbye_reason = kExitedWithoutGoodbye;
+    p.gpus_in_use.clear();
+    out.push_back(p.hello.pid);
+  }
+  return out;
+}
+
+std::vector<int32_t> serving_pids_on(const std::map<std::string, ProcessRecord>& processes, const std::string& uuid) {
+  std::vector<int32_t> pids;
+  if (uuid.empty()) return pids;
+  for (const auto& [peer, p] : processes) {
+    if (p.gone || p.hello.pid <= 0) continue;
+    if (std::find(p.gpus_in_use.begin(), p.gpus_in_use.end(), uuid) != p.gpus_in_use.end()) pids.push_back(p.hello.pid);
+  }
+  std::sort(pids.begin(), pids.end());
+  pids.erase(std::unique(pids.begin(), pids.end()), pids.end());
+  return pids;
+}
+
+std::map<std::string, std::vector<int32_t>> serving_gpus(const std::map<std::string, ProcessRecord>& processes) {
+  std::map<std::string, std::vector<int32_t>> out;
+  for (const auto& [peer, p] : processes) {
+    for (const std::string& uuid : p.gpus_in_use) {
+      if (out.count(uuid) == 0) out[uuid] = serving_pids_on(processes, uuid);
+    }
+  }
+  // A GPU listed only by processes that are gone has nobody on it.
+  for (auto it = out.begin(); it != out.end();) it = it->second.empty() ? out.erase(it) : std::next(it);
+  return out;
+}
+
+std::string pid_list(const std::vector<int32_t>& pids) {
+  std::string out;
+  for (int32_t p : pids) out += (out.empty() ? "" : ", ") + std::to_string(p);
+  return out;
 }
 
 double HotSignatures::time_share(const SignatureRecord& r) const {

@@ -5,6 +5,7 @@
 //   HotSignatures hot(options);
 //   hot.on_hello(peer, hello);  hot.on_report(peer, report);  hot.on_goodbye(peer, bye);
 //   if (std::optional<SignatureId> next = hot.next_to_search(can_run)) start_search(hot.get(*next));
+//   pool.set_serving_gpus(serving_gpus(hot.processes()));   // who uses which GPU (by UUID)
 //
 // Note [Search priority]
 // Reports carry cumulative counters per process; the daemon keeps each process's latest numbers,
@@ -44,14 +45,17 @@ std::string_view search_state_name(SearchState s) noexcept;
 
 struct ProcessRecord {
   std::string peer;              // ZeroMQ routing id (opaque)
-  wire::Hello hello;
+  wire::Hello hello;             // its devices name the process's GPUs by UUID too
   uint64_t reports = 0;
   uint64_t reports_dropped = 0;  // as the hook counts them
   uint64_t sequence_gaps = 0;    // reports the daemon never saw
   uint64_t last_sequence = 0;
   std::chrono::steady_clock::time_point last_seen;
+  // The latest report's HotReport::gpus_in_use: the GPUs (UUIDs) this process uses. Cleared by a
+  // new Hello (until the next report says) and when the process is gone.
+  std::vector<std::string> gpus_in_use;
   bool gone = false;
-  std::string goodbye_reason;
+  std::string goodbye_reason;    // the Goodbye's, or why the daemon decided it is gone
 };
 
 struct SignatureRecord {
@@ -71,6 +75,8 @@ struct SignatureRecord {
   double best_speedup = 0;
   std::string entry_key;                          // the published entry
   uint64_t evaluations = 0;
+  uint64_t shared_gpu_timings = 0;                // evaluations timed on a GPU a serving process used
+  bool shared_gpu_logged = false;                 // the daemon said so once
 
   uint64_t calls() const;
   double mean_ns() const;                         // 0 when never sampled
@@ -82,6 +88,14 @@ struct HotOptions {
   double min_time_share = 0;
 };
 
+// The pids (sorted, unique) of the attached processes (not gone) whose latest report lists GPU
+// `uuid` in use; none for "" (a CPU slot, or a GPU whose worker could not name it).
+std::vector<int32_t> serving_pids_on(const std::map<std::string, ProcessRecord>& processes, const std::string& uuid);
+// The same for every GPU some attached process uses: UUID -> pids (EvaluatorPool::set_serving_gpus).
+std::map<std::string, std::vector<int32_t>> serving_gpus(const std::map<std::string, ProcessRecord>& processes);
+// "123, 456": pids for a log line.
+std::string pid_list(const std::vector<int32_t>& pids);
+
 class HotSignatures {
  public:
   explicit HotSignatures(HotOptions options) : options_(options) {}
@@ -90,6 +104,9 @@ class HotSignatures {
   void on_report(const std::string& peer, const wire::HotReport& report);
   void on_captured(const std::string& peer, const wire::CapturedInputs& captured);
   void on_goodbye(const std::string& peer, const wire::Goodbye& bye);
+  // Marks gone every attached process whose pid `exists` says no longer exists (it exited without a
+  // Goodbye: killed, crashed); returns their pids. A later Hello or report from one revives it.
+  std::vector<int32_t> forget_exited(const std::function<bool(int32_t pid)>& exists);
 
   // Note [Search priority]. `runnable` says whether a slot runs the signature's target;
   // `bandwidth` gives a target's measured copy bandwidth (0: unknown).

@@ -4,8 +4,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 
@@ -22,6 +24,7 @@ using codec::Reader;
 constexpr uint32_t kJournalVersion = 1;
 constexpr size_t kRecordHeader = 12;                 // u32 length + u64 hash
 constexpr size_t kMaxRecord = 8u << 20;              // a node with a 1 MiB source and its plan fits
+constexpr size_t kMaxSharedGpuPids = 4096;           // an outcome's shared_gpu_pids
 
 std::string errno_text(const std::string& what) { return what + ": " + std::strerror(errno); }
 
@@ -109,6 +112,16 @@ Status apply_record(std::string_view payload, SearchJournal::Contents& c, size_t
     KFORGE_ASSIGN_OR_RETURN(o.failed_check, r.field(8, "failed_check").str(256));
     KFORGE_ASSIGN_OR_RETURN(o.message, r.field(9, "message").str(1u << 16));
     KFORGE_ASSIGN_OR_RETURN(o.build_log, r.field(10, "build_log").str(1u << 20));
+    KFORGE_ASSIGN_OR_RETURN(size_t fields, r.array_size());
+    if (fields > 11) {
+      const Reader pids = r.field(11, "shared_gpu_pids");
+      KFORGE_ASSIGN_OR_RETURN(size_t npids, pids.array_size());
+      if (npids > kMaxSharedGpuPids) return pids.error(std::to_string(npids) + " pids exceed " + std::to_string(kMaxSharedGpuPids));
+      for (size_t i = 0; i < npids; ++i) {
+        KFORGE_ASSIGN_OR_RETURN(int64_t pid, pids.at(i).i64_in(1, INT32_MAX));
+        o.shared_gpu_pids.push_back(static_cast<int32_t>(pid));
+      }
+    }
     c.tree.set_outcome(id, std::move(o));
     c.tree.node(id).virtual_loss = 0;
     return Status();
@@ -270,7 +283,7 @@ Status SearchJournal::append_submitted(uint64_t id) {
 Status SearchJournal::append_outcome(uint64_t id, const search::Outcome& o) {
   msgpack::sbuffer buf;
   Packer pk(buf);
-  pk.pack_array(11);
+  pk.pack_array(12);
   pk.pack_text("outcome");
   pk.pack_uint64(id);
   pk.pack_uint8(static_cast<uint8_t>(o.status));
@@ -282,6 +295,9 @@ Status SearchJournal::append_outcome(uint64_t id, const search::Outcome& o) {
   pk.pack_text(o.failed_check);
   pk.pack_text(o.message.substr(0, 1u << 16));
   pk.pack_text(o.build_log.substr(0, 1u << 20));
+  const size_t npids = std::min(o.shared_gpu_pids.size(), kMaxSharedGpuPids);
+  pk.pack_array(static_cast<uint32_t>(npids));
+  for (size_t i = 0; i < npids; ++i) pk.pack_int32(o.shared_gpu_pids[i]);
   return append(std::string(buf.data(), buf.size()));
 }
 

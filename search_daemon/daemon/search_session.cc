@@ -7,6 +7,7 @@
 
 #include "cache/store.h"
 #include "runtime/version.h"
+#include "search_daemon/daemon/hot_signatures.h"
 #include "search_daemon/daemon/journal.h"
 
 namespace kforge::daemon {
@@ -179,9 +180,9 @@ void SearchSession::run() {
           }
           ++in_flight;
           const uint64_t node = c.node;
-          ctx_.pool->submit(std::move(job), [this, node](eval::EvalResult r, eval::JobPlacement) {
+          ctx_.pool->submit(std::move(job), [this, node](eval::EvalResult r, eval::JobPlacement where) {
             std::lock_guard<std::mutex> lock(mu_);
-            results_.emplace_back(node, std::move(r));
+            results_.push_back(Finished{node, std::move(r), std::move(where)});
             cv_.notify_all();
           });
         }
@@ -193,7 +194,7 @@ void SearchSession::run() {
 
       if (in_flight == 0) continue;   // nothing to wait for: the loop's top decides what is next
       // Wait for results (or a stop).
-      std::deque<std::pair<uint64_t, eval::EvalResult>> ready;
+      std::deque<Finished> ready;
       {
         std::unique_lock<std::mutex> lock(mu_);
         progress_.nodes = strategy->tree().size();
@@ -203,9 +204,11 @@ void SearchSession::run() {
         ready.swap(results_);
       }
       std::vector<std::pair<uint64_t, search::Outcome>> outcomes;
-      for (auto& [node, r] : ready) {
+      for (auto& [node, r, where] : ready) {
         --in_flight;
         search::Outcome o = search::outcome_of(r);
+        // Timed on a GPU a serving process used meanwhile: flagged (the daemon counts and logs it).
+        if (r.timing.runs > 0 && !where.uuid.empty()) o.shared_gpu_pids = where.serving_pids;
         const search::Node& n = strategy->tree().node(node);
         if (o.improves() && o.speedup > best) {
           CacheEntry entry;
@@ -223,7 +226,11 @@ void SearchSession::run() {
           StatusOr<EntryKey> key = store->publish(entry);
           if (key.ok()) {
             best = o.speedup;
-            log("published " + key->hex() + ": " + n.move.label + " at " + std::to_string(o.speedup) + "x");
+            log("published " + key->hex() + ": " + n.move.label + " at " + std::to_string(o.speedup) + "x" +
+                (o.shared_gpu_pids.empty()
+                     ? std::string()
+                     : " (timed on " + where.device + ", " + where.uuid + ", while serving pid(s) " +
+                           pid_list(o.shared_gpu_pids) + " used that GPU: the speedup may be noisier)"));
             {
               std::lock_guard<std::mutex> lock(mu_);
               progress_.best_speedup = best;
@@ -238,6 +245,7 @@ void SearchSession::run() {
             e.entry_key = key->hex();
             e.environment_key = r.environment.key();
             e.label = n.move.label;
+            e.shared_gpu_pids = o.shared_gpu_pids;
             if (ctx_.on_event) ctx_.on_event(e);
           } else {
             log("cannot publish the winner " + n.move.label + ": " + key.status().message());
@@ -254,6 +262,9 @@ void SearchSession::run() {
         e.message = r.message;
         e.label = n.move.label;
         e.proposer = n.move.proposer;
+        e.device = where.device;
+        e.uuid = where.uuid;
+        e.shared_gpu_pids = o.shared_gpu_pids;
         if (ctx_.on_event) ctx_.on_event(e);
         outcomes.emplace_back(node, std::move(o));
       }

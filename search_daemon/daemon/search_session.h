@@ -17,6 +17,9 @@
 // - A result that improves (measured, significant, speedup > 1) and beats the best so far is
 //   published at once (Store::publish: atomic, replaces this signature's entry for that
 //   environment) and announced (Event::kPublished).
+// - A result with timings (TimingOutcome::runs > 0) from a GPU that serving processes used while
+//   it ran (eval::JobPlacement) has those pids in its outcome (journaled) and its events; the
+//   log line of a winner published from it says so.
 // - Nothing throws out of the thread; a session that cannot run (journal unusable) ends with
 //   state failed and a reason.
 #pragma once
@@ -54,6 +57,11 @@ struct SessionEvent {
   std::string entry_key;            // published
   EnvironmentKey environment_key;   // published
   uint64_t evaluations = 0;         // finished: outcomes in the tree
+  // result: where it ran (eval::JobPlacement's device and GPU UUID); result and published: the
+  // serving processes that used that GPU while it was timed (Outcome::shared_gpu_pids).
+  std::string device;
+  std::string uuid;
+  std::vector<int32_t> shared_gpu_pids;
 };
 
 struct SessionContext {
@@ -116,7 +124,12 @@ class SearchSession {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::pair<uint64_t, eval::EvalResult>> results_;   // node id, result
+  struct Finished {
+    uint64_t node = 0;
+    eval::EvalResult result;
+    eval::JobPlacement where;
+  };
+  std::deque<Finished> results_;
   SessionProgress progress_;
 };
 

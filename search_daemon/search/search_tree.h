@@ -53,6 +53,10 @@ struct Outcome {
   std::string failed_check;    // kVerifyFailed: which check
   std::string message;         // one line: why it failed (compile error, check detail, fault)
   std::string build_log;       // kCompileError: the compiler's log, at most kMaxOutcomeLog bytes
+  // It was timed on a GPU these serving processes were using (eval::JobPlacement, sorted): its
+  // times may be noisier. Empty when timed alone, on a CPU, or not timed. Set by the daemon's
+  // session (outcome_of() cannot know where the job ran); it does not change reward().
+  std::vector<int32_t> shared_gpu_pids;
 
   bool measured() const noexcept { return status == eval::EvalStatus::kMeasured; }
   // Faster than PyTorch's kernel beyond the noise: a candidate worth publishing.

@@ -2,6 +2,8 @@
 // cumulative counters per process, time shares, headroom over the roofline floor, thresholds.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+
 #include "search_daemon/daemon/hot_signatures.h"
 
 using namespace kforge;
@@ -117,4 +119,90 @@ TEST_CASE("hot signatures: captured inputs attach to their signature, at most fo
   stray.signature_id = softmax(1, 1).id();
   hot.on_captured("p", stray);   // a signature never reported: dropped
   CHECK(hot.signatures().size() == 1);
+}
+
+namespace {
+
+const std::string kGpu0 = "GPU-5e2a910c-d34f-8b17-a0ff-00017e80c93b";
+const std::string kGpu1 = "GPU-0b1c2d3e-4f50-6172-8394-a5b6c7d8e9f0";
+
+wire::Hello hello_of(int32_t pid) {
+  wire::Hello h;
+  h.pid = pid;
+  h.torch_version = "2.11.0";
+  return h;
+}
+
+wire::HotReport gpus_report(int32_t pid, uint64_t seq, std::vector<std::string> gpus) {
+  wire::HotReport r = report(pid, seq, {});
+  r.gpus_in_use = std::move(gpus);
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("hot signatures: each process's latest GPUs in use, dropped when it says Goodbye or is found gone") {
+  HotSignatures hot(HotOptions{10, 0});
+  hot.on_hello("p1", hello_of(101));
+  hot.on_hello("p2", hello_of(202));
+  hot.on_report("p1", gpus_report(101, 1, {kGpu0}));
+  hot.on_report("p2", gpus_report(202, 1, {kGpu0, kGpu1}));
+  CHECK(hot.processes().at("p1").gpus_in_use == std::vector<std::string>{kGpu0});
+  // The latest report says it all: p2 let go of GPU 0.
+  hot.on_report("p2", gpus_report(202, 2, {kGpu1}));
+  CHECK(hot.processes().at("p2").gpus_in_use == std::vector<std::string>{kGpu1});
+  CHECK(serving_pids_on(hot.processes(), kGpu0) == std::vector<int32_t>{101});
+
+  hot.on_goodbye("p2", wire::Goodbye{202, "interpreter exit"});
+  CHECK(hot.processes().at("p2").gpus_in_use.empty());
+  CHECK(serving_pids_on(hot.processes(), kGpu1).empty());
+
+  // Killed without a Goodbye: found gone by its pid, its GPUs forgotten.
+  std::vector<int32_t> dead = {101};
+  const auto exists = [&](int32_t pid) { return std::find(dead.begin(), dead.end(), pid) == dead.end(); };
+  CHECK(hot.forget_exited(exists) == std::vector<int32_t>{101});
+  CHECK(hot.processes().at("p1").gone);
+  CHECK(hot.processes().at("p1").gpus_in_use.empty());
+  CHECK(hot.forget_exited(exists).empty());   // once
+  CHECK(hot.live_peers().empty());
+  // A process taken for gone that reports again (a pid namespace the daemon cannot see into) is back.
+  hot.on_report("p1", gpus_report(101, 2, {kGpu0}));
+  CHECK_FALSE(hot.processes().at("p1").gone);
+  CHECK(serving_pids_on(hot.processes(), kGpu0) == std::vector<int32_t>{101});
+  // ... but one that said Goodbye stays gone.
+  hot.on_report("p2", gpus_report(202, 3, {kGpu1}));
+  CHECK(hot.processes().at("p2").gone);
+  // A new connection (Hello) knows nothing of GPUs until its next report.
+  hot.on_hello("p1", hello_of(101));
+  CHECK(hot.processes().at("p1").gpus_in_use.empty());
+}
+
+TEST_CASE("serving_pids_on: the attached processes whose latest report lists the GPU, each pid once, sorted") {
+  std::map<std::string, ProcessRecord> procs;
+  auto add = [&](const std::string& peer, int32_t pid, std::vector<std::string> gpus, bool gone) {
+    ProcessRecord& p = procs[peer];
+    p.peer = peer;
+    p.hello.pid = pid;
+    p.gpus_in_use = std::move(gpus);
+    p.gone = gone;
+  };
+  add("a", 300, {kGpu0}, false);
+  add("b", 100, {kGpu1, kGpu0}, false);
+  add("c", 200, {kGpu0}, true);          // gone: not serving any more
+  add("d", 300, {kGpu0}, false);         // the same process on a second connection
+  add("e", 0, {kGpu0}, false);           // no pid known (never said Hello or reported)
+  CHECK(serving_pids_on(procs, kGpu0) == std::vector<int32_t>{100, 300});
+  CHECK(serving_pids_on(procs, kGpu1) == std::vector<int32_t>{100});
+  CHECK(serving_pids_on(procs, "GPU-ffffffff-0000-0000-0000-000000000000").empty());
+  CHECK(serving_pids_on(procs, "").empty());   // a CPU slot, or a GPU its worker could not name
+
+  const std::map<std::string, std::vector<int32_t>> by_gpu = serving_gpus(procs);
+  CHECK(by_gpu.size() == 2);
+  CHECK(by_gpu.at(kGpu0) == std::vector<int32_t>{100, 300});
+  CHECK(by_gpu.at(kGpu1) == std::vector<int32_t>{100});
+  procs["b"].gone = true;
+  CHECK(serving_gpus(procs).count(kGpu1) == 0);   // nobody left on it
+
+  CHECK(pid_list({123, 456}) == "123, 456");
+  CHECK(pid_list({}).empty());
 }

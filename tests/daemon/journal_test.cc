@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "runtime/msgpack_codec.h"
 #include "search_daemon/daemon/journal.h"
 #include "tests/support/temp_dir.h"
 
@@ -166,4 +167,48 @@ TEST_CASE("journal: a journal of another signature is refused, not overwritten")
   StatusOr<SearchJournal> j = SearchJournal::open(t.path.string(), other, "mcts");
   REQUIRE_FALSE(j.ok());
   CHECK_THAT(j.status().message(), Catch::Contains("another signature"));
+}
+
+TEST_CASE("journal: an outcome keeps the serving processes its timing shared a GPU with, and older outcomes have none") {
+  TempDir t("kforge-journal-test");
+  const std::string path = write_journal(t.path.string());
+  {
+    StatusOr<SearchJournal> j = SearchJournal::open(t.path.string(), sig(), "mcts");
+    REQUIRE(j.ok());
+    search::Outcome shared = measured(1.2);
+    shared.shared_gpu_pids = {4242, 4343};
+    REQUIRE(j->append_outcome(3, shared).ok());
+  }
+  // An outcome record as a daemon before shared_gpu_pids wrote it: 11 fields.
+  {
+    msgpack::sbuffer buf;
+    codec::Packer pk(buf);
+    pk.pack_array(11);
+    pk.pack_text("outcome");
+    pk.pack_uint64(4);
+    pk.pack_uint8(static_cast<uint8_t>(eval::EvalStatus::kMeasured));
+    pk.pack_f64(1.1);
+    pk.pack_f64(0.01);
+    pk.pack(true);
+    pk.pack_f64(1000);
+    pk.pack_f64(900);
+    pk.pack_text("");
+    pk.pack_text("");
+    pk.pack_text("");
+    const std::string payload(buf.data(), buf.size());
+    std::string rec;
+    const uint64_t hash = hash128(payload).lo;
+    for (int i = 0; i < 4; ++i) rec.push_back(static_cast<char>((payload.size() >> (8 * i)) & 0xff));
+    for (int i = 0; i < 8; ++i) rec.push_back(static_cast<char>((hash >> (8 * i)) & 0xff));
+    rec += payload;
+    std::ofstream(path, std::ios::binary | std::ios::app) << rec;
+  }
+  StatusOr<SearchJournal::Contents> c = SearchJournal::read(path);
+  REQUIRE(c.ok());
+  REQUIRE(c->tree.node(3).outcome);
+  CHECK(c->tree.node(3).outcome->shared_gpu_pids == std::vector<int32_t>{4242, 4343});
+  REQUIRE(c->tree.node(4).outcome);
+  CHECK(c->tree.node(4).outcome->speedup == Approx(1.1));
+  CHECK(c->tree.node(4).outcome->shared_gpu_pids.empty());
+  CHECK(c->tree.node(1).outcome->shared_gpu_pids.empty());
 }

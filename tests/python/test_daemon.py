@@ -224,6 +224,10 @@ def test_a_running_model_gets_a_searched_kernel_swapped_in(daemon_bin, hook_path
         rec = softmax_record(st)
         assert rec["best_speedup"] > 1 and rec["entry"] == sm["entry"], (rec, sm)
         assert st["counters"].get("kernel_ready_sent", 0) >= 1 and st["counters"].get("kernels_published", 0) >= 1
+        # On a CPU slot no GPU is shared: the keys are there, and empty (a GPU test fills them).
+        assert all(s["uuid"] == "" and s["serving_pids"] == [] for s in st["slots"]), st["slots"]
+        assert st["processes"] and all(p["gpus"] == [] for p in st["processes"]), st["processes"]
+        assert rec["shared_gpu_timings"] == 0 and st["counters"]["timings_on_shared_gpu"] == 0, (rec, st["counters"])
         shown = subprocess.run([str(daemon_bin["kforge"]), "--cache-dir", str(root / "cache"), "cache", "show", rec["entry"],
                                 "--json"], capture_output=True, text=True)
         assert shown.returncode == 0, shown.stderr

@@ -55,6 +55,7 @@ echo "ok: kforge-publish-test-entry runs from the bundle"
 [[ -x "$root/bin/kforge-worker" ]] || fail "bin/kforge-worker missing from the bundle"
 ls "$root"/lib/libkforge_worker-torch*.so >/dev/null 2>&1 || fail "lib/libkforge_worker-torch*.so missing from the bundle"
 [[ -x "$root/bin/bench_worker" ]] || fail "bin/bench_worker missing from the bundle"
+[[ -x "$root/bin/bench_pool" ]] || fail "bin/bench_pool missing from the bundle"
 [[ -x "$root/share/kforge/tests/bin/kforge_worker_eval_tests" ]] || fail "the worker's corpus test is missing from the bundle"
 rc=0; out="$(env -i PATH=/usr/bin:/bin KFORGE_PYTHON=/nonexistent/python3 "$root/bin/kforge-worker" --device cpu 2>&1)" || rc=$?
 [[ $rc == 3 && "$out" == *"set KFORGE_PYTHON to a python3 with torch"* ]] \

@@ -39,28 +39,32 @@ MODEL = textwrap.dedent("""
             if s["op"] == "aten::_softmax":
                 return s
         return None
-    device = torch.device(os.environ["KFORGE_TEST_DEVICE"])
+    devices = [torch.device(d) for d in os.environ["KFORGE_TEST_DEVICE"].split(",")]   # a model split over them
     torch.manual_seed(int(os.environ["KFORGE_TEST_SEED"]))
     deadline = time.monotonic() + float(os.environ["KFORGE_TEST_SECONDS"])
     stop = os.environ["KFORGE_TEST_STOP"]
     saved, i = [], 0
     with torch.inference_mode():
         while time.monotonic() < deadline and not os.path.exists(stop):
-            x = torch.randn(%r, dtype=torch.float16, device=device)
-            y = torch.softmax(x, -1)
+            for device in devices:
+                x = torch.randn(%r, dtype=torch.float16, device=device)
+                y = torch.softmax(x, -1)
             i += 1
             if not saved and i %% 20 == 0:
-                torch.cuda.synchronize(device)
+                for device in devices:
+                    torch.cuda.synchronize(device)
                 s = softmax_state()
-                if s and s["state"] == "active" and s["active_calls"] >= 40:
-                    xs = [torch.randn(%r, dtype=torch.float16, device=device) * 4 for _ in range(4)]
-                    saved = [(x.cpu(), torch.softmax(x, -1).cpu()) for x in xs]
+                if s and s["state"] == "active" and s["active_calls"] >= 40 * len(devices):
+                    xs = [(str(device), torch.randn(%r, dtype=torch.float16, device=device) * 4)
+                          for device in devices for _ in range(2)]
+                    saved = [(d, x.cpu(), torch.softmax(x, -1).cpu()) for d, x in xs]
                     torch.save(saved, os.environ["KFORGE_TEST_OUT"])
                     print("ACTIVE", flush=True)
             if saved:
                 time.sleep(0.01)   # keep the GPU in use at a low rate until the parent says stop
-    torch.cuda.synchronize(device)
-    print("RESULT " + json.dumps({"iterations": i, "device": str(device), "saved": len(saved),
+    for device in devices:
+        torch.cuda.synchronize(device)
+    print("RESULT " + json.dumps({"iterations": i, "devices": [str(d) for d in devices], "saved": len(saved),
                                   "stats": json.loads(lib.kforge_hook_stats_json())}), flush=True)
 """ % (SHAPE, SHAPE))
 
@@ -94,9 +98,17 @@ def start_serving(bins, hook, daemon, out, stop, device, seed):
     return subprocess.Popen([sys.executable, "-c", MODEL], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def test_serving_processes_on_every_gpu_share_one_search_and_activate_its_winner(daemon_bin, hook_path, tmp_path):
+@pytest.mark.parametrize("layout", ["process_per_gpu", "split_model"])
+def test_serving_processes_on_every_gpu_share_one_search_and_activate_its_winner(daemon_bin, hook_path, tmp_path, layout):
     gpus = torch.cuda.device_count()
-    devices = ["cuda:0", "cuda:1"] if gpus >= 2 else ["cuda:0", "cuda:0"]
+    if layout == "split_model":
+        # One process whose model runs on two GPUs (the same softmax on each), beside one on cuda:0:
+        # the entry is loaded on both devices of the split process and active on both.
+        if gpus < 2:
+            pytest.skip("a model split across GPUs needs two")
+        devices = ["cuda:0,cuda:1", "cuda:0"]
+    else:
+        devices = ["cuda:0", "cuda:1"] if gpus >= 2 else ["cuda:0", "cuda:0"]
     root = private_root(tmp_path)
     d = Daemon(daemon_bin, root, "--max-evaluations", "6", "--set", "search.concurrent_searches=1")
     at = d.args.index("--devices")
@@ -121,13 +133,15 @@ def test_serving_processes_on_every_gpu_share_one_search_and_activate_its_winner
                     raise AssertionError(f"a serving process exited early ({p.returncode}):\n{out}\n{err[-4000:]}\n{d.log_text()}")
             assert time.monotonic() < deadline, f"not both active in time; status {json.dumps(d.status())[:3000]}\n{d.log_text()}"
             time.sleep(0.5)   # poll interval of a deadline-bound wait
-        st = d.wait_for(lambda s: sorted(p for slot in s["slots"] for p in slot["serving_pids"]) == sorted(pids),
-                        60, "every serving process seen on a slot's GPU")
+        st = d.wait_for(lambda s: sorted(p for slot in s["slots"] for p in slot["serving_pids"])
+                        == sorted(p for p, dev in zip(pids, devices) for _ in dev.split(",")),
+                        60, "every serving process seen on its GPUs' slots")
         by_pid = {p["pid"]: p for p in st["processes"]}
-        slot_of = {p: s for s in st["slots"] for p in s["serving_pids"]}
         for pid, dev in zip(pids, devices):
-            assert slot_of[pid]["uuid"] in by_pid[pid]["gpus"], (pid, slot_of[pid], by_pid[pid])
-            assert slot_of[pid]["device"] == dev, (pid, dev, slot_of[pid])   # the daemon sees all GPUs in order
+            used = dev.split(",")
+            slots_used = [s for s in st["slots"] if pid in s["serving_pids"]]
+            assert sorted(s["device"] for s in slots_used) == sorted(used), (pid, dev, slots_used)   # same GPU order
+            assert all(s["uuid"] in by_pid[pid]["gpus"] for s in slots_used), (pid, slots_used, by_pid[pid])
         d.wait_for(lambda s: (softmax_record(s) or {}).get("state") in ("published", "done"), 300, "the search to end")
     finally:
         stop.touch()
@@ -158,9 +172,11 @@ def test_serving_processes_on_every_gpu_share_one_search_and_activate_its_winner
         sm = next(s for s in res["stats"]["signatures"] if s["op"] == "aten::_softmax")
         assert sm["state"] == "active" and sm["entry"] == rec["entry"], (sm, rec)
         assert sm["fallbacks"] == 0 and sm["shadow_calls"] >= 20, sm
-        for x, y in torch.load(tmp_path / f"out{i}.pt"):
-            ok, errs = criterion_ok(x, y, dev)
-            assert ok, (dev, errs)
+        saved = torch.load(tmp_path / f"out{i}.pt")
+        assert sorted({on for on, _, _ in saved}) == sorted(dev.split(","))
+        for on, x, y in saved:
+            ok, errs = criterion_ok(x, y, on)
+            assert ok, (on, errs)
 
     # Every timing ran on a GPU a serving process was using: flagged, counted, logged.
     assert rec["shared_gpu_timings"] >= 1, rec

@@ -85,8 +85,9 @@ class CudaDevices {
 //
 // Promises:
 // - Never initializes CUDA in a process that has not: the driver is used only once `libcuda`
-//   ("libcuda.so.1") is already in the process (dlopen RTLD_NOLOAD, as for Hello's devices; torch
-//   loads it when it first uses CUDA), and never creates or retains a context
+//   ("libcuda.so.1") is already in the process (dlopen RTLD_NOLOAD; torch loads it when it first
+//   uses CUDA; Hello's devices follow the same rule through may_use_driver()), and never creates
+//   or retains a context
 //   (cuDevicePrimaryCtxGetState only).
 // - Never calls the driver in a process forked from one that had libcuda loaded, nor in that
 //   process's own forks: CUDA is undefined there (and torch refuses such a child CUDA). A child

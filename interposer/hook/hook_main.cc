@@ -18,7 +18,6 @@
 //                                                timeout_ms > 0, waits until it was built and
 //                                                offered; 1 if it was, else 0
 
-#include <dlfcn.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -70,18 +69,18 @@ std::string process_name() {
 }
 
 // Devices for Hello: the CPU always; CUDA devices (with their UUIDs) only when the driver is
-// already in the process (torch has used CUDA). Loading the driver here would initialize CUDA in
-// processes that never use it, and a process that forks after cuInit cannot use CUDA in the child.
-std::vector<wire::DeviceInfo> devices(const Environment& cpu) {
+// already in the process (torch has used CUDA) and not inherited through fork: the rule
+// ActiveGpus::may_use_driver() keeps for the reports too. Loading the driver here would initialize
+// CUDA in processes that never use it, and a process that forks after cuInit cannot use CUDA in
+// the child.
+std::vector<wire::DeviceInfo> devices(const Environment& cpu, ActiveGpus& gpus) {
   std::vector<wire::DeviceInfo> out;
   const long pages = ::sysconf(_SC_PHYS_PAGES);
   const long page_size = ::sysconf(_SC_PAGE_SIZE);
   out.push_back(wire::DeviceInfo{0, Backend::kCpu, cpu.arch, cpu.device_model,
                                  pages > 0 && page_size > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size) : 0,
                                  ""});
-  void* libcuda = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-  if (libcuda == nullptr) return out;
-  ::dlclose(libcuda);   // drops the reference NOLOAD took; the library stays loaded
+  if (!gpus.may_use_driver()) return out;
   StatusOr<const CudaDriver*> driver = CudaDriver::load();
   if (!driver.ok()) return out;
   const CudaDriver& cu = **driver;
@@ -128,7 +127,9 @@ void start() noexcept {
     options.hello.process_name = process_name().substr(0, wire::kMaxStringBytes);
     StatusOr<CacheDir::Resolved> cache = CacheDir::resolve_path(process_env());
     if (cache.ok() && cache->path.size() <= wire::kMaxPathBytes) options.hello.cache_dir = cache->path;
-    options.hello.devices = devices(cpu);
+    hook->gpus = new ActiveGpus();
+    ActiveGpus* gpus = hook->gpus;
+    options.hello.devices = devices(cpu, *gpus);
 
     // The loader runs on the reporter thread (swapper.h); observe mode never opens the cache.
     SwapperOptions swap;
@@ -151,8 +152,6 @@ void start() noexcept {
     InputSampler* sampler = hook->sampler;
     hook->timer = new CudaTimer();
     CudaTimer* timer = hook->timer;
-    hook->gpus = new ActiveGpus();
-    ActiveGpus* gpus = hook->gpus;
     options.before_round = [sampler, timer, gpus](int32_t pid, RoundExtras& extras) {
       sampler->drain(pid, extras);
       timer->collect(extras);

@@ -124,14 +124,19 @@ std::vector<int32_t> serving_pids_on(const std::map<std::string, ProcessRecord>&
 }
 
 std::map<std::string, std::vector<int32_t>> serving_gpus(const std::map<std::string, ProcessRecord>& processes) {
+  // One pass over the attached processes (serving_pids_on's rule), so a GPU listed only by
+  // processes that are gone has no entry.
   std::map<std::string, std::vector<int32_t>> out;
   for (const auto& [peer, p] : processes) {
+    if (p.gone || p.hello.pid <= 0) continue;
     for (const std::string& uuid : p.gpus_in_use) {
-      if (out.count(uuid) == 0) out[uuid] = serving_pids_on(processes, uuid);
+      if (!uuid.empty()) out[uuid].push_back(p.hello.pid);
     }
   }
-  // A GPU listed only by processes that are gone has nobody on it.
-  for (auto it = out.begin(); it != out.end();) it = it->second.empty() ? out.erase(it) : std::next(it);
+  for (auto& [uuid, pids] : out) {
+    std::sort(pids.begin(), pids.end());
+    pids.erase(std::unique(pids.begin(), pids.end()), pids.end());
+  }
   return out;
 }
 

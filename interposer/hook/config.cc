@@ -131,6 +131,7 @@ std::string HookConfig::to_string() const {
   s += " ops=" + (!ops_restricted ? std::string("(all)") : "[" + join(allow_ops) + "]");
   s += " deny_ops=" + (deny_ops.empty() ? std::string("(none)") : join(deny_ops));
   s += std::string(" capture_inputs=") + (capture_inputs ? "on" : "off");
+  if (bench_toggle) s += " bench_toggle=on";
   return s;
 }
 
@@ -173,6 +174,7 @@ HookConfig parse_config(const EnvLookup& env) {
   c.deny_ops = read_op_list(env, "KFORGE_DENY_OPS", w);
   c.capture_inputs = read_flag(env, "KFORGE_CAPTURE_INPUTS", false, w);
   c.log = read_flag(env, "KFORGE_LOG", false, w);
+  c.bench_toggle = read_flag(env, "KFORGE_BENCH_TOGGLE", false, w);
   return c;
 }
 

@@ -25,6 +25,10 @@
 //                               of a few calls per signature go to the daemon (input_sampler.h);
 //                               they are user data
 //   KFORGE_LOG                  0/1 (same spellings): log the configuration and registrations
+//   KFORGE_BENCH_TOGGLE         0/1 (same spellings); default off. For benchmarks only: lets
+//                               kforge_hook_bench_set_interceptors() take the interceptors out of
+//                               the dispatcher and put them back (Note [Bench toggle] in
+//                               interceptor.cc); never set it in production
 //
 // Parsing is a pure function of the lookup, so tests pass a table instead of the environment.
 #pragma once
@@ -56,6 +60,7 @@ struct HookConfig {
   std::vector<std::string> deny_ops;
   bool capture_inputs = false;
   bool log = false;
+  bool bench_toggle = false;             // KFORGE_BENCH_TOGGLE
   // Lines to log once at start, whatever KFORGE_LOG says: bad values, unknown operator names,
   // modes that are not implemented yet.
   std::vector<std::string> warnings;

@@ -326,4 +326,14 @@ __attribute__((visibility("default"))) int kforge_hook_report_now(int timeout_ms
   return hook != nullptr && hook->recorder->report_now(timeout_ms) ? 1 : 0;
 }
 
+// For benchmarks only (Note [Bench toggle] in interceptor.cc): with KFORGE_BENCH_TOGGLE=1 at load,
+// on = 0 takes kforge's interceptors out of the dispatcher and on = 1 puts them back. Returns "" on
+// success, else why not; the text is valid until the calling thread's next call. The caller
+// guarantees that no other thread calls the catalog's operators meanwhile. Never null.
+__attribute__((visibility("default"))) const char* kforge_hook_bench_set_interceptors(int on) {
+  thread_local std::string result;
+  result = kforge::hook::set_interceptors_registered(on != 0);
+  return result.c_str();
+}
+
 }  // extern "C"

@@ -13,9 +13,12 @@
 #include <ATen/ops/silu_ops.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string_view>
 #include <tuple>
@@ -252,7 +255,80 @@ std::string first_line(std::string_view s) { return std::string(s.substr(0, s.fi
 
 const char* key_name(c10::DispatchKey key) { return key == c10::DispatchKey::CUDA ? "CUDA" : "CPU"; }
 
+// Registers op's interceptor in `library` as impl_name: the typed one where the catalog operator
+// has one, the boxed one otherwise or if this torch refuses the typed one (a schema that changed).
+// Returns how ("typed", or "boxed" with why); throws what library.impl throws for the boxed one.
+std::string register_interceptor(torch::Library& library, const std::string& impl_name, const CatalogOp& cat,
+                                 InterceptedOp* op) {
+  std::string how = "boxed";
+  if (const TypedFactory* typed = find_typed(cat)) {
+    try {
+      library.impl(impl_name.c_str(), typed->make(op));
+      return "typed";
+    } catch (const std::exception& e) {
+      how = "boxed (the typed interceptor was refused: " + first_line(e.what()) + ")";
+    }
+  }
+  library.impl(impl_name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Interceptor>(op)));
+  return how;
+}
+
+// Note [Bench toggle]
+// What a benchmark needs to measure kforge's cost inside one process: with KFORGE_BENCH_TOGGLE=1,
+// register_catalog keeps its libraries and registrations here, and set_interceptors_registered()
+// destroys the libraries (the dispatcher then computes PyTorch's own kernels again, exactly the
+// table of a process without kforge) and makes new ones with the same InterceptedOps (counters,
+// originals and replacement table kept). Comparing blocks of decode steps with and without the
+// interceptors in one process removes the process-to-process speed differences of a VM, which are
+// larger than the effect (bench/e2e_overhead.py's --method toggle). Destroying a library races with
+// threads dispatching through it, the reason kforge never deregisters otherwise: the caller
+// guarantees that no other thread calls the catalog's operators while it toggles. Never
+// enabled without the variable; never touched by the hook itself.
+struct BenchToggle {
+  struct Registration {
+    std::ptrdiff_t key;   // index into keys / libraries
+    std::string impl_name;
+    const CatalogOp* cat;
+    InterceptedOp* op;
+  };
+  std::mutex mu;
+  bool registered = true;
+  c10::DispatchKey keys[2] = {c10::DispatchKey::CPU, c10::DispatchKey::CUDA};
+  torch::Library* libraries[2] = {nullptr, nullptr};
+  std::vector<Registration> registrations;
+};
+std::atomic<BenchToggle*> g_toggle{nullptr};
+
 }  // namespace
+
+std::string set_interceptors_registered(bool on) noexcept {
+  BenchToggle* toggle = g_toggle.load(std::memory_order_acquire);
+  if (toggle == nullptr) return "refused: the hook was loaded without KFORGE_BENCH_TOGGLE=1";
+  try {
+    std::lock_guard<std::mutex> lock(toggle->mu);
+    if (on == toggle->registered) return "";
+    if (!on) {
+      for (torch::Library*& library : toggle->libraries) {
+        delete library;   // its registration handles deregister every interceptor it holds
+        library = nullptr;
+      }
+      toggle->registered = false;
+      return "";
+    }
+    for (int i = 0; i < 2; ++i) {
+      toggle->libraries[i] = new torch::Library(torch::Library::IMPL, "aten", toggle->keys[i], __FILE__, __LINE__);
+    }
+    toggle->registered = true;   // from here on, a partial failure is still "registered": off undoes it
+    for (const BenchToggle::Registration& r : toggle->registrations) {
+      register_interceptor(*toggle->libraries[r.key], r.impl_name, *r.cat, r.op);
+    }
+    return "";
+  } catch (const std::exception& e) {
+    return std::string("failed: ") + first_line(e.what());
+  } catch (...) {
+    return "failed: an unexpected error";
+  }
+}
 
 RegistrationSummary register_catalog(const HookConfig& config, Recorder& recorder, TargetArch& arch,
                                      InputSampler* sampler, CudaTimer* timer) noexcept {
@@ -263,12 +339,14 @@ RegistrationSummary register_catalog(const HookConfig& config, Recorder& recorde
       Backend backend;
       torch::Library* library;
     };
-    // Never destroyed: destroying a Library deregisters its kernels, which would race with
-    // threads dispatching through them.
+    // Never destroyed (except by a benchmark that asked to: Note [Bench toggle]): destroying a
+    // Library deregisters its kernels, which would race with threads dispatching through them.
     Key keys[] = {
         {c10::DispatchKey::CPU, Backend::kCpu, nullptr},
         {c10::DispatchKey::CUDA, Backend::kCuda, nullptr},
     };
+    // Note [Bench toggle]: only with KFORGE_BENCH_TOGGLE=1.
+    BenchToggle* toggle = config.bench_toggle ? new BenchToggle : nullptr;
     for (Key& k : keys) {
       try {
         k.library = new torch::Library(torch::Library::IMPL, "aten", k.key, __FILE__, __LINE__);
@@ -320,27 +398,18 @@ RegistrationSummary register_catalog(const HookConfig& config, Recorder& recorde
           op->timer = timer;
           std::string impl_name(cat.name.substr(cat.name.find("::") + 2));
           if (!cat.overload.empty()) impl_name += "." + std::string(cat.overload);
-          // The typed interceptor where the catalog operator has one; the boxed one otherwise, or
-          // if this torch refuses the typed one (a schema that changed).
-          std::string how = "boxed";
-          if (const TypedFactory* typed = find_typed(cat)) {
-            try {
-              k.library->impl(impl_name.c_str(), typed->make(op));
-              how = "typed";
-            } catch (const std::exception& e) {
-              how = "boxed (the typed interceptor was refused: " + first_line(e.what()) + ")";
-            }
-          }
-          if (how != "typed") {
-            k.library->impl(impl_name.c_str(),
-                            torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Interceptor>(op)));
-          }
+          std::string how = register_interceptor(*k.library, impl_name, cat, op);
           summary.registered.push_back(label);
           summary.how.push_back(how);
+          if (toggle != nullptr) toggle->registrations.push_back({&k - keys, impl_name, &cat, op});
         } catch (const std::exception& e) {
           summary.skipped.push_back(label + ": registration failed: " + e.what());
         }
       }
+    }
+    if (toggle != nullptr) {
+      for (int i = 0; i < 2; ++i) toggle->libraries[i] = keys[i].library;
+      g_toggle.store(toggle, std::memory_order_release);
     }
   } catch (...) {
     summary.skipped.push_back("registration stopped by an unexpected error");

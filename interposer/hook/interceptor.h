@@ -44,4 +44,10 @@ class CudaTimer;
 RegistrationSummary register_catalog(const HookConfig& config, Recorder& recorder, TargetArch& arch,
                                      InputSampler* sampler, CudaTimer* timer) noexcept;
 
+// For benchmarks only (Note [Bench toggle] in interceptor.cc): with KFORGE_BENCH_TOGGLE=1 at load,
+// takes every registered interceptor out of the dispatcher (on = false) or puts it back (on = true).
+// Returns "" on success, else why not ("refused: ..." without the variable). The caller guarantees
+// that no other thread calls the catalog's operators meanwhile.
+std::string set_interceptors_registered(bool on) noexcept;
+
 }  // namespace kforge::hook

@@ -350,6 +350,8 @@ TEST_CASE("HookConfig: defaults, one warning per bad value, and operator selecti
   CHECK(d.sample_rate == 64);
   CHECK(d.report_interval_ms == 1000);
   CHECK_FALSE(d.capture_inputs);
+  CHECK_FALSE(d.bench_toggle);
+  CHECK(d.to_string().find("bench_toggle") == std::string::npos);
   CHECK(d.op_selected("aten::gelu", ""));
   CHECK(default_daemon_endpoint("", 1234) == "ipc:///tmp/kforge-1234/daemon.sock");
 
@@ -357,8 +359,11 @@ TEST_CASE("HookConfig: defaults, one warning per bad value, and operator selecti
                                         {"KFORGE_REPORT_INTERVAL_MS", "0"},
                                         {"KFORGE_MODE", "turbo"},
                                         {"KFORGE_DAEMON_ENDPOINT", "/tmp/sock"},
-                                        {"KFORGE_LOG", "maybe"}}));
-  REQUIRE(bad.warnings.size() == 5);
+                                        {"KFORGE_LOG", "maybe"},
+                                        {"KFORGE_BENCH_TOGGLE", "sometimes"}}));
+  REQUIRE(bad.warnings.size() == 6);
+  CHECK(bad.warnings[5].find("KFORGE_BENCH_TOGGLE='sometimes'") != std::string::npos);
+  CHECK_FALSE(bad.bench_toggle);
   CHECK(bad.warnings[0].find("KFORGE_DAEMON_ENDPOINT='/tmp/sock'") != std::string::npos);
   CHECK(bad.warnings[1].find("KFORGE_MODE='turbo'") != std::string::npos);
   CHECK(bad.warnings[2] == "KFORGE_SAMPLE_RATE='often' is not an integer in 1..1000000; using 64");
@@ -370,6 +375,9 @@ TEST_CASE("HookConfig: defaults, one warning per bad value, and operator selecti
   CHECK(shadow.mode == HookMode::kShadow);
   CHECK(shadow.requested_mode == HookMode::kShadow);
   CHECK(shadow.warnings.empty());
+  HookConfig toggle = parse_config(env_of({{"KFORGE_BENCH_TOGGLE", "1"}}));
+  CHECK(toggle.bench_toggle);
+  CHECK(toggle.to_string().find(" bench_toggle=on") != std::string::npos);
   CHECK(parse_config(env_of({{"KFORGE_MODE", " active "}})).mode == HookMode::kActive);
 
   HookConfig sel = parse_config(env_of({{"KFORGE_OPS", "add.Tensor, aten::_softmax,gelu,bogus"},

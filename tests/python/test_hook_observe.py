@@ -612,6 +612,53 @@ def test_loaded_by_the_preload_shim_the_hook_observes_and_changes_nothing(hook_p
                      "aten::_softmax": 2000}
 
 
+TOGGLE = """
+lib.kforge_hook_bench_set_interceptors.restype = ctypes.c_char_p
+lib.kforge_hook_bench_set_interceptors.argtypes = [ctypes.c_int]
+def toggle(on):
+    return lib.kforge_hook_bench_set_interceptors(on).decode()
+def calls():
+    out = {}
+    for sig in stats()["signatures"]:
+        out[sig["op"]] = out.get(sig["op"], 0) + sig["calls"]
+    return out
+torch.manual_seed(0)
+x, y = torch.randn(64, 32), torch.randn(64, 32)
+def work():
+    return [torch.add(x, y), torch.softmax(x, -1), F.layer_norm(x, (32,)), F.gelu(x)]
+rows = []
+with torch.no_grad():
+    for on in [1, 0, 0, 1, 0, 1, 1]:
+        said = toggle(on)
+        outs = work()
+        rows.append({"on": on, "said": said, "calls": calls(), "outs": [o.tolist() for o in outs]})
+emit({"rows": rows, "registered": len(stats()["registered"])})
+"""
+
+
+def test_the_bench_toggle_takes_the_interceptors_out_and_puts_them_back(hook_path):
+    # KFORGE_BENCH_TOGGLE=1 (Note [Bench toggle]): off, calls reach PyTorch's kernels without
+    # passing through kforge (nothing is counted); on again, every interceptor is back (counted
+    # again), however often it flips. The outputs are the same throughout.
+    result, _, _ = run_child(TOGGLE, child_env(hook_path, KFORGE_BENCH_TOGGLE=1))
+    rows = result["rows"]
+    assert all(r["said"] == "" for r in rows), [r["said"] for r in rows]
+    ops = {"aten::add.Tensor", "aten::_softmax", "aten::native_layer_norm", "aten::gelu"}
+    previous = {}
+    for r in rows:
+        for op in ops:
+            added = r["calls"].get(op, 0) - previous.get(op, 0)
+            assert added == (1 if r["on"] else 0), (r["on"], op, r["calls"], previous)
+        previous = r["calls"]
+        assert r["outs"] == rows[0]["outs"]
+    assert result["registered"] == 2 * len(CPU_OPS)
+
+    # Without the variable the call is refused and changes nothing.
+    result, _, _ = run_child(TOGGLE, child_env(hook_path))
+    assert all(r["said"] == "refused: the hook was loaded without KFORGE_BENCH_TOGGLE=1" for r in result["rows"])
+    assert result["rows"][-1]["calls"] == {op: len(result["rows"]) for op in ops}
+
+
 OVERHEAD = """
 a = torch.ones(4)
 b = torch.ones(4)

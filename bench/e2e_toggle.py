@@ -1,0 +1,246 @@
+"""End-to-end cost of the hook with an empty cache, measured inside one process: GPT-2 small, batch 1,
+greedy decode steps in blocks with kforge's interceptors in the dispatcher and blocks without them.
+
+Here (build tree, CPU; about 4 minutes):
+    .venv/bin/python bench/e2e_toggle.py --device cpu --processes 2 --rounds 60 --block 8
+On a GPU host, from an unpacked bundle and this source tree's bench/ (about 5 minutes):
+    python3 bench/e2e_toggle.py --device cuda --processes 3 --rounds 200 --block 32 --bundle-root <bundle>
+
+Why one process. bench/e2e_overhead.py compares a process without kforge against one with it. On a
+VM the same program runs its host code (which is what a batch-1 decode step is bound by) up to 2x
+slower in one process than in the next, with or without kforge, so those comparisons cannot resolve
+1% (bench/results/2026-12-04-h200-cuda-e2e-overhead-*.log). Here every child is started as users
+run kforge (LD_PRELOAD of libkforge_preload.so, KFORGE_MODE=active, an empty private cache
+directory, a daemon endpoint nobody serves) plus KFORGE_BENCH_TOGGLE=1, which lets the benchmark
+take the interceptors out of PyTorch's dispatcher and put them back (Note [Bench toggle] in
+interposer/hook/interceptor.cc). "off" is then exactly a process without kforge's interceptors:
+the dispatcher's tables hold PyTorch's own kernels; "on" is the hook as it runs in production.
+
+Each round runs one block of each variant, in an order that cycles through every order of the
+variants (seeded), so drift and any effect of running first or second fall on both alike. A block
+sets the variant, prefills the same prompt into a fresh KV cache, runs --settle untimed steps, then
+times --block decode steps (synchronized after every step on CUDA) and keeps their median. Every
+block decodes the same tokens at the same positions, which the parent checks, and it checks the
+hook's counters: an "on" block counts the same intercepted calls every time, an "off" block none.
+--control adds a second "off" block per round ("off2"): off against off2 is the noise floor.
+
+The parent pools every round of every child and prints the paired relative difference on/off - 1
+(order-balanced median with a bootstrap 95% interval, as bench/side_by_side.py's paired()), the same
+per child, and whether the 1% target is resolved. It also prints the per-call cost of each
+intercepted operator, on and off alternated in the same process, and the CPU time the hook's own
+threads used (they run in both variants: a cost the block comparison does not see).
+
+Not measured here: the hook's one-time load and registration at start-up, and any effect of the
+hook's idle reporter thread on the decoding thread beyond its CPU time, which is printed.
+"""
+import argparse
+import itertools
+import json
+import os
+import random
+import statistics
+import sys
+import threading
+import time
+
+import side_by_side as sbs
+from e2e_overhead import decoder, thread_deltas, thread_times, tiny_calls, verdict
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--processes", type=int, default=2, help="child processes, one after the other")
+    p.add_argument("--rounds", type=int, default=60, help="rounds per child (one block of each variant)")
+    p.add_argument("--block", type=int, default=16, help="timed decode steps per block")
+    p.add_argument("--settle", type=int, default=2, help="untimed decode steps per block after the prefill")
+    p.add_argument("--warmup", type=int, default=4, help="untimed blocks of each variant per child first")
+    p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads in every child")
+    p.add_argument("--control", action="store_true", help="a second 'off' block per round: the noise floor")
+    p.add_argument("--calls", type=int, default=20000, help="calls per repeat of the per-call bench")
+    p.add_argument("--repeats", type=int, default=6, help="repeats of the per-call bench, each variant (even)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the block orders (child i uses seed + i)")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    sbs.add_kforge_arguments(p)
+    return p.parse_args(argv)
+
+
+# ---- one child ---------------------------------------------------------------------------------
+
+def child(args):
+    import ctypes
+    import torch
+    hook = sbs.open_hook()
+    if hook is None:
+        sys.exit("the child runs only with the hook")
+    hook.lib.kforge_hook_bench_set_interceptors.restype = ctypes.c_char_p
+    hook.lib.kforge_hook_bench_set_interceptors.argtypes = [ctypes.c_int]
+
+    def set_interceptors(on):
+        said = hook.lib.kforge_hook_bench_set_interceptors(1 if on else 0).decode()
+        if said:
+            sys.exit(f"kforge_hook_bench_set_interceptors({int(on)}): {said}")
+
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.set_num_threads(args.threads)
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+    torch.manual_seed(0)
+    with torch.device(args.device):
+        model = GPT2LMHeadModel(GPT2Config()).eval()
+    step = decoder(model)
+    prompt = torch.tensor([[464, 2068, 7586, 21831]], device=args.device)
+
+    def block(variant):
+        set_interceptors(variant == "on")
+        before = hook.calls_by_op()
+        ids, cache = step(prompt, None)
+        for _ in range(args.settle):
+            ids, cache = step(ids, cache)
+        sync()
+        times, tokens = [], []
+        for _ in range(args.block):
+            t0 = time.perf_counter()
+            ids, cache = step(ids, cache)
+            sync()
+            times.append((time.perf_counter() - t0) * 1000)
+            tokens.append(int(ids.item()))
+        after = hook.calls_by_op()
+        counted = {op: n - before.get(op, 0) for op, n in after.items() if n != before.get(op, 0)}
+        return statistics.median(times), tokens, counted
+
+    variants = ["on", "off"] + (["off2"] if args.control else [])
+    rng = random.Random(args.seed)
+    cycle = list(itertools.permutations(variants))
+    rows = []
+    threads_before = thread_times()
+    t_start = time.perf_counter()
+    with torch.inference_mode():
+        for _ in range(args.warmup):
+            for v in variants:
+                block(v)
+        for r in range(args.rounds):
+            if r % len(cycle) == 0:
+                rng.shuffle(cycle)
+            order = cycle[r % len(cycle)]
+            row = {"order": order}
+            for v in order:
+                row[v] = block(v)
+            rows.append(row)
+        wall_ms = (time.perf_counter() - t_start) * 1000
+        threads_after = thread_times()
+        # Per-call cost of each intercepted operator on tiny CPU tensors (the hook's work is on the
+        # host whatever the device), on and off alternated.
+        ops = sorted(rows[0]["on"][2])
+        calls = tiny_calls(torch)
+        micro = {op: {"on": [], "off": []} for op in ops if op in calls}
+        for rep in range(args.repeats):
+            for v in (("on", "off") if rep % 2 == 0 else ("off", "on")):
+                set_interceptors(v == "on")
+                for op in micro:
+                    micro[op][v].append(sbs.ns_per_call(calls[op], args.calls, 1))
+        set_interceptors(True)
+    others = thread_deltas(threads_before, threads_after, exclude=threading.get_native_id())
+    on = [row["on"][0] for row in rows]
+    off = [row["off"][0] for row in rows]
+    sbs.emit({"rows": [{"order": row["order"], **{v: row[v][0] for v in variants}} for row in rows],
+              "tokens": {v: sorted({tuple(row[v][1]) for row in rows}) for v in variants},
+              "counted": {v: sorted({tuple(sorted(row[v][2].items())) for row in rows}) for v in variants},
+              "micro": micro, "wall_ms": wall_ms, "others": others, "threads": torch.get_num_threads(),
+              "config": hook.stats()["config"],
+              "headline": f"on {statistics.median(on):.3f} ms/step, off {statistics.median(off):.3f} ms/step "
+                          f"(medians over {len(rows)} rounds)"})
+
+
+# ---- the parent --------------------------------------------------------------------------------
+
+def main():
+    args = parse_args()
+    if args.child:
+        return child(args)
+    if args.repeats % 2:
+        sys.exit("--repeats must be even (on and off alternate which goes first)")
+    torch, files = sbs.parent_start(args)
+    base = [sys.executable, os.path.abspath(__file__), "--child", "--device", args.device,
+            "--rounds", str(args.rounds), "--block", str(args.block), "--settle", str(args.settle),
+            "--warmup", str(args.warmup), "--threads", str(args.threads), "--calls", str(args.calls),
+            "--repeats", str(args.repeats)] + (["--control"] if args.control else [])
+    results = []
+    for i in range(args.processes):
+        env = sbs.child_env(files, args.load, KFORGE_MODE="active", KFORGE_BENCH_TOGGLE=1,
+                            KFORGE_CACHE_DIR=sbs.private_dir("kforge-empty-cache-"))
+        res = sbs.run_child(base + ["--seed", str(args.seed + i)], env, timeout=1800, cpus=args.cpus)
+        print(f"  child {i + 1}/{args.processes}: {res['headline']}", flush=True)
+        results.append(res)
+    sbs.remove_private_dirs()
+
+    # The runs must be comparable and the toggle must have done what it says.
+    variants = ["on", "off"] + (["off2"] if args.control else [])
+    tokens = {json.dumps(r["tokens"][v]) for r in results for v in variants}
+    if len(tokens) != 1 or len(results[0]["tokens"]["on"]) != 1:
+        sys.exit(f"decoded tokens differ between blocks: {sorted(tokens)}")
+    counted_on = {json.dumps(r["counted"]["on"]) for r in results}
+    if len(counted_on) != 1 or len(results[0]["counted"]["on"]) != 1 or not results[0]["counted"]["on"][0]:
+        sys.exit(f"'on' blocks did not all count the same intercepted calls: {sorted(counted_on)}")
+    for v in variants[1:]:
+        if any(r["counted"][v] != [[]] for r in results):
+            sys.exit(f"an '{v}' block counted intercepted calls: {[r['counted'][v] for r in results]}")
+    # A block's counts cover its prefill (the same calls as a decode step, on 4 tokens) and its
+    # untimed steps too.
+    per_step = {op: n / (1 + args.settle + args.block) for op, n in results[0]["counted"]["on"][0]}
+
+    print(f"# hook config: {results[0]['config']}")
+    print(f"# {args.processes} processes x {args.rounds} rounds, {args.block} timed + {args.settle} untimed "
+          f"decode steps per block after a fresh prefill, {args.warmup} warm-up blocks per variant, "
+          f"{results[0]['threads']} CPU thread(s)")
+    print()
+    print(f"GPT-2 small, batch 1, greedy decode with KV cache, {args.device}, interceptors in (on) and out "
+          f"of (off) the dispatcher in the same process: median of block medians, ms/step")
+
+    def compare(rows, a, b):
+        return sbs.paired([r[a] for r in rows], [r[b] for r in rows],
+                          [list(r["order"]).index(a) < list(r["order"]).index(b) for r in rows], relative=True)
+
+    def line(label, p, note=""):
+        interval = "[{:+.2%}, {:+.2%}]".format(*p["interval"])
+        return (f"{label:>10s} {p['without']:9.3f} {p['with']:9.3f} {p['with'] / p['without']:7.4f} {p['diff']:+12.3%} "
+                f"{interval:>20s} {p['min']:+8.2%} {p['max']:+8.2%}{note}")
+
+    print(f"{'':>10s} {'off':>9s} {'on':>9s} {'ratio':>7s} {'paired diff':>12s} {'95% bootstrap':>20s} "
+          f"{'min':>8s} {'max':>8s}")
+    pooled = [row for r in results for row in r["rows"]]
+    total = compare(pooled, "off", "on")
+    print(line("all", total, f"   ({len(pooled)} rounds)"))
+    if args.control:
+        print(line("control", compare(pooled, "off", "off2"), "   (off2 against off: the noise floor)"))
+    for i, r in enumerate(results):
+        print(line(f"child {i + 1}", compare(r["rows"], "off", "on")))
+    print(verdict(total, len(pooled)))
+    print("(paired diff: on/off - 1 per round, the median within each order averaged over the two orders; "
+          "interval: bootstrap within each order)")
+    print(f"decoded tokens: identical in every block ({args.block} per block)")
+
+    print()
+    print(f"{'intercepted op':26s} {'calls/step':>10s} {'off ns':>8s} {'on ns':>8s} {'added ns':>9s}")
+    bound_ns = 0.0
+    for op in sorted(per_step):
+        off = statistics.median(x for r in results for x in r["micro"].get(op, {}).get("off", []))
+        on = statistics.median(x for r in results for x in r["micro"].get(op, {}).get("on", []))
+        bound_ns += per_step[op] * max(on - off, 0.0)
+        print(f"{op:26s} {per_step[op]:10.1f} {off:8.0f} {on:8.0f} {on - off:+9.0f}")
+    print(f"{sum(per_step.values()):.0f} intercepted calls/step x added ns/call = {bound_ns / 1000:.1f} us = "
+          f"{bound_ns / 1e6 / total['without']:.3%} of a {total['without']:.3f} ms step "
+          "(per-call medians on tiny CPU tensors over all children)")
+    hook_ms = sum(t["cpu_ms"] for r in results for t in r["others"])
+    wall_ms = sum(r["wall_ms"] for r in results)
+    busiest = {}
+    for r in results:
+        for t in r["others"]:
+            busiest[t["name"]] = busiest.get(t["name"], 0) + t["cpu_ms"]
+    print(f"other threads' CPU time over the rounds: {hook_ms:.0f} ms in {wall_ms / 1000:.0f} s of wall time "
+          f"({hook_ms / wall_ms:.3%}): " + (", ".join(f"{k} {v:.0f} ms" for k, v in
+                                                      sorted(busiest.items(), key=lambda kv: -kv[1])[:5]) or "none"))
+    print(f"# load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+if __name__ == "__main__":
+    main()

@@ -60,6 +60,8 @@ def parse_args(argv=None):
     p.add_argument("--calls", type=int, default=20000, help="calls per repeat of the per-call bench")
     p.add_argument("--repeats", type=int, default=6, help="repeats of the per-call bench, each variant (even)")
     p.add_argument("--seed", type=int, default=0, help="seed of the block orders (child i uses seed + i)")
+    p.add_argument("--sample-rate", type=int,
+                   help="KFORGE_SAMPLE_RATE of the children (default: unset, the hook's default)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     sbs.add_kforge_arguments(p)
     return p.parse_args(argv)
@@ -132,12 +134,19 @@ def child(args):
         # host whatever the device), on and off alternated.
         ops = sorted(rows[0]["on"][2])
         calls = tiny_calls(torch)
+        if args.device == "cuda":
+            # The same calls on CUDA tensors: launch-bound, so this is the host's cost per call,
+            # including what the hook does only for CUDA calls (timing one call in
+            # KFORGE_SAMPLE_RATE with CUDA events).
+            with torch.device("cuda"):
+                calls.update({f"{op} (cuda)": fn for op, fn in tiny_calls(torch).items()})
+            ops += [f"{op} (cuda)" for op in ops]
         micro = {op: {"on": [], "off": []} for op in ops if op in calls}
         for rep in range(args.repeats):
             for v in (("on", "off") if rep % 2 == 0 else ("off", "on")):
                 set_interceptors(v == "on")
                 for op in micro:
-                    micro[op][v].append(sbs.ns_per_call(calls[op], args.calls, 1))
+                    micro[op][v].append(sbs.ns_per_call(calls[op], args.calls, 1, sync=sync))
         set_interceptors(True)
     others = thread_deltas(threads_before, threads_after, exclude=threading.get_native_id())
     on = [row["on"][0] for row in rows]
@@ -146,7 +155,7 @@ def child(args):
               "tokens": {v: sorted({tuple(row[v][1]) for row in rows}) for v in variants},
               "counted": {v: sorted({tuple(sorted(row[v][2].items())) for row in rows}) for v in variants},
               "micro": micro, "wall_ms": wall_ms, "others": others, "threads": torch.get_num_threads(),
-              "config": hook.stats()["config"],
+              "config": hook.stats()["config"], "cuda_timing": hook.stats()["cuda_timing"],
               "headline": f"on {statistics.median(on):.3f} ms/step, off {statistics.median(off):.3f} ms/step "
                           f"(medians over {len(rows)} rounds)"})
 
@@ -167,7 +176,8 @@ def main():
     results = []
     for i in range(args.processes):
         env = sbs.child_env(files, args.load, KFORGE_MODE="active", KFORGE_BENCH_TOGGLE=1,
-                            KFORGE_CACHE_DIR=sbs.private_dir("kforge-empty-cache-"))
+                            KFORGE_CACHE_DIR=sbs.private_dir("kforge-empty-cache-"),
+                            **({"KFORGE_SAMPLE_RATE": args.sample_rate} if args.sample_rate else {}))
         res = sbs.run_child(base + ["--seed", str(args.seed + i)], env, timeout=1800, cpus=args.cpus)
         print(f"  child {i + 1}/{args.processes}: {res['headline']}", flush=True)
         results.append(res)
@@ -220,16 +230,19 @@ def main():
     print(f"decoded tokens: identical in every block ({args.block} per block)")
 
     print()
-    print(f"{'intercepted op':26s} {'calls/step':>10s} {'off ns':>8s} {'on ns':>8s} {'added ns':>9s}")
-    bound_ns = 0.0
-    for op in sorted(per_step):
-        off = statistics.median(x for r in results for x in r["micro"].get(op, {}).get("off", []))
-        on = statistics.median(x for r in results for x in r["micro"].get(op, {}).get("on", []))
-        bound_ns += per_step[op] * max(on - off, 0.0)
-        print(f"{op:26s} {per_step[op]:10.1f} {off:8.0f} {on:8.0f} {on - off:+9.0f}")
-    print(f"{sum(per_step.values()):.0f} intercepted calls/step x added ns/call = {bound_ns / 1000:.1f} us = "
-          f"{bound_ns / 1e6 / total['without']:.3%} of a {total['without']:.3f} ms step "
-          "(per-call medians on tiny CPU tensors over all children)")
+    print(f"{'intercepted op':33s} {'calls/step':>10s} {'off ns':>8s} {'on ns':>8s} {'added ns':>9s}")
+    bounds = {}
+    for op in results[0]["micro"]:
+        off = statistics.median(x for r in results for x in r["micro"][op]["off"])
+        on = statistics.median(x for r in results for x in r["micro"][op]["on"])
+        where = "cuda" if op.endswith(" (cuda)") else "cpu"
+        n = per_step.get(op.removesuffix(" (cuda)"), 0)
+        bounds[where] = bounds.get(where, 0.0) + n * max(on - off, 0.0)
+        print(f"{op:33s} {n:10.1f} {off:8.0f} {on:8.0f} {on - off:+9.0f}")
+    for where, bound_ns in bounds.items():
+        print(f"{sum(per_step.values()):.0f} intercepted calls/step x added ns/call on tiny {where.upper()} tensors = "
+              f"{bound_ns / 1000:.1f} us = {bound_ns / 1e6 / total['without']:.3%} of a {total['without']:.3f} ms step "
+              f"(per-call medians over all children, {args.repeats} repeats of {args.calls} calls each way)")
     hook_ms = sum(t["cpu_ms"] for r in results for t in r["others"])
     wall_ms = sum(r["wall_ms"] for r in results)
     busiest = {}
@@ -239,6 +252,10 @@ def main():
     print(f"other threads' CPU time over the rounds: {hook_ms:.0f} ms in {wall_ms / 1000:.0f} s of wall time "
           f"({hook_ms / wall_ms:.3%}): " + (", ".join(f"{k} {v:.0f} ms" for k, v in
                                                       sorted(busiest.items(), key=lambda kv: -kv[1])[:5]) or "none"))
+    timing = {k: sum(r["cuda_timing"][k] for r in results) for k in results[0]["cuda_timing"]}
+    if args.device == "cuda":
+        print("hook's CUDA timing over all children (Note [CUDA timing budget]): " +
+              ", ".join(f"{k} {v}" for k, v in timing.items()))
     print(f"# load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 

@@ -18,6 +18,9 @@
 //   pairs that are not done for a later round (a pair older than kMaxPendingRounds rounds is
 //   dropped). Events are recycled per device, never destroyed.
 // - Pending pairs are bounded (kMaxPending): beyond that, sampled calls are not timed.
+// - Each thread times at most kMaxTimedPerThreadPerSecond calls per second (a window per thread,
+//   restarted by the first sampled call a second or more after the window began); beyond that,
+//   sampled calls are not timed (skipped_budget). Note [CUDA timing budget] in cuda_timer.cc.
 // - Nothing throws.
 #pragma once
 
@@ -37,6 +40,7 @@ class CudaTimer {
   static constexpr size_t kMaxPending = 1024;
   static constexpr uint32_t kMaxPendingRounds = 100;
   static constexpr int kMaxDevices = 64;
+  static constexpr uint32_t kMaxTimedPerThreadPerSecond = 32;
 
   struct Mark {
     CUevent start = nullptr;   // null: this call is not timed
@@ -57,6 +61,7 @@ class CudaTimer {
     uint64_t skipped_capturing = 0;  // sampled calls during graph capture
     uint64_t skipped_other = 0;      // no driver, no event, queue full, record failed
     uint64_t dropped_stale = 0;      // pairs never done within kMaxPendingRounds
+    uint64_t skipped_budget = 0;     // sampled calls beyond the thread's kMaxTimedPerThreadPerSecond
   };
   Counters counters() const;
 

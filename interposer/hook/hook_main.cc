@@ -294,7 +294,8 @@ std::string stats_json() {
   j["cuda_timing"] = {{"timed", tc.timed},
                       {"skipped_capturing", tc.skipped_capturing},
                       {"skipped_other", tc.skipped_other},
-                      {"dropped_stale", tc.dropped_stale}};
+                      {"dropped_stale", tc.dropped_stale},
+                      {"skipped_budget", tc.skipped_budget}};
   return j.dump();
 }
 

@@ -766,6 +766,37 @@ def test_cuda_calls_are_observed_and_unchanged(hook_path, tmp_path):
                "aten::gelu"]:
         assert timed[op][0] == 5 and timed[op][1] > 0, (op, timed)
     assert timed["aten::silu"][0] == 1 and timed["aten::add.Tensor"][0] == 1, timed
-    assert s["cuda_timing"] == {"timed": 27, "skipped_capturing": 2, "skipped_other": 0, "dropped_stale": 0}
+    # 27 timed calls are within the thread's budget of 32 per second (Note [CUDA timing budget]).
+    assert s["cuda_timing"] == {"timed": 27, "skipped_capturing": 2, "skipped_other": 0, "dropped_stale": 0,
+                                "skipped_budget": 0}
     # The input sampler likewise copies nothing while capturing: silu and add were first seen there.
     assert s["inputs"]["skipped_capturing"] == 2 and s["inputs"]["sampled"] == 5 and s["inputs"]["failed"] == 0
+
+
+BUDGET = """
+x = torch.randn(16, device="cuda")
+with torch.no_grad():
+    torch.add(x, x)
+    torch.cuda.synchronize()
+    t0 = time.monotonic()
+    for _ in range(400):
+        torch.add(x, x)
+    torch.cuda.synchronize()
+    elapsed = time.monotonic() - t0
+assert lib.kforge_hook_report_now(20000) == 1
+emit({"stats": stats(), "elapsed": elapsed})
+"""
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_timing_keeps_to_its_budget_per_thread_and_second(hook_path):
+    # KFORGE_SAMPLE_RATE=1 asks to time every call; a thread times at most 32 per second (Note
+    # [CUDA timing budget]) and the rest are counted as skipped_budget, never lost from the counts.
+    result, _, _ = run_child(BUDGET, child_env(hook_path, KFORGE_SAMPLE_RATE=1))
+    s = result["stats"]
+    assert sum(sig["calls"] for sig in s["signatures"]) == 401
+    t = s["cuda_timing"]
+    windows = int(result["elapsed"]) + 2          # the loop's seconds, and the first call's window
+    assert 32 <= t["timed"] <= 32 * windows, (t, result["elapsed"])
+    assert t["timed"] + t["skipped_budget"] == 401, t
+    assert t["skipped_other"] == 0 and t["skipped_capturing"] == 0, t

@@ -96,13 +96,7 @@ struct Daemon::Impl {
   void count(const std::string& name, uint64_t n = 1) { counters[name] += n; }
 
   void log(const std::string& level, const std::string& message) const {
-    if (config.log_format == "json") {
-      json j{{"ts", iso_now()}, {"level", level}, {"msg", message}, {"pid", ::getpid()}};
-      std::fprintf(stderr, "%s\n", j.dump().c_str());
-    } else {
-      std::fprintf(stderr, "%s kforged %s: %s\n", iso_now().c_str(), level.c_str(), message.c_str());
-    }
-    std::fflush(stderr);
+    write_log_line(config.log_format, level, message);
   }
 
   Status bind_sockets();
@@ -595,6 +589,17 @@ Daemon::~Daemon() {
 }
 
 void Daemon::log(const std::string& level, const std::string& message) const { impl_->log(level, message); }
+
+void write_log_line(const std::string& log_format, const std::string& level, const std::string& message) {
+  if (log_format == "json") {
+    // A message that is not valid UTF-8 (an LLM's answer quoted in a line) is escaped, not thrown.
+    const json j{{"ts", iso_now()}, {"level", level}, {"msg", message}, {"pid", ::getpid()}};
+    std::fprintf(stderr, "%s\n", j.dump(-1, ' ', false, json::error_handler_t::replace).c_str());
+  } else {
+    std::fprintf(stderr, "%s kforged %s: %s\n", iso_now().c_str(), level.c_str(), message.c_str());
+  }
+  std::fflush(stderr);
+}
 
 Status Daemon::start() {
   Impl& d = *impl_;

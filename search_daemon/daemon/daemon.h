@@ -39,6 +39,12 @@
 
 namespace kforge::daemon {
 
+// One log line on stderr in the daemon's format: `log_format` "json" gives one JSON object
+// {"ts", "level", "msg", "pid"} per line, anything else "<ISO time> kforged <level>: <message>".
+// Thread-safe (one fprintf per line). What Daemon::log writes, and what kforged's proposers use
+// before and after the Daemon exists.
+void write_log_line(const std::string& log_format, const std::string& level, const std::string& message);
+
 class Daemon {
  public:
   Daemon(DaemonConfig config, std::vector<search::Proposer*> proposers);

@@ -49,7 +49,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   kforge::StatusOr<kforge::daemon::ProposerSet> proposers = kforge::daemon::make_proposers(
-      *config, [](const std::string& line) { std::fprintf(stderr, "kforged: %s\n", line.c_str()); });
+      *config, [format = config->log_format](const std::string& line) {
+        kforge::daemon::write_log_line(format, "info", line);
+      });
   if (!proposers.ok()) {
     std::fprintf(stderr, "kforged: %s\n", proposers.status().message().c_str());
     return 2;

@@ -23,8 +23,8 @@ StatusOr<ProposerSet> make_proposers(const DaemonConfig& config, std::function<v
     c.max_cost_usd = config.llm.max_cost_usd;
     c.input_usd_per_million = config.llm.price_input_per_mtok;
     c.output_usd_per_million = config.llm.price_output_per_mtok;
-    auto sink = [log](std::string_view line) {
-      if (log) log("llm: " + std::string(line));
+    auto sink = [log](std::string_view line) {   // the client's and proposer's lines begin "llm: "
+      if (log) log(std::string(line));
     };
     StatusOr<std::unique_ptr<llm::LlmClient>> client = llm::LlmClient::create(c, sink);
     if (!client.ok()) return invalid_argument("[llm]: " + client.status().message());

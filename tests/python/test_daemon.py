@@ -404,7 +404,7 @@ def test_templates_and_an_llm_propose_in_one_search_and_the_llm_kernel_is_verifi
     try:
         d = Daemon(daemon_bin, root, "--strategy", "greedy", "--max-evaluations", "8", "--set", "search.concurrent_searches=1",
                    "--llm", "on", "--set", f"llm.base_url=http://127.0.0.1:{server.server_address[1]}",
-                   "--set", "llm.model=test", "--set", "llm.api_key_env=TEST_LLM_API_KEY")
+                   "--set", "llm.model=test", "--set", "llm.api_key_env=TEST_LLM_API_KEY", "--log-format", "json")
         d.start()
         model = start_model(daemon_bin, hook_path, d, tmp_path, 300, "steady")
         try:
@@ -434,4 +434,11 @@ def test_templates_and_an_llm_propose_in_one_search_and_the_llm_kernel_is_verifi
     assert seen and all(path == "/v1/chat/completions" and auth == f"Bearer {secret}" for path, auth, _ in seen)
     prompts = [body["messages"][-1]["content"] for _, _, body in seen]
     assert any("aten::_softmax" in p and "float32[4096,3]" in p for p in prompts)
-    assert secret not in d.log_text() and secret[8:] not in d.log_text()
+    log = d.log_path.read_text()   # all of it (log_text() is its tail, for failure messages)
+    assert secret not in log and secret[8:] not in log
+    # --log-format json: the daemon's lines, the LLM proposer's among them, are one JSON object each.
+    # (A worker's own stderr is inherited and would pass through as it is; none writes any here.)
+    lines = [json.loads(l) for l in log.splitlines() if l.strip()]
+    llm_lines = [l["msg"] for l in lines if l["msg"].startswith("llm: ")]
+    assert any(m.startswith("llm: answer from test in ") for m in llm_lines), llm_lines
+    assert all(l.keys() == {"ts", "level", "msg", "pid"} and not l["msg"].startswith("llm: llm:") for l in lines)

@@ -26,6 +26,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "runtime/daemon_endpoint.h"
+
 namespace kforge {
 namespace {
 
@@ -189,6 +191,8 @@ struct ClientState {
   LogOnce log_callback_threw;
   LogOnce log_send_failed;
   LogOnce log_thread_failed;
+  LogOnce log_handshake_failed;
+  std::string endpoint;   // for log lines; set before the thread starts
 
   std::mutex exit_mutex;
   std::condition_variable exit_cv;
@@ -200,7 +204,7 @@ struct ClientState {
 struct Connection {
   zmq::context_t context;
   zmq::socket_t dealer;
-  zmq::socket_t monitor;      // ZMQ_EVENT_HANDSHAKE_SUCCEEDED / DISCONNECTED of the DEALER
+  zmq::socket_t monitor;      // ZMQ_EVENT_HANDSHAKE_* / DISCONNECTED of the DEALER
   std::string hello_bytes;    // encoded once at start(); empty: no Hello
 };
 
@@ -311,6 +315,13 @@ class ClientThread {
         if (!conn_.hello_bytes.empty()) send_bytes(conn_.hello_bytes);
       } else if (id == ZMQ_EVENT_DISCONNECTED) {
         connected_ = false;
+      } else if (id == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL || id == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ||
+                 id == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
+        // Typically a CURVE key that is not the daemon's: nothing gets through until it is fixed.
+        state_.log_handshake_failed([&] {
+          return "the handshake with the daemon at " + state_.endpoint +
+                 " failed (a wrong KFORGE_DAEMON_SERVER_KEY?); reports are dropped and counted until it succeeds";
+        });
       }
     }
   }
@@ -463,8 +474,25 @@ StatusOr<std::unique_ptr<DaemonClient>> DaemonClient::start(Options options) {
     conn->dealer.set(zmq::sockopt::reconnect_ivl_max, kReconnectMaxMs);
     // A daemon -> hook message is small; a peer announcing more is cut off before we allocate.
     conn->dealer.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(wire::kMaxMessageBytes));
+    if (!options.curve_server_key.empty()) {
+      if (Status k = check_curve_key(options.curve_server_key, "the daemon's CURVE public key"); !k.ok()) return k;
+      char public_key[41];
+      char secret_key[41];
+      if (zmq_curve_keypair(public_key, secret_key) != 0) {
+        return unavailable(std::string("cannot make a CURVE key pair (is this libzmq built with CURVE?): ") +
+                           zmq_strerror(zmq_errno()));
+      }
+      const bool ok = zmq_setsockopt(conn->dealer.handle(), ZMQ_CURVE_SERVERKEY, options.curve_server_key.data(),
+                                     options.curve_server_key.size()) == 0 &&
+                      zmq_setsockopt(conn->dealer.handle(), ZMQ_CURVE_PUBLICKEY, public_key, 40) == 0 &&
+                      zmq_setsockopt(conn->dealer.handle(), ZMQ_CURVE_SECRETKEY, secret_key, 40) == 0;
+      ::explicit_bzero(secret_key, sizeof secret_key);
+      if (!ok) return invalid_argument(std::string("the daemon's CURVE public key was refused: ") + zmq_strerror(zmq_errno()));
+    }
+    state->endpoint = options.endpoint;
     if (zmq_socket_monitor(conn->dealer.handle(), kMonitorEndpoint,
-                           ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED) != 0) {
+                           ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                               ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) != 0) {
       throw zmq::error_t();
     }
     conn->monitor = zmq::socket_t(conn->context, zmq::socket_type::pair);

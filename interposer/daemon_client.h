@@ -48,6 +48,10 @@ class DaemonClient {
   struct Options {
     // "ipc://..." or "tcp://127.0.0.1:port". A host name would be resolved inside start().
     std::string endpoint;
+    // tcp:// only: the daemon's CURVE public key (z85, 40 characters; runtime/daemon_endpoint.h).
+    // The client makes a throwaway key pair of its own; the traffic is encrypted and only the
+    // holder of the daemon's secret key can answer. A handshake that fails is logged once.
+    std::string curve_server_key;
     size_t queue_capacity = 64;         // messages waiting for the background thread; >= 2
     int send_hwm = 16;                  // ZeroMQ send high-water mark (messages); >= 1
     int stop_timeout_ms = 200;          // bound on stop(); >= 0

@@ -38,6 +38,35 @@ Status secure_ipc_directory(std::string_view endpoint) {
   return Status();
 }
 
+Status check_curve_key(std::string_view key, std::string_view what) {
+  static constexpr std::string_view kZ85 =
+      "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#";
+  if (key.size() != 40) {
+    return invalid_argument(std::string(what) + " is " + std::to_string(key.size()) +
+                            " characters long; a CURVE key is 40 z85 characters (kforged --curve-keygen prints the daemon's)");
+  }
+  for (const char c : key) {
+    if (kZ85.find(c) == std::string_view::npos) {
+      return invalid_argument(std::string(what) + " has a character outside the z85 alphabet; a CURVE key is 40 z85 "
+                              "characters (kforged --curve-keygen prints the daemon's)");
+    }
+  }
+  return Status();
+}
+
+Status check_client_endpoint(std::string_view endpoint, std::string_view server_key, std::string_view key_what) {
+  const bool tcp = endpoint.substr(0, 6) == "tcp://";
+  if (tcp && server_key.empty()) {
+    return invalid_argument("daemon endpoint " + std::string(endpoint) + " is tcp://, which kforged serves only with CURVE: set " +
+                            std::string(key_what) + " to the daemon's CURVE public key");
+  }
+  if (!tcp && !server_key.empty()) {
+    return invalid_argument(std::string(key_what) + " is set but the daemon endpoint " + std::string(endpoint) +
+                            " is not tcp:// (ipc:// sockets are protected by their directory, not CURVE)");
+  }
+  return server_key.empty() ? Status() : check_curve_key(server_key, key_what);
+}
+
 std::string default_daemon_endpoint(std::string_view xdg_runtime_dir, unsigned uid) {
   if (!xdg_runtime_dir.empty() && xdg_runtime_dir.front() == '/') {
     return "ipc://" + std::string(xdg_runtime_dir) + "/kforge/daemon.sock";

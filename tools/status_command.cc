@@ -4,8 +4,10 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include "runtime/daemon_endpoint.h"
 
@@ -29,13 +31,27 @@ std::string human_ns(double ns) {
 }
 
 // One JSON request, one JSON reply, or an empty optional after the timeout.
-std::optional<std::string> ask(const std::string& endpoint, const std::string& request, int timeout_ms, std::string& why) {
+// `server_key`: the daemon's CURVE public key for a tcp:// endpoint (empty for ipc://).
+std::optional<std::string> ask(const std::string& endpoint, const std::string& server_key, const std::string& request,
+                               int timeout_ms, std::string& why) {
   void* ctx = zmq_ctx_new();
   void* s = zmq_socket(ctx, ZMQ_DEALER);
   const int linger = 0;
   zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
   std::optional<std::string> reply;
-  if (zmq_connect(s, endpoint.c_str()) != 0) {
+  bool keyed = true;
+  if (!server_key.empty()) {
+    char public_key[41];
+    char secret_key[41];
+    keyed = zmq_curve_keypair(public_key, secret_key) == 0 &&
+            zmq_setsockopt(s, ZMQ_CURVE_SERVERKEY, server_key.data(), server_key.size()) == 0 &&
+            zmq_setsockopt(s, ZMQ_CURVE_PUBLICKEY, public_key, 40) == 0 &&
+            zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, secret_key, 40) == 0;
+    ::explicit_bzero(secret_key, sizeof secret_key);
+  }
+  if (!keyed) {
+    why = std::string("cannot set up CURVE: ") + zmq_strerror(zmq_errno());
+  } else if (zmq_connect(s, endpoint.c_str()) != 0) {
     why = std::string("cannot connect: ") + zmq_strerror(zmq_errno());
   } else if (zmq_send(s, request.data(), request.size(), 0) < 0) {
     why = std::string("cannot send: ") + zmq_strerror(zmq_errno());
@@ -47,7 +63,8 @@ std::optional<std::string> ask(const std::string& endpoint, const std::string& r
       if (zmq_msg_recv(&m, s, 0) >= 0) reply = std::string(static_cast<const char*>(zmq_msg_data(&m)), zmq_msg_size(&m));
       zmq_msg_close(&m);
     } else {
-      why = "no answer within " + std::to_string(timeout_ms) + " ms";
+      why = "no answer within " + std::to_string(timeout_ms) + " ms" +
+            (server_key.empty() ? "" : "; if kforged runs there, check that the server key is its public key");
     }
   }
   zmq_close(s);
@@ -115,12 +132,18 @@ int run_status_command(const std::vector<std::string>& args, std::ostream& out, 
   bool as_json = false;
   int timeout_ms = 2000;
   std::string endpoint;
+  std::string server_key;
   if (const char* e = std::getenv("KFORGE_DAEMON_ENDPOINT"); e != nullptr && *e != '\0') endpoint = e;
+  if (const char* k = std::getenv("KFORGE_DAEMON_SERVER_KEY"); k != nullptr) server_key = k;
+  const char* key_what = "KFORGE_DAEMON_SERVER_KEY";
   for (size_t i = 0; i < args.size(); ++i) {
     if (args[i] == "--json") {
       as_json = true;
     } else if (args[i] == "--endpoint" && i + 1 < args.size()) {
       endpoint = args[++i];
+    } else if (args[i] == "--server-key" && i + 1 < args.size()) {
+      server_key = args[++i];
+      key_what = "--server-key";
     } else if (args[i] == "--timeout-ms" && i + 1 < args.size()) {
       timeout_ms = std::atoi(args[++i].c_str());
       if (timeout_ms <= 0) {
@@ -128,7 +151,7 @@ int run_status_command(const std::vector<std::string>& args, std::ostream& out, 
         return 2;
       }
     } else {
-      err << "kforge status: unknown option '" << args[i] << "' (usage: kforge status [--json] [--endpoint E] [--timeout-ms N])\n";
+      err << "kforge status: unknown option '" << args[i] << "' (usage: kforge status [--json] [--endpoint E] [--server-key K] [--timeout-ms N])\n";
       return 2;
     }
   }
@@ -142,8 +165,15 @@ int run_status_command(const std::vector<std::string>& args, std::ostream& out, 
     err << "kforge status: " << s.message() << "\n";
     return 3;
   }
+  while (!server_key.empty() && std::isspace(static_cast<unsigned char>(server_key.back()))) server_key.pop_back();
+  while (!server_key.empty() && std::isspace(static_cast<unsigned char>(server_key.front()))) server_key.erase(0, 1);
+  if (Status s = check_client_endpoint(endpoint, server_key, key_what); !s.ok()) {
+    err << "kforge status: " << s.message() << "\n";
+    return 2;
+  }
   std::string why;
-  std::optional<std::string> reply = ask(endpoint, R"({"kforge_ctl": 1, "request": "status"})", timeout_ms, why);
+  std::optional<std::string> reply =
+      ask(endpoint, server_key, R"({"kforge_ctl": 1, "request": "status"})", timeout_ms, why);
   if (!reply) {
     err << "kforge status: no kforged at " << endpoint << " (" << why << "); start one with `kforged`\n";
     return 3;

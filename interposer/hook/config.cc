@@ -15,9 +15,11 @@ namespace kforge::hook {
 
 namespace {
 
+bool blank(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
 std::string_view trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  while (!s.empty() && blank(s.front())) s.remove_prefix(1);
+  while (!s.empty() && blank(s.back())) s.remove_suffix(1);
   return s;
 }
 
@@ -124,6 +126,7 @@ std::string HookConfig::to_string() const {
   std::string s = "mode=" + std::string(hook_mode_name(mode));
   if (requested_mode != mode) s += " (requested " + std::string(hook_mode_name(requested_mode)) + ")";
   s += " endpoint=" + daemon_endpoint;
+  if (!daemon_server_key.empty()) s += " server_key=" + daemon_server_key;   // a public key
   s += " cache_dir=" + (cache_dir.empty() ? std::string("(default)") : cache_dir);
   s += " sample_rate=" + std::to_string(sample_rate);
   if (mode != HookMode::kObserve) s += " shadow_calls=" + std::to_string(shadow_calls);
@@ -150,6 +153,18 @@ HookConfig parse_config(const EnvLookup& env) {
       w.push_back(bad_value("KFORGE_DAEMON_ENDPOINT", *e, "an ipc:// or tcp:// endpoint",
                             c.daemon_endpoint));
     }
+  }
+
+  const std::string key(trim(env("KFORGE_DAEMON_SERVER_KEY").value_or("")));
+  if (Status k = check_client_endpoint(c.daemon_endpoint, key, "KFORGE_DAEMON_SERVER_KEY"); !k.ok()) {
+    if (c.daemon_endpoint.starts_with("tcp://")) {
+      c.daemon_endpoint = default_daemon_endpoint(xdg, static_cast<unsigned>(::getuid()));
+      w.push_back(k.message() + "; using " + c.daemon_endpoint);
+    } else {
+      w.push_back(k.message() + "; ignoring it");
+    }
+  } else {
+    c.daemon_server_key = key;
   }
 
   c.cache_dir = env("KFORGE_CACHE_DIR").value_or("");

@@ -7,6 +7,10 @@
 // Variables (a bad value gives one warning naming the variable and the value, and the default):
 //   KFORGE_DAEMON_ENDPOINT      ipc://... or tcp://...; default ipc://$XDG_RUNTIME_DIR/kforge/
 //                               daemon.sock, else ipc:///tmp/kforge-<uid>/daemon.sock
+//   KFORGE_DAEMON_SERVER_KEY    with a tcp:// endpoint (required there, refused with ipc://): the
+//                               daemon's CURVE public key, 40 z85 characters (kforged
+//                               --curve-keygen prints it). A tcp:// endpoint without a valid key
+//                               falls back to the default endpoint, with one warning
 //   KFORGE_CACHE_DIR            recorded as given (the cache library resolves the default)
 //   KFORGE_MODE                 observe (default) | shadow | active.
 //                               observe: nothing is ever loaded. shadow: cache entries are loaded
@@ -48,6 +52,7 @@ std::string_view hook_mode_name(HookMode m) noexcept;
 
 struct HookConfig {
   std::string daemon_endpoint;
+  std::string daemon_server_key;         // KFORGE_DAEMON_SERVER_KEY: empty unless the endpoint is tcp://
   std::string cache_dir;                 // KFORGE_CACHE_DIR as given; empty if unset
   HookMode requested_mode = HookMode::kObserve;
   HookMode mode = HookMode::kObserve;    // what runs (= requested_mode)

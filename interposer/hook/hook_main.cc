@@ -120,6 +120,7 @@ void start() noexcept {
 
     RecorderOptions options;
     options.endpoint = config.daemon_endpoint;
+    options.curve_server_key = config.daemon_server_key;
     options.sample_rate = config.sample_rate;
     options.report_interval_ms = config.report_interval_ms;
     options.hello.kforge_version = KFORGE_VERSION_STRING;

@@ -282,6 +282,7 @@ void Recorder::start_reporter_locked() {
 void Recorder::reporter_main(uint64_t generation) {
   DaemonClient::Options o;
   o.endpoint = options_.endpoint;
+  o.curve_server_key = options_.curve_server_key;
   wire::Hello hello = options_.hello;
   hello.pid = static_cast<int32_t>(::getpid());
   o.hello = std::move(hello);

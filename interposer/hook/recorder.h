@@ -133,6 +133,7 @@ struct RoundExtras {
 // What the background thread needs that the hook knows at load.
 struct RecorderOptions {
   std::string endpoint;            // DaemonClient endpoint
+  std::string curve_server_key;    // DaemonClient curve_server_key (tcp:// only)
   uint32_t sample_rate = 64;       // time one timeable call in this many
   uint32_t report_interval_ms = 1000;
   wire::Hello hello;               // pid is filled in per process (and again after fork)

@@ -6,6 +6,8 @@
 #include <sys/eventfd.h>
 #include <sys/file.h>
 #include <sys/signalfd.h>
+#include <sys/stat.h>
+#include <fcntl.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -72,6 +74,7 @@ struct Daemon::Impl {
   UniqueFd wake_fd;      // eventfd: session events queued, or a stop request
   UniqueFd signal_fd;    // SIGTERM, SIGINT
   UniqueFd lock_fd;      // one daemon per endpoint directory
+  std::string curve_public_key;   // with daemon.curve_secret_key_file: what clients need
   std::atomic<bool> stopping{false};
 
   std::unique_ptr<eval::EvaluatorPool> pool;
@@ -150,9 +153,23 @@ Status Daemon::Impl::bind_sockets() {
   const int hwm = 1000;
   zmq_setsockopt(router, ZMQ_SNDHWM, &hwm, sizeof hwm);
   if (!config.curve_secret_key_file.empty()) {
-    std::string key = read_text_file(config.curve_secret_key_file);
+    const std::string& file = config.curve_secret_key_file;
+    struct stat st {};
+    if (::stat(file.c_str(), &st) != 0) return invalid_argument(file + ": " + std::strerror(errno));
+    if ((st.st_mode & 077) != 0) {
+      char mode[8];
+      std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+      return invalid_argument(file + " has mode " + mode + ": a CURVE secret key must be readable by its owner only (chmod 600 " +
+                              file + ")");
+    }
+    std::string key = read_text_file(file);
     while (!key.empty() && (key.back() == '\n' || key.back() == ' ')) key.pop_back();
-    if (key.size() != 40) return invalid_argument(config.curve_secret_key_file + ": expected a 40-character z85 CURVE secret key");
+    if (key.size() != 40) return invalid_argument(file + ": expected a 40-character z85 CURVE secret key");
+    char public_key[41] = {};
+    if (zmq_curve_public(public_key, key.c_str()) != 0) {
+      return invalid_argument(file + ": not a valid CURVE secret key: " + zmq_strerror(zmq_errno()));
+    }
+    curve_public_key.assign(public_key, 40);
     const int server = 1;
     for (void* s : {router, pub}) {
       zmq_setsockopt(s, ZMQ_CURVE_SERVER, &server, sizeof server);
@@ -590,6 +607,32 @@ Daemon::~Daemon() {
 
 void Daemon::log(const std::string& level, const std::string& message) const { impl_->log(level, message); }
 
+StatusOr<std::string> generate_curve_key_file(const std::string& path) {
+  char public_key[41] = {};
+  char secret_key[41] = {};
+  if (zmq_curve_keypair(public_key, secret_key) != 0) {
+    return unavailable(std::string("cannot make a CURVE key pair (is this libzmq built with CURVE?): ") +
+                       zmq_strerror(zmq_errno()));
+  }
+  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!fd.valid()) {
+    const int e = errno;
+    ::explicit_bzero(secret_key, sizeof secret_key);
+    return e == EEXIST ? invalid_argument(path + " exists; refusing to overwrite a key (remove it first)")
+                       : unavailable("cannot create " + path + ": " + std::strerror(e));
+  }
+  const std::string line = std::string(secret_key, 40) + "\n";
+  ::explicit_bzero(secret_key, sizeof secret_key);
+  const bool written = ::write(fd.get(), line.data(), line.size()) == static_cast<ssize_t>(line.size()) &&
+                       ::fsync(fd.get()) == 0;
+  if (!written) {
+    const int e = errno;
+    ::unlink(path.c_str());
+    return unavailable("cannot write " + path + ": " + std::strerror(e));
+  }
+  return std::string(public_key, 40);
+}
+
 void write_log_line(const std::string& log_format, const std::string& level, const std::string& message) {
   if (log_format == "json") {
     // A message that is not valid UTF-8 (an LLM's answer quoted in a line) is escaped, not thrown.
@@ -636,7 +679,9 @@ Status Daemon::start() {
   }
   KFORGE_RETURN_IF_ERROR(d.start_http());
   d.resume_journals();
-  d.log("info", "listening on " + d.config.endpoint + " (events on " + d.config.events_endpoint + ")");
+  d.log("info", "listening on " + d.config.endpoint + " (events on " + d.config.events_endpoint + ")" +
+                    (d.curve_public_key.empty() ? std::string()
+                                                : "; CURVE on, clients set KFORGE_DAEMON_SERVER_KEY=" + d.curve_public_key));
   return Status();
 }
 

@@ -2,6 +2,8 @@
 //
 //   kforged [--config FILE] [--set SECTION.KEY=VALUE]... [--endpoint E] [--http 127.0.0.1:7878] ...
 //   kforged --help | --help-config
+//   kforged --curve-keygen FILE     a CURVE key pair for tcp://: the secret key to FILE (0600), the
+//                                   public key (clients' KFORGE_DAEMON_SERVER_KEY) to stdout
 //
 // Exit status: 0 after SIGTERM/SIGINT, 2 for a bad configuration (one line names the key), 1 when
 // it cannot start (the reason on stderr).
@@ -27,6 +29,9 @@ constexpr const char* kUsage = R"(usage: kforged [--config FILE] [options]
   --templates on|off       --llm on|off              --min-calls N   --seed N
   --worker PATH            kforge-worker            --worker-python PATH   python3 with torch
   --log-format text|json
+kforged --curve-keygen FILE  writes a new CURVE secret key to FILE (0600, never overwritten) and
+                             prints its public key: serve tcp:// with daemon.curve_secret_key_file=FILE,
+                             clients set KFORGE_DAEMON_SERVER_KEY (hooks) or --server-key (kforge status)
 )";
 
 }  // namespace
@@ -42,6 +47,19 @@ int main(int argc, char** argv) {
       std::fputs(kforge::daemon::daemon_config_reference().c_str(), stdout);
       return 0;
     }
+  }
+  if (!args.empty() && args[0] == "--curve-keygen") {
+    if (args.size() != 2) {
+      std::fprintf(stderr, "kforged: --curve-keygen takes one argument, the secret key file to create\n");
+      return 2;
+    }
+    kforge::StatusOr<std::string> public_key = kforge::daemon::generate_curve_key_file(args[1]);
+    if (!public_key.ok()) {
+      std::fprintf(stderr, "kforged: %s\n", public_key.status().message().c_str());
+      return 1;
+    }
+    std::printf("%s\n", public_key->c_str());
+    return 0;
   }
   kforge::StatusOr<kforge::daemon::DaemonConfig> config = kforge::daemon::load_daemon_config(args, kforge::process_env());
   if (!config.ok()) {

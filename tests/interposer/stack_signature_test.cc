@@ -375,6 +375,33 @@ TEST_CASE("HookConfig: defaults, one warning per bad value, and operator selecti
   CHECK(shadow.mode == HookMode::kShadow);
   CHECK(shadow.requested_mode == HookMode::kShadow);
   CHECK(shadow.warnings.empty());
+  // tcp:// needs the daemon's CURVE public key; without a valid one, the default endpoint.
+  const std::string key = "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7";   // libzmq's test vector
+  HookConfig tcp = parse_config(env_of({{"KFORGE_DAEMON_ENDPOINT", "tcp://10.0.0.5:5555"},
+                                        {"KFORGE_DAEMON_SERVER_KEY", " " + key + "\n"}}));
+  CHECK(tcp.warnings.empty());
+  CHECK(tcp.daemon_endpoint == "tcp://10.0.0.5:5555");
+  CHECK(tcp.daemon_server_key == key);
+  HookConfig no_key = parse_config(env_of({{"KFORGE_DAEMON_ENDPOINT", "tcp://10.0.0.5:5555"}}));
+  REQUIRE(no_key.warnings.size() == 1);
+  CHECK(no_key.warnings[0].find("is tcp://, which kforged serves only with CURVE: set KFORGE_DAEMON_SERVER_KEY") !=
+        std::string::npos);
+  CHECK(no_key.daemon_endpoint.starts_with("ipc://"));
+  CHECK(no_key.daemon_server_key.empty());
+  HookConfig bad_key = parse_config(env_of({{"KFORGE_DAEMON_ENDPOINT", "tcp://10.0.0.5:5555"},
+                                            {"KFORGE_DAEMON_SERVER_KEY", key.substr(1)}}));
+  REQUIRE(bad_key.warnings.size() == 1);
+  CHECK(bad_key.warnings[0].find("KFORGE_DAEMON_SERVER_KEY is 39 characters long") == 0);
+  CHECK(bad_key.daemon_endpoint.starts_with("ipc://"));
+  HookConfig odd_key = parse_config(env_of({{"KFORGE_DAEMON_ENDPOINT", "tcp://10.0.0.5:5555"},
+                                            {"KFORGE_DAEMON_SERVER_KEY", key.substr(1) + "~"}}));
+  REQUIRE(odd_key.warnings.size() == 1);
+  CHECK(odd_key.warnings[0].find("outside the z85 alphabet") != std::string::npos);
+  HookConfig ipc_key = parse_config(env_of({{"KFORGE_DAEMON_SERVER_KEY", key}}));
+  REQUIRE(ipc_key.warnings.size() == 1);
+  CHECK(ipc_key.warnings[0].find("is not tcp://") != std::string::npos);
+  CHECK(ipc_key.daemon_server_key.empty());
+
   HookConfig toggle = parse_config(env_of({{"KFORGE_BENCH_TOGGLE", "1"}}));
   CHECK(toggle.bench_toggle);
   CHECK(toggle.to_string().find(" bench_toggle=on") != std::string::npos);

@@ -114,8 +114,9 @@ class Daemon:
         return self
 
     def status(self):
-        r = subprocess.run([str(self.bins["kforge"]), "status", "--json", "--endpoint", self.endpoint, "--timeout-ms", "3000"],
-                           capture_output=True, text=True, timeout=30)
+        key = ["--server-key", self.server_key] if getattr(self, "server_key", None) else []
+        r = subprocess.run([str(self.bins["kforge"]), "status", "--json", "--endpoint", self.endpoint, "--timeout-ms", "3000",
+                            *key], capture_output=True, text=True, timeout=30)
         return json.loads(r.stdout) if r.returncode == 0 else None
 
     def wait_for(self, predicate, timeout, what):
@@ -335,6 +336,71 @@ def test_bad_configuration_is_one_line_naming_the_key(daemon_bin, tmp_path):
     r = subprocess.run([str(daemon_bin["kforged"]), "--endpoint", "tcp://127.0.0.1:5999", "--set",
                         "daemon.events_endpoint=tcp://127.0.0.1:6000"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "CURVE" in r.stderr
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_tcp_with_curve_serves_the_hooks_and_the_cli_that_hold_its_key(daemon_bin, hook_path, tmp_path):
+    import zmq
+    root = private_root(tmp_path)
+    kforged, kforge = str(daemon_bin["kforged"]), str(daemon_bin["kforge"])
+    key_file = root / "daemon.key"
+    r = subprocess.run([kforged, "--curve-keygen", str(key_file)], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    public = r.stdout.strip()
+    secret = key_file.read_text().strip()
+    assert len(public) == 40 and len(secret) == 40 and (key_file.stat().st_mode & 0o777) == 0o600
+    assert zmq.curve_public(secret.encode()).decode() == public
+    r = subprocess.run([kforged, "--curve-keygen", str(key_file)], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1 and "refusing to overwrite" in r.stderr and key_file.read_text().strip() == secret
+
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    args = ("--endpoint", endpoint, "--set", f"daemon.events_endpoint=tcp://127.0.0.1:{free_port()}",
+            "--set", f"daemon.curve_secret_key_file={key_file}")
+    # A secret key others can read is refused, naming the fix.
+    key_file.chmod(0o640)
+    r = subprocess.run(Daemon(daemon_bin, root, *args).args, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and f"chmod 600 {key_file}" in r.stderr, r.stderr
+    key_file.chmod(0o600)
+
+    d = Daemon(daemon_bin, root, *args)
+    d.endpoint, d.server_key = endpoint, public
+    d.start()   # its status, asked over tcp:// with the key, says its worker is up
+    try:
+        log = d.log_path.read_text()
+        assert f"KFORGE_DAEMON_SERVER_KEY={public}" in log and secret not in log
+        # The CLI: no key for a tcp:// endpoint is one line; a key that is not the daemon's gets no answer.
+        r = subprocess.run([kforge, "status", "--endpoint", endpoint], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 2 and "set KFORGE_DAEMON_SERVER_KEY" in r.stderr, r.stderr
+        stranger = zmq.curve_keypair()[0].decode()
+        r = subprocess.run([kforge, "status", "--endpoint", endpoint, "--server-key", stranger, "--timeout-ms", "1500"],
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 3 and "check that the server key is its public key" in r.stderr, r.stderr
+
+        # A hooked process with the key reports over tcp://; one with a stranger's key gets nowhere,
+        # says so once, and keeps running.
+        good = start_model(daemon_bin, hook_path, d, tmp_path, 60, "steady", KFORGE_DAEMON_SERVER_KEY=public)
+        (tmp_path / "bad").mkdir()
+        bad = start_model(daemon_bin, hook_path, d, tmp_path / "bad", 60, "steady", KFORGE_DAEMON_SERVER_KEY=stranger)
+        try:
+            st = d.wait_for(lambda s: any(p["pid"] == good.pid for p in s["processes"]) and
+                            any(x["calls"] > 0 for x in s["signatures"]), 60, "the keyed process's reports over tcp://")
+            assert all(p["pid"] != bad.pid for p in st["processes"]), st["processes"]
+            assert bad.poll() is None and good.poll() is None
+        finally:
+            for proc in (good, bad):
+                proc.kill()
+            _, bad_err = bad.communicate(timeout=60)
+            good.communicate(timeout=60)
+        assert bad_err.count("the handshake with the daemon at " + endpoint + " failed") == 1, bad_err
+        assert stranger not in d.log_path.read_text()
+    finally:
+        assert d.stop() == 0, d.log_text()
 
 
 def test_a_second_daemon_on_the_same_endpoint_is_refused(daemon_bin, tmp_path):

@@ -19,7 +19,7 @@ const CudaDriver* driver() noexcept {
 // A timed CUDA call costs its thread far more than the interceptor's miss path: a device guard, a
 // capture query and two event records through the driver. On the H200 host, GPT-2 small's decode
 // step (75 intercepted calls, about 5 ms) came out +1.29% and +1.60% slower with the interceptors
-// at KFORGE_SAMPLE_RATE=64 and +0.59% with timing almost off (rate 1000000), in the same runs
+// at KFORGE_SAMPLE_RATE=64 and +0.59% with timing almost off (rate 1000000), in runs on that host
 // (bench/results/2026-12-04-h200-cuda-e2e-toggle-sampling.log): roughly 30 us per timed call, a
 // large part of the hook's 1% budget. So each thread also has a budget of timed calls per second:
 // a sampled call beyond it is not timed (its count still is). The samples that remain are still

@@ -280,7 +280,7 @@ std::string register_interceptor(torch::Library& library, const std::string& imp
 // table of a process without kforge) and makes new ones with the same InterceptedOps (counters,
 // originals and replacement table kept). Comparing blocks of decode steps with and without the
 // interceptors in one process removes the process-to-process speed differences of a VM, which are
-// larger than the effect (bench/e2e_overhead.py's --method toggle). Destroying a library races with
+// larger than the effect (bench/e2e_toggle.py). Destroying a library races with
 // threads dispatching through it, the reason kforge never deregisters otherwise: the caller
 // guarantees that no other thread calls the catalog's operators while it toggles. Never
 // enabled without the variable; never touched by the hook itself.
@@ -315,10 +315,10 @@ std::string set_interceptors_registered(bool on) noexcept {
       toggle->registered = false;
       return "";
     }
+    toggle->registered = true;   // from here on, a partial failure is still "registered": off undoes it
     for (int i = 0; i < 2; ++i) {
       toggle->libraries[i] = new torch::Library(torch::Library::IMPL, "aten", toggle->keys[i], __FILE__, __LINE__);
     }
-    toggle->registered = true;   // from here on, a partial failure is still "registered": off undoes it
     for (const BenchToggle::Registration& r : toggle->registrations) {
       register_interceptor(*toggle->libraries[r.key], r.impl_name, *r.cat, r.op);
     }

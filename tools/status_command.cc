@@ -101,6 +101,11 @@ void print_table(const json& st, std::ostream& out) {
   for (const json& p : st["processes"]) {
     out << "  pid " << p.value("pid", 0) << "  torch " << p.value("torch", "") << "  " << (p.value("attached", false) ? "attached" : "gone")
         << "  reports " << p.value("reports", 0) << " (" << p.value("reports_dropped", 0) << " dropped by the hook)\n";
+    if (!p.value("shares_cache", true)) {
+      const std::string dir = p.value("cache_dir", "");
+      out << "      its cache " << (dir.empty() ? std::string("(none)") : dir)
+          << " is not the daemon's: it will not load the kernels found here\n";
+    }
   }
   out << "\nsignatures:\n";
   if (st["signatures"].empty()) {

@@ -50,6 +50,20 @@ std::string iso_now() {
   return buf;
 }
 
+// Note [Shared cache]
+// The daemon publishes winners to its cache directory; a process loads entries only from its own
+// (KFORGE_CACHE_DIR, sent in its Hello). They must be one directory: the same path, or paths that
+// name the same directory (a symlink, a shared mount seen at the same place). A process whose
+// cache is elsewhere is still searched for (its reports count) but never gets the kernels: the
+// daemon says so once per process and `kforge status` shows it (shares_cache).
+bool same_directory(const std::string& a, const std::string& b) {
+  if (a.empty() || b.empty()) return false;
+  if (a == b) return true;
+  struct stat sa {};
+  struct stat sb {};
+  return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
 std::string ipc_path(const std::string& endpoint) {
   return endpoint.rfind("ipc://", 0) == 0 ? endpoint.substr(6) : "";
 }
@@ -88,6 +102,7 @@ struct Daemon::Impl {
   std::deque<SessionEvent> events;
   std::map<std::string, uint64_t> counters;
   std::set<std::string> malformed_logged;   // peers already logged once
+  std::set<int32_t> cache_warned;           // pids told their cache is not the daemon's
   Clock::time_point started = Clock::now();
   Clock::time_point liveness_checked = Clock::now();
 
@@ -347,6 +362,15 @@ void Daemon::Impl::handle_wire(const std::string& peer, const std::string& bytes
   if (const auto* h = std::get_if<wire::Hello>(&*m)) {
     hot.on_hello(peer, *h);
     log("info", "process " + std::to_string(h->pid) + " attached (torch " + h->torch_version + ")");
+    // Note [Shared cache]: kernels reach a process only through its cache directory.
+    if (!same_directory(h->cache_dir, config.cache_dir) && cache_warned.insert(h->pid).second) {
+      log("warn", "process " + std::to_string(h->pid) +
+                      (h->cache_dir.empty() ? std::string(" has no cache directory")
+                                            : " uses the cache at " + h->cache_dir) +
+                      " but this daemon publishes to " + config.cache_dir +
+                      ": it will not load the kernels found here (give both the same directory: KFORGE_CACHE_DIR "
+                      "for the process, daemon.cache_dir for the daemon)");
+    }
     share_serving_gpus_locked();
   } else if (const auto* r = std::get_if<wire::HotReport>(&*m)) {
     hot.on_report(peer, *r);
@@ -548,7 +572,8 @@ json Daemon::Impl::status_locked() const {
   for (const auto& [peer, p] : hot.processes()) {
     procs.push_back({{"pid", p.hello.pid}, {"torch", p.hello.torch_version}, {"reports", p.reports},
                      {"reports_dropped", p.reports_dropped}, {"sequence_gaps", p.sequence_gaps},
-                     {"attached", !p.gone}, {"goodbye", p.goodbye_reason}, {"gpus", p.gpus_in_use}});
+                     {"attached", !p.gone}, {"goodbye", p.goodbye_reason}, {"gpus", p.gpus_in_use},
+                     {"cache_dir", p.hello.cache_dir}, {"shares_cache", same_directory(p.hello.cache_dir, config.cache_dir)}});
   }
   j["processes"] = procs;
   json sigs = json::array();

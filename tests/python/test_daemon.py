@@ -338,6 +338,36 @@ def test_bad_configuration_is_one_line_naming_the_key(daemon_bin, tmp_path):
     assert r.returncode == 2 and "CURVE" in r.stderr
 
 
+def test_a_process_with_another_cache_directory_is_told_and_shown(daemon_bin, hook_path, tmp_path):
+    # Note [Shared cache]: kernels reach a process only through its own cache directory.
+    root = private_root(tmp_path)
+    d = Daemon(daemon_bin, root).start()
+    try:
+        (root / "link").symlink_to(root / "cache")   # the same directory by another path: fine
+        same = start_model(daemon_bin, hook_path, d, tmp_path, 60, "steady", KFORGE_CACHE_DIR=root / "link")
+        other_dir = tmp_path / "elsewhere"
+        (tmp_path / "other").mkdir()
+        other = start_model(daemon_bin, hook_path, d, tmp_path / "other", 60, "steady", KFORGE_CACHE_DIR=other_dir)
+        try:
+            st = d.wait_for(lambda s: {same.pid, other.pid} <= {p["pid"] for p in s["processes"]}, 60,
+                            "both processes to attach")
+        finally:
+            for proc in (same, other):
+                proc.kill()
+                proc.communicate(timeout=60)
+        procs = {p["pid"]: p for p in st["processes"]}
+        assert procs[same.pid]["shares_cache"] is True, procs[same.pid]
+        assert procs[other.pid]["shares_cache"] is False and procs[other.pid]["cache_dir"] == str(other_dir)
+        log = d.log_path.read_text()
+        assert log.count(f"process {other.pid} uses the cache at {other_dir} but this daemon publishes to") == 1, log
+        assert f"process {same.pid} uses the cache" not in log
+        table = subprocess.run([str(daemon_bin["kforge"]), "status", "--endpoint", d.endpoint], capture_output=True,
+                               text=True, timeout=30).stdout
+        assert f"its cache {other_dir} is not the daemon's" in table, table
+    finally:
+        assert d.stop() == 0, d.log_text()
+
+
 def free_port():
     import socket
     with socket.socket() as s:

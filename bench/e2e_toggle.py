@@ -100,15 +100,17 @@ def child(args):
             ids, cache = step(ids, cache)
         sync()
         times, tokens = [], []
+        cpu0 = time.thread_time()
         for _ in range(args.block):
             t0 = time.perf_counter()
             ids, cache = step(ids, cache)
             sync()
             times.append((time.perf_counter() - t0) * 1000)
             tokens.append(int(ids.item()))
+        cpu_ms = (time.thread_time() - cpu0) * 1000 / args.block
         after = hook.calls_by_op()
         counted = {op: n - before.get(op, 0) for op, n in after.items() if n != before.get(op, 0)}
-        return statistics.median(times), tokens, counted
+        return statistics.median(times), tokens, counted, cpu_ms
 
     variants = ["on", "off"] + (["off2"] if args.control else [])
     rng = random.Random(args.seed)
@@ -151,7 +153,8 @@ def child(args):
     others = thread_deltas(threads_before, threads_after, exclude=threading.get_native_id())
     on = [row["on"][0] for row in rows]
     off = [row["off"][0] for row in rows]
-    sbs.emit({"rows": [{"order": row["order"], **{v: row[v][0] for v in variants}} for row in rows],
+    sbs.emit({"rows": [{"order": row["order"], **{v: row[v][0] for v in variants},
+                        **{v + "_cpu": row[v][3] for v in variants}} for row in rows],
               "tokens": {v: sorted({tuple(row[v][1]) for row in rows}) for v in variants},
               "counted": {v: sorted({tuple(sorted(row[v][2].items())) for row in rows}) for v in variants},
               "micro": micro, "wall_ms": wall_ms, "others": others, "threads": torch.get_num_threads(),
@@ -206,8 +209,8 @@ def main():
     print(f"GPT-2 small, batch 1, greedy decode with KV cache, {args.device}, interceptors in (on) and out "
           f"of (off) the dispatcher in the same process: median of block medians, ms/step")
 
-    def compare(rows, a, b):
-        return sbs.paired([r[a] for r in rows], [r[b] for r in rows],
+    def compare(rows, a, b, value=""):
+        return sbs.paired([r[a + value] for r in rows], [r[b + value] for r in rows],
                           [list(r["order"]).index(a) < list(r["order"]).index(b) for r in rows], relative=True)
 
     def line(label, p, note=""):
@@ -227,6 +230,17 @@ def main():
     print(verdict(total, len(pooled)))
     print("(paired diff: on/off - 1 per round, the median within each order averaged over the two orders; "
           "interval: bootstrap within each order)")
+    # The decoding thread's own CPU time per step (CLOCK_THREAD_CPUTIME_ID over each block's timed
+    # steps): what the hook adds to the thread's work, without the time the VM or other threads
+    # take the CPU away (which wall time includes). Not the target, which is wall time; a
+    # cross-check with less noise.
+    print()
+    print("the decoding thread's CPU time per step (ms, mean over each block):")
+    cpu = compare(pooled, "off", "on", "_cpu")
+    print(line("cpu all", cpu))
+    if args.control:
+        print(line("cpu ctl", compare(pooled, "off", "off2", "_cpu"), "   (off2 against off)"))
+    print("cpu time: " + verdict(cpu, len(pooled)))
     print(f"decoded tokens: identical in every block ({args.block} per block)")
 
     print()

@@ -1,0 +1,41 @@
+"""The Python benches under bench/ still run, and their own checks pass, on a tiny budget.
+
+They are measured on purpose elsewhere (bench/results/); here they only must not rot. Each run is
+the bench's real code path in real processes: the hook preloaded by the shim, GPT-2 small built
+from a config on CPU, and the bench's internal checks (identical decoded tokens in every block or
+child; with the toggle, "off" blocks counting no intercepted call and "on" blocks counting the
+same calls every time). Its numbers are not checked: a few rounds resolve nothing.
+Skipped where bench/ is not beside the tests (an unpacked bundle has no bench/).
+"""
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench"
+
+
+def run_bench(script, build_dir, *args, timeout=600):
+    if not (BENCH / script).exists():
+        pytest.skip(f"no {BENCH / script} (not a source tree)")
+    proc = subprocess.run([sys.executable, str(BENCH / script), "--device", "cpu", "--build-dir", str(build_dir), *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=BENCH)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return proc.stdout
+
+
+def test_e2e_toggle_runs_and_its_checks_pass(build_dir):
+    out = run_bench("e2e_toggle.py", build_dir, "--processes", "1", "--rounds", "2", "--block", "2", "--settle", "1",
+                    "--warmup", "1", "--control", "--calls", "200", "--repeats", "2")
+    assert "decoded tokens: identical in every block (2 per block)" in out, out
+    assert "bench_toggle=on" in out and "mode=active" in out, out
+    # The intercepted operators of a decode step, counted in "on" blocks only (else the bench exits).
+    assert "aten::add.Tensor" in out and "aten::native_layer_norm" in out, out
+
+
+def test_e2e_overhead_runs_and_its_checks_pass(build_dir):
+    out = run_bench("e2e_overhead.py", build_dir, "--pairs", "2", "--steps", "2", "--warmup", "1", "--calls", "200",
+                    "--repeats", "1", "--calib-calls", "10")
+    assert "decoded tokens: identical in every child" in out, out
+    assert "analytic bound:" in out, out

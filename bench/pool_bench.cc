@@ -27,16 +27,17 @@
 #include <map>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "bench/silu_candidate.h"
 #include "runtime/cuda_driver.h"
 #include "runtime/environment.h"
 #include "search_daemon/evaluator/evaluator_pool.h"
+#include "tests/support/temp_dir.h"
 
 using namespace kforge;
 using namespace kforge::eval;
+using kforge::bench::failure_line;
 using kforge::bench::silu_signature;
 using kforge::bench::silu_spec;
 namespace fs = std::filesystem;
@@ -126,18 +127,17 @@ Phase run_phase(const std::vector<std::string>& devices, uint32_t cpu_slots, uin
     return p;
   }
   p.slots = pool.slots().size();
-  const auto ready = [&] {
-    for (const SlotInfo& s : pool.slots()) {
-      if (s.state == "starting" || s.arch.empty()) return false;
-    }
-    return true;
-  };
   // The slots report their arch once their worker is up; nothing can be submitted for the right
   // arch before.
-  for (int i = 0; i < 600 && !ready(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  if (!ready()) {
+  if (!pool.wait_started(std::chrono::seconds(120))) {
     p.first_failure = "the pool's workers did not start in 120 s";
     return p;
+  }
+  for (const SlotInfo& s : pool.slots()) {
+    if (s.arch.empty()) {
+      p.first_failure = s.device + ": " + s.state;
+      return p;
+    }
   }
   const std::string arch = pool.slots().front().arch;
   const OpSignature sig = silu_signature(cuda, elements, arch);
@@ -156,7 +156,7 @@ Phase run_phase(const std::vector<std::string>& devices, uint32_t cpu_slots, uin
           if (r.status == EvalStatus::kMeasured) {
             ++p.passed;
           } else if (p.first_failure.empty()) {
-            p.first_failure = std::string(eval_status_name(r.status)) + ": " + r.message + " " + r.verify.detail;
+            p.first_failure = failure_line(r);
           }
         }
         w.done();
@@ -214,9 +214,8 @@ int main(int argc, char** argv) {
   if (o.rounds <= 0) o.rounds = 1;
   if (o.elements <= 0) o.elements = cuda ? (int64_t{1} << 24) : (int64_t{1} << 20);
 
-  char tmpl[] = "/tmp/kforge-bench-pool-XXXXXX";
-  if (::mkdtemp(tmpl) == nullptr) return 1;
-  const fs::path dir = tmpl;
+  const test_support::TempDir tmp("kforge-bench-pool");   // under $TMPDIR; removed at exit
+  const fs::path& dir = tmp.path;
   std::string joined;
   for (const std::string& d : o.devices) joined += (joined.empty() ? "" : ",") + d;
   std::printf("# bench_pool --devices %s --cpu-slots %u --cpu-threads %u --jobs %d --rounds %d --elements %lld\n",
@@ -247,7 +246,5 @@ int main(int argc, char** argv) {
   const double many = median(all_rate);
   std::printf("\nmedian evaluations/min: 1 slot %.1f, %zu slots %.1f; ratio %.2fx (target with two GPUs: >= 1.8x)\n",
               one, most, many, one > 0 ? many / one : 0.0);
-  std::error_code ec;
-  fs::remove_all(dir, ec);
   return ok ? 0 : 1;
 }

@@ -19,8 +19,6 @@
 //
 // Needs KFORGE_WORKER (default: beside this program, then ../search_daemon) and, where python3 has
 // no torch, KFORGE_PYTHON.
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -37,6 +35,7 @@
 #include "search_daemon/proposers/templates/kernel_template.h"
 #include "search_daemon/proposers/templates/template_proposer.h"
 #include "search_daemon/search/search_strategy.h"
+#include "tests/support/temp_dir.h"
 
 using namespace kforge;
 using namespace kforge::search;
@@ -205,12 +204,11 @@ int main(int argc, char** argv) {
   }
   if (budget == 0 || seeds == 0) return usage();
   const bool cuda = device != "cpu";
-  char tmpl[] = "/tmp/kforge-bench-search-XXXXXX";
-  if (::mkdtemp(tmpl) == nullptr) return 1;
+  const test_support::TempDir tmp("kforge-bench-search");   // under $TMPDIR; removed at exit
   eval::WorkerOptions wo;
   wo.program = eval::WorkerOptions::default_program();
   wo.device = device;
-  wo.build_cache_dir = std::string(tmpl) + "/builds";
+  wo.build_cache_dir = (tmp.path / "builds").string();
   eval::WorkerProcess w(wo);
   if (Status s = w.start(); !s.ok()) {
     std::fprintf(stderr, "bench_search: cannot start %s: %s\n", wo.program.c_str(), s.message().c_str());
@@ -277,7 +275,5 @@ int main(int argc, char** argv) {
     std::ofstream(out_dir + "/search_bench.svg") << svg_plot(mean_curves, budget);
     std::printf("wrote %s/search_bench.csv and search_bench.svg\n", out_dir.c_str());
   }
-  std::error_code ec;
-  fs::remove_all(tmpl, ec);
   return 0;
 }

@@ -8,6 +8,7 @@
 
 #include "runtime/kernel_spec.h"
 #include "runtime/op_signature.h"
+#include "search_daemon/evaluator/eval_protocol.h"
 
 namespace kforge::bench {
 
@@ -47,6 +48,11 @@ inline KernelSpec silu_spec(bool cuda, int salt) {
   l.args = {ArgBinding::input(0), ArgBinding::output(0), ArgBinding::size("numel0")};
   s.plan.launches = {l};
   return s;
+}
+
+// Why an evaluation that should have been measured was not, in one line.
+inline std::string failure_line(const eval::EvalResult& r) {
+  return std::string(eval::eval_status_name(r.status)) + ": " + r.message + " " + r.verify.detail;
 }
 
 inline OpSignature silu_signature(bool cuda, int64_t n, const std::string& arch) {

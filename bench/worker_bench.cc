@@ -30,6 +30,7 @@
 #include "bench/silu_candidate.h"
 #include "runtime/environment.h"
 #include "search_daemon/evaluator/worker_process.h"
+#include "tests/support/temp_dir.h"
 
 using namespace kforge;
 using namespace kforge::eval;
@@ -84,7 +85,7 @@ Phase run_phase(WorkerProcess& w, const char* name, const OpSignature& sig, bool
     ++p.evals;
     if (r.status != EvalStatus::kMeasured) {
       if (p.first_failure.empty()) {
-        p.first_failure = std::string(eval_status_name(r.status)) + ": " + r.message + " " + r.verify.detail;
+        p.first_failure = kforge::bench::failure_line(r);
       }
       continue;
     }
@@ -122,9 +123,8 @@ int main(int argc, char** argv) {
   const bool cuda = o.device != "cpu";
   if (o.elements <= 0) o.elements = cuda ? (int64_t{1} << 24) : (int64_t{1} << 20);
 
-  char tmpl[] = "/tmp/kforge-bench-worker-XXXXXX";
-  if (::mkdtemp(tmpl) == nullptr) return 1;
-  const fs::path dir = tmpl;
+  const test_support::TempDir tmp("kforge-bench-worker");   // under $TMPDIR; removed at exit
+  const fs::path& dir = tmp.path;
   WorkerOptions wo;
   wo.program = eval::WorkerOptions::default_program();
   wo.device = o.device;
@@ -181,7 +181,5 @@ int main(int argc, char** argv) {
                 *std::max_element(dev.begin(), dev.end()), within, static_cast<int>(dev.size()),
                 100.0 * median(self.bands));
   }
-  std::error_code ec;
-  fs::remove_all(dir, ec);
   return cold.passed == cold.evals && hot.passed == hot.evals && self.passed == self.evals ? 0 : 1;
 }

@@ -11,6 +11,7 @@ struct EvaluatorPool::Slot {
   SlotInfo info;
   Backend backend = Backend::kCpu;
   bool waiting = false;   // started and not busy: a candidate for choose_slot
+  bool started = false;   // its worker's first start is over, ready or failed (wait_started)
   bool busy = false;
   std::thread thread;
 };
@@ -132,6 +133,13 @@ void EvaluatorPool::set_serving_gpus(std::map<std::string, std::vector<int32_t>>
   cv_.notify_all();   // the choice of slot may have changed for queued jobs
 }
 
+bool EvaluatorPool::wait_started(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_for(lock, timeout, [&] {
+    return std::all_of(slots_.begin(), slots_.end(), [](const std::unique_ptr<Slot>& s) { return s->started; });
+  });
+}
+
 std::vector<SlotInfo> EvaluatorPool::slots() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<SlotInfo> out;
@@ -190,6 +198,8 @@ void EvaluatorPool::run_slot(Slot& s) {
       std::lock_guard<std::mutex> lock(mu_);
       s.info.state = "failed: " + st.message();
       s.waiting = true;
+      s.started = true;
+      cv_.notify_all();
     }
     if (options_.log) options_.log("worker on " + s.info.device + " did not start: " + st.message());
   } else {
@@ -197,6 +207,8 @@ void EvaluatorPool::run_slot(Slot& s) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       s.waiting = true;
+      s.started = true;
+      cv_.notify_all();
     }
     if (options_.log) {
       const auto& r = *worker.ready();

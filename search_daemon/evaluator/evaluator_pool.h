@@ -26,6 +26,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -99,6 +100,10 @@ class EvaluatorPool {
   // Slots that could ever take a job for `sig`.
   size_t slots_for(const OpSignature& sig) const;
   std::vector<SlotInfo> slots() const;
+  // Blocks until every slot's worker has made its first start, ready ("idle") or not ("failed:
+  // ..."), or until `timeout`; true if they all have. For tools that must know the slots' archs
+  // before they submit (the daemon never waits: it submits and the slots pick up).
+  bool wait_started(std::chrono::milliseconds timeout);
   // The serving processes (pids) using each GPU, by UUID: replaces what was set before. The daemon
   // calls it whenever the hooks' reports change it. Thread-safe; never calls back.
   void set_serving_gpus(std::map<std::string, std::vector<int32_t>> pids_by_uuid);

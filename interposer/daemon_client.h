@@ -90,4 +90,9 @@ class DaemonClient {
   std::unique_ptr<Impl> impl_;
 };
 
+// Makes `socket` (a raw ZeroMQ socket, before it connects) a CURVE client of the daemon whose
+// public key is `server_key` (z85, checked), with a throwaway key pair of its own whose secret is
+// wiped from memory here. What DaemonClient does for tcp://, and `kforge status` with --server-key.
+Status make_curve_client(void* socket, std::string_view server_key);
+
 }  // namespace kforge

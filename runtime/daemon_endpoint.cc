@@ -54,7 +54,11 @@ Status check_curve_key(std::string_view key, std::string_view what) {
   return Status();
 }
 
-Status check_client_endpoint(std::string_view endpoint, std::string_view server_key, std::string_view key_what) {
+StatusOr<std::string> client_server_key(std::string_view endpoint, std::string_view server_key, std::string_view key_what) {
+  constexpr std::string_view kBlank = " \t\r\n";
+  const size_t first = server_key.find_first_not_of(kBlank);
+  server_key = first == std::string_view::npos ? std::string_view()
+                                               : server_key.substr(first, server_key.find_last_not_of(kBlank) - first + 1);
   const bool tcp = endpoint.substr(0, 6) == "tcp://";
   if (tcp && server_key.empty()) {
     return invalid_argument("daemon endpoint " + std::string(endpoint) + " is tcp://, which kforged serves only with CURVE: set " +
@@ -64,7 +68,8 @@ Status check_client_endpoint(std::string_view endpoint, std::string_view server_
     return invalid_argument(std::string(key_what) + " is set but the daemon endpoint " + std::string(endpoint) +
                             " is not tcp:// (ipc:// sockets are protected by their directory, not CURVE)");
   }
-  return server_key.empty() ? Status() : check_curve_key(server_key, key_what);
+  if (tcp) KFORGE_RETURN_IF_ERROR(check_curve_key(server_key, key_what));
+  return std::string(server_key);
 }
 
 std::string default_daemon_endpoint(std::string_view xdg_runtime_dir, unsigned uid) {

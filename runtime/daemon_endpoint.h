@@ -27,10 +27,12 @@ Status secure_ipc_directory(std::string_view endpoint);
 // `kforge status`) then needs the daemon's CURVE public key, 40 z85 characters, which
 // `kforged --curve-keygen FILE` prints, and makes a throwaway key pair of its own per connection.
 //
-// Whether `key` is a z85 CURVE key (40 characters of the Z85 alphabet); surrounding whitespace is
-// the caller's to trim. The message names `what` ("KFORGE_DAEMON_SERVER_KEY").
+// Whether `key` is a z85 CURVE key (40 characters of the Z85 alphabet). The message names `what`
+// ("KFORGE_DAEMON_SERVER_KEY").
 Status check_curve_key(std::string_view key, std::string_view what);
-// A client's endpoint and server key together: tcp:// needs a valid key, ipc:// takes none.
-Status check_client_endpoint(std::string_view endpoint, std::string_view server_key, std::string_view key_what);
+// A client's endpoint and server key together (`server_key` as given: surrounding whitespace, a
+// file's newline, is dropped): tcp:// needs a valid key, ipc:// takes none. Returns the key to use,
+// empty for ipc://; the error names `key_what`.
+StatusOr<std::string> client_server_key(std::string_view endpoint, std::string_view server_key, std::string_view key_what);
 
 }  // namespace kforge

@@ -4,11 +4,10 @@
 #include <unistd.h>
 #include <zmq.h>
 
-#include <cctype>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 
+#include "interposer/daemon_client.h"
 #include "runtime/daemon_endpoint.h"
 
 namespace kforge {
@@ -39,18 +38,9 @@ std::optional<std::string> ask(const std::string& endpoint, const std::string& s
   const int linger = 0;
   zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
   std::optional<std::string> reply;
-  bool keyed = true;
-  if (!server_key.empty()) {
-    char public_key[41];
-    char secret_key[41];
-    keyed = zmq_curve_keypair(public_key, secret_key) == 0 &&
-            zmq_setsockopt(s, ZMQ_CURVE_SERVERKEY, server_key.data(), server_key.size()) == 0 &&
-            zmq_setsockopt(s, ZMQ_CURVE_PUBLICKEY, public_key, 40) == 0 &&
-            zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, secret_key, 40) == 0;
-    ::explicit_bzero(secret_key, sizeof secret_key);
-  }
-  if (!keyed) {
-    why = std::string("cannot set up CURVE: ") + zmq_strerror(zmq_errno());
+  const Status keyed = server_key.empty() ? Status() : make_curve_client(s, server_key);
+  if (!keyed.ok()) {
+    why = keyed.message();
   } else if (zmq_connect(s, endpoint.c_str()) != 0) {
     why = std::string("cannot connect: ") + zmq_strerror(zmq_errno());
   } else if (zmq_send(s, request.data(), request.size(), 0) < 0) {
@@ -170,15 +160,13 @@ int run_status_command(const std::vector<std::string>& args, std::ostream& out, 
     err << "kforge status: " << s.message() << "\n";
     return 3;
   }
-  while (!server_key.empty() && std::isspace(static_cast<unsigned char>(server_key.back()))) server_key.pop_back();
-  while (!server_key.empty() && std::isspace(static_cast<unsigned char>(server_key.front()))) server_key.erase(0, 1);
-  if (Status s = check_client_endpoint(endpoint, server_key, key_what); !s.ok()) {
-    err << "kforge status: " << s.message() << "\n";
+  StatusOr<std::string> key = client_server_key(endpoint, server_key, key_what);
+  if (!key.ok()) {
+    err << "kforge status: " << key.status().message() << "\n";
     return 2;
   }
   std::string why;
-  std::optional<std::string> reply =
-      ask(endpoint, server_key, R"({"kforge_ctl": 1, "request": "status"})", timeout_ms, why);
+  std::optional<std::string> reply = ask(endpoint, *key, R"({"kforge_ctl": 1, "request": "status"})", timeout_ms, why);
   if (!reply) {
     err << "kforge status: no kforged at " << endpoint << " (" << why << "); start one with `kforged`\n";
     return 3;

@@ -155,16 +155,17 @@ HookConfig parse_config(const EnvLookup& env) {
     }
   }
 
-  const std::string key(trim(env("KFORGE_DAEMON_SERVER_KEY").value_or("")));
-  if (Status k = check_client_endpoint(c.daemon_endpoint, key, "KFORGE_DAEMON_SERVER_KEY"); !k.ok()) {
+  StatusOr<std::string> key = client_server_key(c.daemon_endpoint, env("KFORGE_DAEMON_SERVER_KEY").value_or(""),
+                                                "KFORGE_DAEMON_SERVER_KEY");
+  if (!key.ok()) {
     if (c.daemon_endpoint.starts_with("tcp://")) {
       c.daemon_endpoint = default_daemon_endpoint(xdg, static_cast<unsigned>(::getuid()));
-      w.push_back(k.message() + "; using " + c.daemon_endpoint);
+      w.push_back(key.status().message() + "; using " + c.daemon_endpoint);
     } else {
-      w.push_back(k.message() + "; ignoring it");
+      w.push_back(key.status().message() + "; ignoring it");
     }
   } else {
-    c.daemon_server_key = key;
+    c.daemon_server_key = std::move(*key);
   }
 
   c.cache_dir = env("KFORGE_CACHE_DIR").value_or("");

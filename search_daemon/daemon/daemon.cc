@@ -103,6 +103,7 @@ struct Daemon::Impl {
   std::map<std::string, uint64_t> counters;
   std::set<std::string> malformed_logged;   // peers already logged once
   std::set<int32_t> cache_warned;           // pids told their cache is not the daemon's
+  std::map<std::string, bool> shares_cache; // by peer, from its latest Hello (Note [Shared cache])
   Clock::time_point started = Clock::now();
   Clock::time_point liveness_checked = Clock::now();
 
@@ -362,8 +363,11 @@ void Daemon::Impl::handle_wire(const std::string& peer, const std::string& bytes
   if (const auto* h = std::get_if<wire::Hello>(&*m)) {
     hot.on_hello(peer, *h);
     log("info", "process " + std::to_string(h->pid) + " attached (torch " + h->torch_version + ")");
-    // Note [Shared cache]: kernels reach a process only through its cache directory.
-    if (!same_directory(h->cache_dir, config.cache_dir) && cache_warned.insert(h->pid).second) {
+    // Note [Shared cache]: kernels reach a process only through its cache directory. Looked at
+    // once per Hello (stat may be slow on a network mount), not per status request.
+    const bool shares = same_directory(h->cache_dir, config.cache_dir);
+    shares_cache[peer] = shares;
+    if (!shares && cache_warned.insert(h->pid).second) {
       log("warn", "process " + std::to_string(h->pid) +
                       (h->cache_dir.empty() ? std::string(" has no cache directory")
                                             : " uses the cache at " + h->cache_dir) +
@@ -570,10 +574,11 @@ json Daemon::Impl::status_locked() const {
   j["slots"] = slots;
   json procs = json::array();
   for (const auto& [peer, p] : hot.processes()) {
+    const auto shares = shares_cache.find(peer);   // no Hello seen: nothing to say against it
     procs.push_back({{"pid", p.hello.pid}, {"torch", p.hello.torch_version}, {"reports", p.reports},
                      {"reports_dropped", p.reports_dropped}, {"sequence_gaps", p.sequence_gaps},
                      {"attached", !p.gone}, {"goodbye", p.goodbye_reason}, {"gpus", p.gpus_in_use},
-                     {"cache_dir", p.hello.cache_dir}, {"shares_cache", same_directory(p.hello.cache_dir, config.cache_dir)}});
+                     {"cache_dir", p.hello.cache_dir}, {"shares_cache", shares == shares_cache.end() || shares->second}});
   }
   j["processes"] = procs;
   json sigs = json::array();

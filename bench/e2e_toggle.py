@@ -151,6 +151,7 @@ def child(args):
                     micro[op][v].append(sbs.ns_per_call(calls[op], args.calls, 1, sync=sync))
         set_interceptors(True)
     others = thread_deltas(threads_before, threads_after, exclude=threading.get_native_id())
+    stats = hook.stats()
     on = [row["on"][0] for row in rows]
     off = [row["off"][0] for row in rows]
     sbs.emit({"rows": [{"order": row["order"], **{v: row[v][0] for v in variants},
@@ -158,7 +159,7 @@ def child(args):
               "tokens": {v: sorted({tuple(row[v][1]) for row in rows}) for v in variants},
               "counted": {v: sorted({tuple(sorted(row[v][2].items())) for row in rows}) for v in variants},
               "micro": micro, "wall_ms": wall_ms, "others": others, "threads": torch.get_num_threads(),
-              "config": hook.stats()["config"], "cuda_timing": hook.stats()["cuda_timing"],
+              "config": stats["config"], "cuda_timing": stats["cuda_timing"],
               "headline": f"on {statistics.median(on):.3f} ms/step, off {statistics.median(off):.3f} ms/step "
                           f"(medians over {len(rows)} rounds)"})
 

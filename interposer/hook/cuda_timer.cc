@@ -1,8 +1,9 @@
 #include "interposer/hook/cuda_timer.h"
 
-#include <chrono>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <chrono>
 
 #include "runtime/cuda_driver.h"
 

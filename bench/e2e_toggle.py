@@ -57,6 +57,10 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=4, help="untimed blocks of each variant per child first")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads in every child")
     p.add_argument("--control", action="store_true", help="a second 'off' block per round: the noise floor")
+    p.add_argument("--continuous", action="store_true",
+                   help="blocks continue one decode instead of each starting from a fresh prefill")
+    p.add_argument("--segment", type=int, default=40,
+                   help="with --continuous: rounds per decode before a fresh prefill (GPT-2 has 1024 positions)")
     p.add_argument("--calls", type=int, default=20000, help="calls per repeat of the per-call bench")
     p.add_argument("--repeats", type=int, default=6, help="repeats of the per-call bench, each variant (even)")
     p.add_argument("--seed", type=int, default=0, help="seed of the block orders (child i uses seed + i)")
@@ -92,12 +96,29 @@ def child(args):
     step = decoder(model)
     prompt = torch.tensor([[464, 2068, 7586, 21831]], device=args.device)
 
+    # --continuous: one decode runs on across blocks (a fresh prefill, outside every block and with
+    # the interceptors out, every --segment rounds), so the blocks of a round are a few steps apart.
+    run = {"ids": None, "cache": None, "tokens": None}
+    segments = []
+
+    def new_segment():
+        set_interceptors(False)
+        if run["tokens"]:
+            segments.append(run["tokens"])
+        run["ids"], run["cache"] = step(prompt, None)
+        run["tokens"] = [int(run["ids"].item())]
+
     def block(variant):
         set_interceptors(variant == "on")
         before = hook.calls_by_op()
-        ids, cache = step(prompt, None)
+        if args.continuous:
+            ids, cache = run["ids"], run["cache"]
+        else:
+            ids, cache = step(prompt, None)
         for _ in range(args.settle):
             ids, cache = step(ids, cache)
+            if args.continuous:
+                run["tokens"].append(int(ids.item()))
         sync()
         times, tokens = [], []
         cpu0 = time.thread_time()
@@ -110,6 +131,10 @@ def child(args):
         cpu_ms = (time.thread_time() - cpu0) * 1000 / args.block
         after = hook.calls_by_op()
         counted = {op: n - before.get(op, 0) for op, n in after.items() if n != before.get(op, 0)}
+        if args.continuous:
+            run["ids"], run["cache"] = ids, cache
+            run["tokens"] += tokens
+            tokens = []   # checked per segment instead: they depend on the block's position
         return statistics.median(times), tokens, counted, cpu_ms
 
     variants = ["on", "off"] + (["off2"] if args.control else [])
@@ -119,10 +144,14 @@ def child(args):
     threads_before = thread_times()
     t_start = time.perf_counter()
     with torch.inference_mode():
+        if args.continuous:
+            new_segment()
         for _ in range(args.warmup):
             for v in variants:
                 block(v)
         for r in range(args.rounds):
+            if args.continuous and r % args.segment == 0:
+                new_segment()
             if r % len(cycle) == 0:
                 rng.shuffle(cycle)
             order = cycle[r % len(cycle)]
@@ -131,6 +160,8 @@ def child(args):
                 row[v] = block(v)
             rows.append(row)
         wall_ms = (time.perf_counter() - t_start) * 1000
+        if args.continuous:
+            segments.append(run["tokens"])
         threads_after = thread_times()
         # Per-call cost of each intercepted operator on tiny CPU tensors (the hook's work is on the
         # host whatever the device), on and off alternated.
@@ -158,7 +189,7 @@ def child(args):
                         **{v + "_cpu": row[v][3] for v in variants}} for row in rows],
               "tokens": {v: sorted({tuple(row[v][1]) for row in rows}) for v in variants},
               "counted": {v: sorted({tuple(sorted(row[v][2].items())) for row in rows}) for v in variants},
-              "micro": micro, "wall_ms": wall_ms, "others": others, "threads": torch.get_num_threads(),
+              "segments": segments, "micro": micro, "wall_ms": wall_ms, "others": others, "threads": torch.get_num_threads(),
               "config": stats["config"], "cuda_timing": stats["cuda_timing"],
               "headline": f"on {statistics.median(on):.3f} ms/step, off {statistics.median(off):.3f} ms/step "
                           f"(medians over {len(rows)} rounds)"})
@@ -172,11 +203,16 @@ def main():
         return child(args)
     if args.repeats % 2:
         sys.exit("--repeats must be even (on and off alternate which goes first)")
+    per_round = (3 if args.control else 2) * (args.settle + args.block)
+    if args.continuous and max(args.segment, args.warmup) * per_round > 1000:
+        sys.exit(f"--continuous: {max(args.segment, args.warmup)} rounds of {per_round} decode steps run past "
+                 f"GPT-2's 1024 positions; lower --segment, --warmup or --block")
     torch, files = sbs.parent_start(args)
     base = [sys.executable, os.path.abspath(__file__), "--child", "--device", args.device,
             "--rounds", str(args.rounds), "--block", str(args.block), "--settle", str(args.settle),
             "--warmup", str(args.warmup), "--threads", str(args.threads), "--calls", str(args.calls),
-            "--repeats", str(args.repeats)] + (["--control"] if args.control else [])
+            "--repeats", str(args.repeats), "--segment", str(args.segment)] + \
+        (["--control"] if args.control else []) + (["--continuous"] if args.continuous else [])
     results = []
     for i in range(args.processes):
         env = sbs.child_env(files, args.load, KFORGE_MODE="active", KFORGE_BENCH_TOGGLE=1,
@@ -198,13 +234,23 @@ def main():
     for v in variants[1:]:
         if any(r["counted"][v] != [[]] for r in results):
             sys.exit(f"an '{v}' block counted intercepted calls: {[r['counted'][v] for r in results]}")
-    # A block's counts cover its prefill (the same calls as a decode step, on 4 tokens) and its
-    # untimed steps too.
-    per_step = {op: n / (1 + args.settle + args.block) for op, n in results[0]["counted"]["on"][0]}
+    if args.continuous:
+        # Each decode, whatever blocks of which variants it ran through, must decode what the
+        # longest one did at the same positions.
+        segments = [seg for r in results for seg in r["segments"]]
+        longest = max(segments, key=len)
+        if any(seg != longest[:len(seg)] for seg in segments):
+            sys.exit("decoded tokens differ between decodes at the same positions")
+    # A block's counts cover its untimed steps too, and its prefill (the same calls as a decode
+    # step, on 4 tokens) unless --continuous.
+    per_step = {op: n / ((0 if args.continuous else 1) + args.settle + args.block)
+                for op, n in results[0]["counted"]["on"][0]}
 
     print(f"# hook config: {results[0]['config']}")
+    where = (f"continuing one decode (a fresh prefill every {args.segment} rounds)" if args.continuous
+             else "after a fresh prefill")
     print(f"# {args.processes} processes x {args.rounds} rounds, {args.block} timed + {args.settle} untimed "
-          f"decode steps per block after a fresh prefill, {args.warmup} warm-up blocks per variant, "
+          f"decode steps per block {where}, {args.warmup} warm-up blocks per variant, "
           f"{results[0]['threads']} CPU thread(s)")
     print()
     print(f"GPT-2 small, batch 1, greedy decode with KV cache, {args.device}, interceptors in (on) and out "
@@ -242,7 +288,11 @@ def main():
     if args.control:
         print(line("cpu ctl", compare(pooled, "off", "off2", "_cpu"), "   (off2 against off)"))
     print("cpu time: " + verdict(cpu, len(pooled)))
-    print(f"decoded tokens: identical in every block ({args.block} per block)")
+    if args.continuous:
+        print(f"decoded tokens: identical at the same positions in every decode ({len(segments)} decodes, "
+              f"up to {len(longest)} tokens)")
+    else:
+        print(f"decoded tokens: identical in every block ({args.block} per block)")
 
     print()
     print(f"{'intercepted op':33s} {'calls/step':>10s} {'off ns':>8s} {'on ns':>8s} {'added ns':>9s}")

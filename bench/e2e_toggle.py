@@ -66,6 +66,9 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0, help="seed of the block orders (child i uses seed + i)")
     p.add_argument("--sample-rate", type=int,
                    help="KFORGE_SAMPLE_RATE of the children (default: unset, the hook's default)")
+    p.add_argument("--n-embd", type=int, default=0,
+                   help="GPT-2's width (default 0: GPT-2 small's 768); a narrow one (64) makes a CPU decode step "
+                        "bound by host-side dispatch, as a CUDA step is")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     sbs.add_kforge_arguments(p)
     return p.parse_args(argv)
@@ -92,7 +95,8 @@ def child(args):
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     torch.manual_seed(0)
     with torch.device(args.device):
-        model = GPT2LMHeadModel(GPT2Config()).eval()
+        # --n-embd: the same layers and operator calls with less arithmetic per call.
+        model = GPT2LMHeadModel(GPT2Config(**({"n_embd": args.n_embd, "n_head": 4} if args.n_embd else {}))).eval()
     step = decoder(model)
     prompt = torch.tensor([[464, 2068, 7586, 21831]], device=args.device)
 
@@ -211,7 +215,7 @@ def main():
     base = [sys.executable, os.path.abspath(__file__), "--child", "--device", args.device,
             "--rounds", str(args.rounds), "--block", str(args.block), "--settle", str(args.settle),
             "--warmup", str(args.warmup), "--threads", str(args.threads), "--calls", str(args.calls),
-            "--repeats", str(args.repeats), "--segment", str(args.segment)] + \
+            "--repeats", str(args.repeats), "--segment", str(args.segment), "--n-embd", str(args.n_embd)] + \
         (["--control"] if args.control else []) + (["--continuous"] if args.continuous else [])
     results = []
     for i in range(args.processes):
@@ -253,7 +257,8 @@ def main():
           f"decode steps per block {where}, {args.warmup} warm-up blocks per variant, "
           f"{results[0]['threads']} CPU thread(s)")
     print()
-    print(f"GPT-2 small, batch 1, greedy decode with KV cache, {args.device}, interceptors in (on) and out "
+    model = f"GPT-2 small's layers at width {args.n_embd}" if args.n_embd else "GPT-2 small"
+    print(f"{model}, batch 1, greedy decode with KV cache, {args.device}, interceptors in (on) and out "
           f"of (off) the dispatcher in the same process: median of block medians, ms/step")
 
     def compare(rows, a, b, value=""):

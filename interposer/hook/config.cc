@@ -129,6 +129,7 @@ std::string HookConfig::to_string() const {
   if (!daemon_server_key.empty()) s += " server_key=" + daemon_server_key;   // a public key
   s += " cache_dir=" + (cache_dir.empty() ? std::string("(default)") : cache_dir);
   s += " sample_rate=" + std::to_string(sample_rate);
+  s += " observe_every=" + std::to_string(observe_every);
   if (mode != HookMode::kObserve) s += " shadow_calls=" + std::to_string(shadow_calls);
   s += " report_interval_ms=" + std::to_string(report_interval_ms);
   s += " ops=" + (!ops_restricted ? std::string("(all)") : "[" + join(allow_ops) + "]");
@@ -183,6 +184,7 @@ HookConfig parse_config(const EnvLookup& env) {
   c.mode = c.requested_mode;
 
   c.sample_rate = read_uint(env, "KFORGE_SAMPLE_RATE", 1, 1000000, 64, w);
+  c.observe_every = read_uint(env, "KFORGE_OBSERVE_EVERY", 1, 4096, 16, w);
   c.shadow_calls = read_uint(env, "KFORGE_SHADOW_CALLS", 1, 1000000, 20, w);
   c.report_interval_ms = read_uint(env, "KFORGE_REPORT_INTERVAL_MS", 10, 3600000, 1000, w);
   c.allow_ops = read_op_list(env, "KFORGE_OPS", w);

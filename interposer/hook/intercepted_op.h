@@ -35,6 +35,10 @@ struct InterceptedOp {
   const bool returns_tensors;              // every return is a Tensor (what replacements can make)
   InputSampler* sampler = nullptr;         // set at registration, before the interceptor exists
   CudaTimer* timer = nullptr;              // likewise; null: CUDA calls are not timed
+  // Note [Observed calls] (interceptor.cc): this operator's slot in each thread's countdowns
+  // (kNoObserveSlot: every call observed), and HookConfig::observe_every. Set at registration.
+  uint32_t observe_slot = 0;
+  uint32_t observe_every = 1;
   std::atomic<bool> enabled{true};         // false: kforge code failed here; pass straight through
 
   void disable(std::string_view why) noexcept {

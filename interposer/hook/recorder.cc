@@ -136,7 +136,7 @@ void Recorder::retire(ThreadCounters* t) noexcept {
 }
 
 Recorder::Call Recorder::on_call_slow(const SignatureId& id, SignatureFactory make, void* context,
-                                      bool timeable) noexcept {
+                                      bool timeable, uint64_t weight) noexcept {
   Call c;
   ThreadCounters* t = counters();
   if (t == nullptr) return c;
@@ -144,7 +144,7 @@ Recorder::Call Recorder::on_call_slow(const SignatureId& id, SignatureFactory ma
   if (s == nullptr) [[unlikely]] {
     // Slow path: this thread's first call of this signature.
     if (t->full()) {
-      bump(t->overflow_calls, 1);
+      bump(t->overflow_calls, weight);
       return c;
     }
     std::unique_ptr<OpSignature> sig;
@@ -172,7 +172,7 @@ Recorder::Call Recorder::on_call_slow(const SignatureId& id, SignatureFactory ma
     }
     s = t->insert(id, published, std::move(sig));
   }
-  bump(s->calls, 1);
+  bump(s->calls, weight);
   c.slot = s;
   if (timeable && --s->sample_countdown == 0) {
     s->sample_countdown = options_.sample_rate;
@@ -181,8 +181,8 @@ Recorder::Call Recorder::on_call_slow(const SignatureId& id, SignatureFactory ma
   return c;
 }
 
-void Recorder::on_unknown_call() noexcept {
-  if (ThreadCounters* t = counters()) bump(t->unknown_calls, 1);
+void Recorder::on_unknown_call(uint64_t weight) noexcept {
+  if (ThreadCounters* t = counters()) bump(t->unknown_calls, weight);
 }
 
 Recorder::TotalsMap Recorder::merge_locked() const {

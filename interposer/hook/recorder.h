@@ -4,7 +4,7 @@
 //   Recorder& r = *new Recorder(options);         // one per process, never destroyed
 //   r.start();                                    // reporter thread: Hello, then HotReports
 //   // in the interceptor, per call:
-//   Recorder::Call c = r.on_call(id, make_signature, &ctx, /*timeable=*/cpu);
+//   Recorder::Call c = r.on_call(id, make_signature, &ctx, /*timeable=*/cpu, /*weight=*/n);
 //   if (c.sample) { t0 = now(); original(); Recorder::add_sample(c.slot, now() - t0); }
 //
 // Promises:
@@ -195,18 +195,20 @@ class Recorder {
     bool sample = false;           // time this call and pass the time to add_sample
     bool id_mismatch = false;      // the built signature's id differs from `id`: disable the op
   };
-  // Counts one call of signature `id`. Hot path for a known signature: no lock, no allocation.
+  // Counts `weight` calls of signature `id`: this one and the calls of the same operator this
+  // thread did not observe before it (Note [Observed calls] in interceptor.cc; 1 when every call
+  // is observed). Hot path for a known signature: no lock, no allocation.
   // `timeable`: the caller can time this call (CPU with a clock, CUDA with events); only such
   // calls take part in sampling.
   [[gnu::always_inline]] Call on_call(const SignatureId& id, SignatureFactory make, void* context,
-                                      bool timeable) noexcept {
+                                      bool timeable, uint64_t weight = 1) noexcept {
     // Inline: a signature this thread has counted before, in its current table. Anything else
     // (no table yet, a table from before a fork, a new signature) takes on_call_slow.
     ThreadCounters* t = t_counters_;
     if (t != nullptr && t->generation == generation_.load(std::memory_order_relaxed)) [[likely]] {
       if (CounterSlot* s = t->find(id)) [[likely]] {
         Call c;
-        bump(s->calls, 1);
+        bump(s->calls, weight);
         c.slot = s;
         if (timeable && --s->sample_countdown == 0) [[unlikely]] {
           s->sample_countdown = options_.sample_rate;
@@ -215,10 +217,10 @@ class Recorder {
         return c;
       }
     }
-    return on_call_slow(id, make, context, timeable);
+    return on_call_slow(id, make, context, timeable, weight);
   }
-  // A call whose signature could not be computed on the fast path.
-  void on_unknown_call() noexcept;
+  // `weight` calls (as on_call's) whose signature could not be computed on the fast path.
+  void on_unknown_call(uint64_t weight = 1) noexcept;
   static void add_sample(CounterSlot* slot, uint64_t ns) noexcept {
     bump(slot->sampled_calls, 1);
     bump(slot->sampled_ns, ns);
@@ -246,7 +248,8 @@ class Recorder {
   // thread_local, constant-initialized, so reading it needs no initialization check.
   static inline thread_local constinit ThreadCounters* t_counters_ = nullptr;
 
-  Call on_call_slow(const SignatureId& id, SignatureFactory make, void* context, bool timeable) noexcept;
+  Call on_call_slow(const SignatureId& id, SignatureFactory make, void* context, bool timeable,
+                    uint64_t weight) noexcept;
   ThreadCounters* counters() noexcept;
   ThreadCounters* register_thread() noexcept;
   void retire(ThreadCounters* t) noexcept;

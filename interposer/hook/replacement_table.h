@@ -122,6 +122,9 @@ class ReplacementTable {
     published().store(t, std::memory_order_release);
   }
 
+  // No replacement at all (observe mode, or nothing loaded yet).
+  [[gnu::always_inline]] bool empty() const noexcept { return slots_.empty(); }
+
   [[gnu::always_inline]] const Replacement* find(const SignatureId& id) const noexcept {
     if (slots_.empty()) return nullptr;
     for (size_t i = static_cast<size_t>(id.lo) & mask_;; i = (i + 1) & mask_) {

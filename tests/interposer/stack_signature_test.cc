@@ -348,6 +348,8 @@ TEST_CASE("HookConfig: defaults, one warning per bad value, and operator selecti
   CHECK(d.daemon_endpoint == "ipc:///run/user/1000/kforge/daemon.sock");
   CHECK(d.mode == HookMode::kObserve);
   CHECK(d.sample_rate == 64);
+  CHECK(d.observe_every == 16);
+  CHECK(d.to_string().find(" observe_every=16 ") != std::string::npos);
   CHECK(d.report_interval_ms == 1000);
   CHECK_FALSE(d.capture_inputs);
   CHECK_FALSE(d.bench_toggle);
@@ -360,9 +362,13 @@ TEST_CASE("HookConfig: defaults, one warning per bad value, and operator selecti
                                         {"KFORGE_MODE", "turbo"},
                                         {"KFORGE_DAEMON_ENDPOINT", "/tmp/sock"},
                                         {"KFORGE_LOG", "maybe"},
-                                        {"KFORGE_BENCH_TOGGLE", "sometimes"}}));
-  REQUIRE(bad.warnings.size() == 6);
-  CHECK(bad.warnings[5].find("KFORGE_BENCH_TOGGLE='sometimes'") != std::string::npos);
+                                        {"KFORGE_BENCH_TOGGLE", "sometimes"},
+                                        {"KFORGE_OBSERVE_EVERY", "0"}}));
+  REQUIRE(bad.warnings.size() == 7);
+  CHECK(bad.warnings[3] == "KFORGE_OBSERVE_EVERY='0' is not an integer in 1..4096; using 16");
+  CHECK(bad.observe_every == 16);
+  CHECK(parse_config(env_of({{"KFORGE_OBSERVE_EVERY", "1"}})).observe_every == 1);
+  CHECK(bad.warnings[6].find("KFORGE_BENCH_TOGGLE='sometimes'") != std::string::npos);
   CHECK_FALSE(bad.bench_toggle);
   CHECK(bad.warnings[0].find("KFORGE_DAEMON_ENDPOINT='/tmp/sock'") != std::string::npos);
   CHECK(bad.warnings[1].find("KFORGE_MODE='turbo'") != std::string::npos);

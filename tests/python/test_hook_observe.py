@@ -63,9 +63,13 @@ def cpu_arch(build_dir):
     return json.loads(out)["cpu_environment"]["arch"]
 
 
-def child_env(hook=None, **extra):
+def child_env(hook=None, observe_every=1, **extra):
     # The hook reads KFORGE_*: none of the caller's may leak into a child.
     env = {k: v for k, v in os.environ.items() if not k.startswith("KFORGE_") and k != "LD_PRELOAD"}
+    # Most tests here count calls exactly: every call observed. observe_every=None leaves the
+    # hook's default (about one in 16 while nothing is loaded: Note [Observed calls]).
+    if observe_every is not None:
+        env["KFORGE_OBSERVE_EVERY"] = str(observe_every)
     # Nobody serves this endpoint unless a test says otherwise: the hook never talks to a real daemon.
     # A private (0700) directory nobody serves: the hook refuses socket directories others can write.
     env["KFORGE_DAEMON_ENDPOINT"] = f"ipc://{tempfile.mkdtemp(prefix='kforge-nobody-')}/daemon.sock"
@@ -155,8 +159,9 @@ def model_runs(request, hook_path, tmp_path_factory):
     dev = request.param
     d = tmp_path_factory.mktemp("models-" + dev)
     plain, _, plain_wall = run_child(MODELS, child_env(KFORGE_TEST_OUT=d / "plain.pt", KFORGE_TEST_DEVICE=dev))
+    # The hook as it runs by default.
     hooked, hooked_err, hooked_wall = run_child(
-        MODELS, child_env(hook_path, KFORGE_TEST_OUT=d / "hooked.pt", KFORGE_TEST_DEVICE=dev))
+        MODELS, child_env(hook_path, observe_every=None, KFORGE_TEST_OUT=d / "hooked.pt", KFORGE_TEST_DEVICE=dev))
     assert plain["stats"] is None
     return {"dir": d, "stats": hooked["stats"], "stderr": hooked_err, "device": dev,
             "wall": (plain_wall, hooked_wall)}
@@ -272,6 +277,43 @@ def test_counts_and_signatures_match_the_calls(hook_path, cpu_arch):
     # The fast path's id equals OpSignature::id() of the signature it built, for every one of them.
     assert s["id_mismatches"] == 0
     assert len({sig["id"] for sig in s["signatures"]}) == len(s["signatures"])
+
+
+OBSERVED = """
+a, b = torch.randn(4, 8), torch.randn(2, 16)
+with torch.no_grad():
+    F.layer_norm(a, [8])            # once: a thread's first call of an operator is always observed
+    for _ in range(3000):           # two shapes in turn: a fixed sampling period could see only one
+        torch.softmax(a, -1)
+        torch.softmax(b, -1)
+    for _ in range(1000):
+        F.gelu(a)
+emit({"stats": stats()})
+"""
+
+
+def test_by_default_about_one_call_in_16_is_observed_and_the_counts_still_add_up(hook_path):
+    # The default: no replacement is loaded, so each thread observes about one call in 16 of each
+    # operator (Note [Observed calls]); KFORGE_SAMPLE_RATE=1 times every observed call, so
+    # sampled_calls counts them.
+    result, _, _ = run_child(OBSERVED, child_env(hook_path, observe_every=None, KFORGE_SAMPLE_RATE=1))
+    s = result["stats"]
+    assert " observe_every=16 " in s["config"], s["config"]
+    by_op = lambda op: [sig for sig in s["signatures"] if sig["op"] == op]  # noqa: E731
+    assert [sig["calls"] for sig in by_op("aten::native_layer_norm")] == [1]
+    softmax = by_op("aten::_softmax")
+    assert len(softmax) == 2, [sig["signature"] for sig in softmax]
+    # Each observed call counts the calls skipped before it: exact up to the last observed call,
+    # and gaps are at most 31 calls.
+    total = sum(sig["calls"] for sig in softmax)
+    assert 6000 - 31 < total <= 6000, total
+    for sig in softmax:
+        assert 0.8 * 3000 <= sig["calls"] <= 1.2 * 3000, (sig["signature"], sig["calls"])
+    observed = sum(sig["sampled_calls"] for sig in softmax)
+    assert 300 <= observed <= 460, observed          # 6000 / 16 = 375
+    gelu = by_op("aten::gelu")
+    assert len(gelu) == 1 and 1000 - 31 < gelu[0]["calls"] <= 1000 and gelu[0]["sampled_calls"] <= 100
+    assert s["unknown_calls"] == 0 and s["id_mismatches"] == 0
 
 
 THREADS = """

@@ -96,10 +96,10 @@ def test_a_cpp_program_linked_with_libtorch_gets_the_hook_before_main(cxx_progra
     calls = {}
     for sig in stats["signatures"]:
         calls[sig["op"]] = calls.get(sig["op"], 0) + sig["calls"]
-    assert calls.get("aten::_softmax") == 50
-    assert calls.get("aten::gelu") == 50
-    assert calls.get("aten::silu") == 50
-    assert calls.get("aten::add.Tensor") == 100
+    # By default about one call in 16 is observed and counted with the calls skipped before it
+    # (Note [Observed calls]): exact up to the last observed call, and gaps are at most 31 calls.
+    for op, n in {"aten::_softmax": 50, "aten::gelu": 50, "aten::silu": 50, "aten::add.Tensor": 100}.items():
+        assert n - 31 < calls.get(op, 0) <= n, (op, calls)
 
 
 RECEIVER = """

@@ -3,8 +3,12 @@ greedy decode steps in blocks with kforge's interceptors in the dispatcher and b
 
 Here (build tree, CPU; about 4 minutes):
     .venv/bin/python bench/e2e_toggle.py --device cpu --processes 2 --rounds 60 --block 8
+Here, host-bound like a CUDA step (GPT-2 small's layers at width 64; about 1 minute per process):
+    .venv/bin/python bench/e2e_toggle.py --device cpu --processes 2 --rounds 600 --block 2 --settle 1 \
+        --control --continuous --n-embd 64
 On a GPU host, from an unpacked bundle and this source tree's bench/ (about 5 minutes):
-    python3 bench/e2e_toggle.py --device cuda --processes 3 --rounds 200 --block 32 --bundle-root <bundle>
+    python3 bench/e2e_toggle.py --device cuda --processes 3 --rounds 800 --block 2 --settle 1 --control \
+        --continuous --bundle-root <bundle>
 
 Why one process. bench/e2e_overhead.py compares a process without kforge against one with it. On a
 VM the same program runs its host code (which is what a batch-1 decode step is bound by) up to 2x
@@ -23,6 +27,11 @@ times --block decode steps (synchronized after every step on CUDA) and keeps the
 block decodes the same tokens at the same positions, which the parent checks, and it checks the
 hook's counters: an "on" block counts the same intercepted calls every time, an "off" block none.
 --control adds a second "off" block per round ("off2"): off against off2 is the noise floor.
+With --continuous the blocks do not prefill: they continue one decode (a fresh prefill, outside
+the blocks, every --segment rounds), so with short blocks the variants of a round run tens of
+milliseconds apart. On the H200 host that gave an interval 2.6 times narrower than whole prefilled blocks in
+the same time, with an A/A control near zero (bench/results/2026-12-04-h200-cuda-e2e-toggle-*.log);
+each decode must then decode the same tokens at the same positions.
 
 The parent pools every round of every child and prints the paired relative difference on/off - 1
 (order-balanced median with a bootstrap 95% interval, as bench/side_by_side.py's paired()), the same
@@ -69,6 +78,8 @@ def parse_args(argv=None):
     p.add_argument("--n-embd", type=int, default=0,
                    help="GPT-2's width (default 0: GPT-2 small's 768); a narrow one (64) makes a CPU decode step "
                         "bound by host-side dispatch, as a CUDA step is")
+    p.add_argument("--observe-every", type=int,
+                   help="KFORGE_OBSERVE_EVERY of the children (default: unset, the hook's default)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     sbs.add_kforge_arguments(p)
     return p.parse_args(argv)
@@ -169,7 +180,7 @@ def child(args):
         threads_after = thread_times()
         # Per-call cost of each intercepted operator on tiny CPU tensors (the hook's work is on the
         # host whatever the device), on and off alternated.
-        ops = sorted(rows[0]["on"][2])
+        ops = sorted({op for row in rows for op in row["on"][2]})
         calls = tiny_calls(torch)
         if args.device == "cuda":
             # The same calls on CUDA tensors: launch-bound, so this is the host's cost per call,
@@ -192,7 +203,12 @@ def child(args):
     sbs.emit({"rows": [{"order": row["order"], **{v: row[v][0] for v in variants},
                         **{v + "_cpu": row[v][3] for v in variants}} for row in rows],
               "tokens": {v: sorted({tuple(row[v][1]) for row in rows}) for v in variants},
-              "counted": {v: sorted({tuple(sorted(row[v][2].items())) for row in rows}) for v in variants},
+              # Per variant: the operators each block counted, and the calls counted over all blocks
+              # (the hook observes about one call in KFORGE_OBSERVE_EVERY and counts it with the calls
+              # it skipped before it, so a block's counts vary; their sum does not).
+              "counted_ops": {v: sorted({tuple(sorted(row[v][2])) for row in rows}) for v in variants},
+              "counted_sum": {v: {op: sum(row[v][2].get(op, 0) for row in rows)
+                                  for op in sorted({op for row in rows for op in row[v][2]})} for v in variants},
               "segments": segments, "micro": micro, "wall_ms": wall_ms, "others": others, "threads": torch.get_num_threads(),
               "config": stats["config"], "cuda_timing": stats["cuda_timing"],
               "headline": f"on {statistics.median(on):.3f} ms/step, off {statistics.median(off):.3f} ms/step "
@@ -221,7 +237,8 @@ def main():
     for i in range(args.processes):
         env = sbs.child_env(files, args.load, KFORGE_MODE="active", KFORGE_BENCH_TOGGLE=1,
                             KFORGE_CACHE_DIR=sbs.private_dir("kforge-empty-cache-"),
-                            **({"KFORGE_SAMPLE_RATE": args.sample_rate} if args.sample_rate else {}))
+                            **({"KFORGE_SAMPLE_RATE": args.sample_rate} if args.sample_rate else {}),
+                            **({"KFORGE_OBSERVE_EVERY": args.observe_every} if args.observe_every else {}))
         res = sbs.run_child(base + ["--seed", str(args.seed + i)], env, timeout=1800, cpus=args.cpus)
         print(f"  child {i + 1}/{args.processes}: {res['headline']}", flush=True)
         results.append(res)
@@ -232,12 +249,11 @@ def main():
     tokens = {json.dumps(r["tokens"][v]) for r in results for v in variants}
     if len(tokens) != 1 or len(results[0]["tokens"]["on"]) != 1:
         sys.exit(f"decoded tokens differ between blocks: {sorted(tokens)}")
-    counted_on = {json.dumps(r["counted"]["on"]) for r in results}
-    if len(counted_on) != 1 or len(results[0]["counted"]["on"]) != 1 or not results[0]["counted"]["on"][0]:
-        sys.exit(f"'on' blocks did not all count the same intercepted calls: {sorted(counted_on)}")
+    if any(not ops for r in results for ops in r["counted_ops"]["on"]):
+        sys.exit(f"an 'on' block counted no intercepted call: {[r['counted_ops']['on'] for r in results]}")
     for v in variants[1:]:
-        if any(r["counted"][v] != [[]] for r in results):
-            sys.exit(f"an '{v}' block counted intercepted calls: {[r['counted'][v] for r in results]}")
+        if any(r["counted_ops"][v] != [[]] for r in results):
+            sys.exit(f"an '{v}' block counted intercepted calls: {[r['counted_ops'][v] for r in results]}")
     if args.continuous:
         # Each decode, whatever blocks of which variants it ran through, must decode what the
         # longest one did at the same positions.
@@ -247,8 +263,11 @@ def main():
             sys.exit("decoded tokens differ between decodes at the same positions")
     # A block's counts cover its untimed steps too, and its prefill (the same calls as a decode
     # step, on 4 tokens) unless --continuous.
-    per_step = {op: n / ((0 if args.continuous else 1) + args.settle + args.block)
-                for op, n in results[0]["counted"]["on"][0]}
+    steps = sum(len(r["rows"]) for r in results) * ((0 if args.continuous else 1) + args.settle + args.block)
+    per_step = {}
+    for r in results:
+        for op, n in r["counted_sum"]["on"].items():
+            per_step[op] = per_step.get(op, 0) + n / steps
 
     print(f"# hook config: {results[0]['config']}")
     where = (f"continuing one decode (a fresh prefill every {args.segment} rounds)" if args.continuous

@@ -53,9 +53,10 @@ std::unique_ptr<OpSignature> make_signature(void* context) {
 // Observing a call (its signature: read every argument, encode and hash them, probe the
 // replacement table and this thread's counters) costs little in a loop that calls one operator,
 // but between the hundreds of other operator calls of a model step its code and data are cold
-// again each time: on a host-bound GPT-2 decode step that came to about 600 ns per intercepted
-// call, 1.0-1.5% of the step, several times what the same path costs in a tight loop
-// (bench/e2e_toggle.py --continuous, on CUDA and with --n-embd 64 on CPU). So while no
+// again each time: on a host-bound GPT-2 decode step that came to 700-950 ns per intercepted call,
+// +1.22% of a step on the H200 host and +1.45% with --n-embd 64 on a CPU VM, several times what
+// the same path costs in a tight loop (bench/e2e_toggle.py --continuous; about +0.5% at 16:
+// bench/results/2026-12-04-*-e2e-toggle-observe.log). So while no
 // replacement is loaded in this process (the replacement table is empty: observe mode, an empty
 // cache, nothing hot yet), each thread observes about one call in KFORGE_OBSERVE_EVERY of each
 // operator and runs the others straight through to PyTorch's kernel. The gaps between observed
@@ -65,8 +66,9 @@ std::unique_ptr<OpSignature> make_signature(void* context) {
 // operator is exact up to its last observed call, and split among signatures in proportion to
 // what was observed. A thread's first call of each operator is observed (first sight, which is
 // when the loader looks for cache entries). Once any replacement is loaded, every call is
-// observed, as a hit must be found on every call; the next call of each operator then carries
-// the calls skipped before it. KFORGE_OBSERVE_EVERY=1 observes every call, always.
+// observed, as a hit must be found on every call (for every operator: the table does not say
+// which operators it serves); the next call of each operator then carries the calls skipped
+// before it. KFORGE_OBSERVE_EVERY=1 observes every call, always.
 constexpr uint32_t kObserveSlots = 32;   // per thread; operators beyond are always observed
 constexpr uint32_t kNoObserveSlot = kObserveSlots;
 

@@ -34,6 +34,15 @@ def test_e2e_toggle_runs_and_its_checks_pass(build_dir):
     assert "aten::add.Tensor" in out and "aten::native_layer_norm" in out, out
 
 
+def test_e2e_toggle_continuous_runs_and_its_checks_pass(build_dir):
+    # Blocks that continue one decode (a fresh prefill every 2 rounds), on the narrow GPT-2.
+    out = run_bench("e2e_toggle.py", build_dir, "--processes", "1", "--rounds", "4", "--block", "2", "--settle", "1",
+                    "--warmup", "1", "--control", "--continuous", "--segment", "2", "--n-embd", "64",
+                    "--calls", "200", "--repeats", "2")
+    assert "decoded tokens: identical at the same positions in every decode (3 decodes" in out, out
+    assert "observe_every=16" in out and "GPT-2 small's layers at width 64" in out, out
+
+
 def test_e2e_overhead_runs_and_its_checks_pass(build_dir):
     out = run_bench("e2e_overhead.py", build_dir, "--pairs", "2", "--steps", "2", "--warmup", "1", "--calls", "200",
                     "--repeats", "1", "--calib-calls", "10")

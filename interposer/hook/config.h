@@ -57,8 +57,8 @@ struct HookConfig {
   HookMode requested_mode = HookMode::kObserve;
   HookMode mode = HookMode::kObserve;    // what runs (= requested_mode)
   uint32_t sample_rate = 64;
-  // KFORGE_OBSERVE_EVERY: while no replacement is loaded, about one call in this many (per thread
-  // and operator) is observed (Note [Observed calls] in interceptor.cc); 1: every call.
+  // KFORGE_OBSERVE_EVERY: of an operator with no replacement loaded, about one call in this many
+  // (per thread) is observed (Note [Observed calls] in interceptor.cc); 1: every call.
   uint32_t observe_every = 16;
   uint32_t shadow_calls = 20;
   uint32_t report_interval_ms = 1000;

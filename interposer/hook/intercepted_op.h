@@ -14,6 +14,7 @@
 #include "interposer/hook/input_sampler.h"
 #include "interposer/hook/log.h"
 #include "interposer/hook/recorder.h"
+#include "interposer/hook/replacement_table.h"
 #include "interposer/hook/stack_signature.h"
 #include "interposer/hook/target_arch.h"
 
@@ -36,8 +37,9 @@ struct InterceptedOp {
   InputSampler* sampler = nullptr;         // set at registration, before the interceptor exists
   CudaTimer* timer = nullptr;              // likewise; null: CUDA calls are not timed
   // Note [Observed calls] (interceptor.cc): this operator's slot in each thread's countdowns
-  // (kNoObserveSlot: every call observed), and HookConfig::observe_every. Set at registration.
-  uint32_t observe_slot = 0;
+  // (ObserveSlots in replacement_table.h; kObserveSlots: every call observed), and
+  // HookConfig::observe_every. Set at registration.
+  uint32_t observe_slot = kObserveSlots;
   uint32_t observe_every = 1;
   std::atomic<bool> enabled{true};         // false: kforge code failed here; pass straight through
 

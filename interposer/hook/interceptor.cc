@@ -56,22 +56,19 @@ std::unique_ptr<OpSignature> make_signature(void* context) {
 // again each time: on a host-bound GPT-2 decode step that came to 700-950 ns per intercepted call,
 // +1.22% of a step on the H200 host and +1.45% with --n-embd 64 on a CPU VM, several times what
 // the same path costs in a tight loop (bench/e2e_toggle.py --continuous; about +0.5% at 16:
-// bench/results/2026-12-04-*-e2e-toggle-observe.log). So while no
-// replacement is loaded in this process (the replacement table is empty: observe mode, an empty
-// cache, nothing hot yet), each thread observes about one call in KFORGE_OBSERVE_EVERY of each
-// operator and runs the others straight through to PyTorch's kernel. The gaps between observed
-// calls are drawn at random from 1..2N-1 (mean N), so no periodic call pattern (a model step
-// calling one operator on two shapes alternately) can hide a signature, and each observed call is
-// counted with the number of calls since the previous one (its weight): a thread's count of an
-// operator is exact up to its last observed call, and split among signatures in proportion to
-// what was observed. A thread's first call of each operator is observed (first sight, which is
-// when the loader looks for cache entries). Once any replacement is loaded, every call is
-// observed, as a hit must be found on every call (for every operator: the table does not say
-// which operators it serves); the next call of each operator then carries the calls skipped
-// before it. KFORGE_OBSERVE_EVERY=1 observes every call, always.
-constexpr uint32_t kObserveSlots = 32;   // per thread; operators beyond are always observed
-constexpr uint32_t kNoObserveSlot = kObserveSlots;
-
+// bench/results/2026-12-04-*-e2e-toggle-observe.log). So while no replacement is loaded for an
+// operator at a backend (the replacement table does not serve its ObserveSlots slot: observe
+// mode, an empty cache, nothing hot yet, or kernels only for other operators), each thread
+// observes about one call in KFORGE_OBSERVE_EVERY of it and runs the others straight through to
+// PyTorch's kernel. The gaps between observed calls are drawn at random from 1..2N-1 (mean N), so
+// no periodic call pattern (a model step calling one operator on two shapes alternately) can
+// hide a signature, and each observed call is counted with the number of calls since the
+// previous one (its weight): a thread's count of an operator is exact up to its last observed
+// call, and split among signatures in proportion to what was observed. A thread's first call of
+// each operator is observed (first sight, which is when the loader looks for cache entries).
+// Once a replacement is loaded for an operator, every call of it is observed, as a hit must be
+// found on every call; the next call then carries the calls skipped before it.
+// KFORGE_OBSERVE_EVERY=1 observes every call, always.
 struct ObserveCountdown {
   uint32_t left = 1;   // calls until the next observed one, this one included
   uint32_t gap = 1;    // what `left` was set to after the last observed call
@@ -95,7 +92,7 @@ uint32_t next_gap(uint32_t every) noexcept {
   if (op.observe_slot >= kObserveSlots) return 1;
   ObserveCountdown& c = t_observe[op.observe_slot];
   const uint32_t left = --c.left;
-  const bool sampling = ReplacementTable::current()->empty();
+  const bool sampling = !ReplacementTable::current()->serves(op.observe_slot);
   if (left != 0 && sampling) [[likely]] return 0;
   const uint32_t weight = c.gap - left;
   const uint32_t gap = sampling && op.observe_every > 1 ? next_gap(op.observe_every) : 1;
@@ -408,7 +405,6 @@ RegistrationSummary register_catalog(const HookConfig& config, Recorder& recorde
         {c10::DispatchKey::CPU, Backend::kCpu, nullptr},
         {c10::DispatchKey::CUDA, Backend::kCuda, nullptr},
     };
-    uint32_t next_observe_slot = 0;   // Note [Observed calls]
     // Note [Bench toggle]: only with KFORGE_BENCH_TOGGLE=1.
     BenchToggle* toggle = config.bench_toggle ? new BenchToggle : nullptr;
     for (Key& k : keys) {
@@ -461,7 +457,7 @@ RegistrationSummary register_catalog(const HookConfig& config, Recorder& recorde
           op->sampler = sampler;
           op->timer = timer;
           op->observe_every = config.observe_every;
-          op->observe_slot = next_observe_slot < kObserveSlots ? next_observe_slot++ : kNoObserveSlot;
+          op->observe_slot = ObserveSlots::instance().assign(cat.name, cat.overload, k.backend);
           std::string impl_name(cat.name.substr(cat.name.find("::") + 2));
           if (!cat.overload.empty()) impl_name += "." + std::string(cat.overload);
           std::string how = register_interceptor(*k.library, impl_name, cat, op);

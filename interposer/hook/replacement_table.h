@@ -14,6 +14,9 @@
 #include <cstdint>
 #include <cstddef>
 #include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -96,11 +99,52 @@ struct Replacement {
   Swapper* owner = nullptr;
 };
 
+// Which slot of each thread's observation countdowns (Note [Observed calls] in interceptor.cc)
+// belongs to which intercepted operator at which backend: assigned at registration, read by the
+// Swapper when it builds a table, so the table can say which operators it serves.
+inline constexpr uint32_t kObserveSlots = 32;   // more operators than this: always observed
+
+class ObserveSlots {
+ public:
+  static ObserveSlots& instance() {
+    static auto* s = new ObserveSlots();   // never destroyed: read until the process ends
+    return *s;
+  }
+  // A new slot for (op, overload, backend), or kObserveSlots when none is left.
+  uint32_t assign(std::string_view op, std::string_view overload, Backend backend) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (keys_.size() >= kObserveSlots) return kObserveSlots;
+    keys_.push_back(key(op, overload, backend));
+    return static_cast<uint32_t>(keys_.size() - 1);
+  }
+  // The bits of every slot assigned to (op, overload, backend); every bit when there is none (an
+  // operator not known here is then observed on every call, never skipped wrongly).
+  uint64_t mask(std::string_view op, std::string_view overload, Backend backend) const {
+    const std::string k = key(op, overload, backend);
+    std::lock_guard<std::mutex> lock(mu_);
+    uint64_t m = 0;
+    for (size_t i = 0; i < keys_.size(); ++i) {
+      if (keys_[i] == k) m |= uint64_t{1} << i;
+    }
+    return m != 0 ? m : ~uint64_t{0};
+  }
+
+ private:
+  static std::string key(std::string_view op, std::string_view overload, Backend backend) {
+    return std::string(op) + "." + std::string(overload) + (backend == Backend::kCuda ? "@cuda" : "@cpu");
+  }
+  mutable std::mutex mu_;
+  std::vector<std::string> keys_;
+};
+
 class ReplacementTable {
  public:
   // Open addressing over a power-of-two array at most half full: a miss is usually one probe.
-  static const ReplacementTable* build(std::vector<std::pair<SignatureId, const Replacement*>> entries) {
+  // `observe_mask`: the ObserveSlots bits of the operators the entries are for.
+  static const ReplacementTable* build(std::vector<std::pair<SignatureId, const Replacement*>> entries,
+                                       uint64_t observe_mask = 0) {
     auto* t = new ReplacementTable();
+    t->observe_mask_ = entries.empty() ? 0 : observe_mask;
     if (entries.empty()) return t;
     const size_t cap = std::bit_ceil(entries.size() * 2);
     t->slots_.resize(cap);
@@ -122,8 +166,11 @@ class ReplacementTable {
     published().store(t, std::memory_order_release);
   }
 
-  // No replacement at all (observe mode, or nothing loaded yet).
-  [[gnu::always_inline]] bool empty() const noexcept { return slots_.empty(); }
+  // Whether a call of the operator in ObserveSlots slot `slot` may have a replacement here, so
+  // that every such call must be observed. Slots beyond kObserveSlots: always.
+  [[gnu::always_inline]] bool serves(uint32_t slot) const noexcept {
+    return slot >= kObserveSlots || ((observe_mask_ >> slot) & 1) != 0;
+  }
 
   [[gnu::always_inline]] const Replacement* find(const SignatureId& id) const noexcept {
     if (slots_.empty()) return nullptr;
@@ -149,6 +196,7 @@ class ReplacementTable {
 
   std::vector<Slot> slots_;
   size_t mask_ = 0;
+  uint64_t observe_mask_ = 0;
 };
 
 }  // namespace kforge::hook

@@ -108,10 +108,13 @@ void Swapper::wake() noexcept {
 
 void Swapper::publish_locked() {
   std::vector<std::pair<SignatureId, const Replacement*>> entries;
+  uint64_t observe_mask = 0;   // the operators with a replacement: every call of them is observed
   for (const auto& [id, rec] : records_) {
-    if (rec.current != nullptr) entries.emplace_back(id, rec.current);
+    if (rec.current == nullptr) continue;
+    entries.emplace_back(id, rec.current);
+    observe_mask |= rec.observe_bits;
   }
-  ReplacementTable::publish(ReplacementTable::build(std::move(entries)));
+  ReplacementTable::publish(ReplacementTable::build(std::move(entries), observe_mask));
 }
 
 void Swapper::shadow_clean(const Replacement& r) noexcept {
@@ -517,6 +520,7 @@ bool Swapper::publish_new(const OpSignature& sig, const StoredEntry& entry, Repl
     rec.counters = r->counters;
     rec.cuda = r->cuda;
     rec.backend = r->backend;
+    rec.observe_bits = ObserveSlots::instance().mask(sig.op, sig.overload, sig.target.backend);
     rec.key = entry.key;
     rec.label = label;
     rec.state = "shadow";

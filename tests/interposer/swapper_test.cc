@@ -151,6 +151,36 @@ TEST_CASE("cuda_entry_image: the cubin if there is one, else the PTX, NUL-termin
   }
 }
 
+TEST_CASE("ObserveSlots and ReplacementTable::serves: a table serves exactly the operators of its entries") {
+  using kforge::hook::kObserveSlots;
+  using kforge::hook::ObserveSlots;
+  using kforge::hook::Replacement;
+  using kforge::hook::ReplacementTable;
+  ObserveSlots slots;
+  const uint32_t add_cpu = slots.assign("aten::add", "Tensor", Backend::kCpu);
+  const uint32_t add_cuda = slots.assign("aten::add", "Tensor", Backend::kCuda);
+  const uint32_t gelu_cpu = slots.assign("aten::gelu", "", Backend::kCpu);
+  CHECK(add_cpu == 0);
+  CHECK(add_cuda == 1);
+  CHECK(gelu_cpu == 2);
+  CHECK(slots.mask("aten::add", "Tensor", Backend::kCuda) == 0b10);
+  CHECK(slots.mask("aten::gelu", "", Backend::kCpu) == 0b100);
+  // Not registered here: every bit, so its calls are all observed rather than wrongly skipped.
+  CHECK(slots.mask("aten::silu", "", Backend::kCpu) == ~uint64_t{0});
+  for (uint32_t i = 3; i < kObserveSlots; ++i) slots.assign("aten::op" + std::to_string(i), "", Backend::kCpu);
+  CHECK(slots.assign("aten::one_too_many", "", Backend::kCpu) == kObserveSlots);
+
+  const ReplacementTable* empty = ReplacementTable::build({}, ~uint64_t{0});
+  CHECK_FALSE(empty->serves(add_cpu));
+  CHECK(empty->serves(kObserveSlots));   // an operator without a slot: always observed
+  static const Replacement r;
+  const ReplacementTable* t = ReplacementTable::build({{SignatureId{1, 2}, &r}}, slots.mask("aten::add", "Tensor", Backend::kCuda));
+  CHECK(t->find(SignatureId{1, 2}) == &r);
+  CHECK(t->serves(add_cuda));
+  CHECK_FALSE(t->serves(add_cpu));
+  CHECK_FALSE(t->serves(gelu_cpu));
+}
+
 TEST_CASE("CudaModules: a slot per device ordinal, empty until the loader fills it, none out of range") {
   CudaModules modules(nullptr);
   CHECK(modules.on_device(0) == nullptr);

@@ -67,7 +67,7 @@ def child_env(hook=None, observe_every=1, **extra):
     # The hook reads KFORGE_*: none of the caller's may leak into a child.
     env = {k: v for k, v in os.environ.items() if not k.startswith("KFORGE_") and k != "LD_PRELOAD"}
     # Most tests here count calls exactly: every call observed. observe_every=None leaves the
-    # hook's default (about one in 16 while nothing is loaded: Note [Observed calls]).
+    # hook's default (about one in 16 of an operator with no kernel loaded: Note [Observed calls]).
     if observe_every is not None:
         env["KFORGE_OBSERVE_EVERY"] = str(observe_every)
     # Nobody serves this endpoint unless a test says otherwise: the hook never talks to a real daemon.

@@ -192,6 +192,35 @@ def criterion_ok(x, y):
             and err_c <= 2 * err_t + 8 * eps * ref.abs().max().item() and rel_c <= 2 * rel_t + 8 * eps)
 
 
+PARTIAL = """
+torch.manual_seed(0)
+x, g = torch.randn(64, 1000), torch.randn(64, 1000)
+torch.softmax(x, -1)                 # first sight: the next round loads the softmax entry
+lib.kforge_hook_report_now(20000)
+for _ in range(1600):
+    torch.softmax(x, -1)
+    torch.nn.functional.gelu(g)
+emit({"stats": stats()})
+"""
+
+
+def test_only_the_operator_with_a_replacement_is_observed_on_every_call(hook_path, tools, softmax_signature,
+                                                                         tmp_path):
+    # Note [Observed calls]: the loaded softmax entry makes every softmax call observed (a hit may
+    # come on any of them); gelu, with no entry, stays at about one call in 16. KFORGE_SAMPLE_RATE=1
+    # times every observed miss, so sampled_calls counts them.
+    cache, _ = make_cache(tmp_path, tools, softmax_signature, "good")
+    res, err = run_child(PARTIAL, child_env(hook_path, KFORGE_CACHE_DIR=cache, KFORGE_MODE="active",
+                                            KFORGE_SAMPLE_RATE=1))
+    s = res["stats"]
+    (sig,) = softmax_sig(s)
+    assert sig["state"] == "active", (sig, err)
+    assert sig["calls"] == 1601 and sig["shadow_calls"] + sig["active_calls"] == 1600, sig
+    (gelu,) = [x for x in s["signatures"] if x["op"] == "aten::gelu"]
+    assert 1600 - 31 < gelu["calls"] <= 1600, gelu
+    assert 60 <= gelu["sampled_calls"] <= 150, gelu       # 1600 / 16 = 100
+
+
 def test_good_entry_goes_shadow_then_active(hook_path, build_dir, tools, softmax_signature, tmp_path):
     cache, key = make_cache(tmp_path, tools, softmax_signature, "good")
     res, err, xs, ys = run_model(hook_path, tmp_path, cache, 40, KFORGE_MODE="active")

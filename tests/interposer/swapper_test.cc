@@ -170,11 +170,13 @@ TEST_CASE("ObserveSlots and ReplacementTable::serves: a table serves exactly the
   for (uint32_t i = 3; i < kObserveSlots; ++i) slots.assign("aten::op" + std::to_string(i), "", Backend::kCpu);
   CHECK(slots.assign("aten::one_too_many", "", Backend::kCpu) == kObserveSlots);
 
-  const ReplacementTable* empty = ReplacementTable::build({}, ~uint64_t{0});
+  // The hook never frees a table (a thread may still probe it); the test does.
+  const std::unique_ptr<const ReplacementTable> empty(ReplacementTable::build({}, ~uint64_t{0}));
   CHECK_FALSE(empty->serves(add_cpu));
   CHECK(empty->serves(kObserveSlots));   // an operator without a slot: always observed
   static const Replacement r;
-  const ReplacementTable* t = ReplacementTable::build({{SignatureId{1, 2}, &r}}, slots.mask("aten::add", "Tensor", Backend::kCuda));
+  const std::unique_ptr<const ReplacementTable> t(
+      ReplacementTable::build({{SignatureId{1, 2}, &r}}, slots.mask("aten::add", "Tensor", Backend::kCuda)));
   CHECK(t->find(SignatureId{1, 2}) == &r);
   CHECK(t->serves(add_cuda));
   CHECK_FALSE(t->serves(add_cpu));

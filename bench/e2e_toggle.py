@@ -25,7 +25,8 @@ variants (seeded), so drift and any effect of running first or second fall on bo
 sets the variant, prefills the same prompt into a fresh KV cache, runs --settle untimed steps, then
 times --block decode steps (synchronized after every step on CUDA) and keeps their median. Every
 block decodes the same tokens at the same positions, which the parent checks, and it checks the
-hook's counters: an "on" block counts the same intercepted calls every time, an "off" block none.
+hook's counters: every "on" block counts intercepted calls, an "off" block none (the hook observes
+about one call in KFORGE_OBSERVE_EVERY, so a block's counts vary; calls/step come from their sums).
 --control adds a second "off" block per round ("off2"): off against off2 is the noise floor.
 With --continuous the blocks do not prefill: they continue one decode (a fresh prefill, outside
 the blocks, every --segment rounds), so with short blocks the variants of a round run tens of
@@ -341,8 +342,8 @@ def main():
     print(f"other threads' CPU time over the rounds: {hook_ms:.0f} ms in {wall_ms / 1000:.0f} s of wall time "
           f"({hook_ms / wall_ms:.3%}): " + (", ".join(f"{k} {v:.0f} ms" for k, v in
                                                       sorted(busiest.items(), key=lambda kv: -kv[1])[:5]) or "none"))
-    timing = {k: sum(r["cuda_timing"][k] for r in results) for k in results[0]["cuda_timing"]}
     if args.device == "cuda":
+        timing = {k: sum(r["cuda_timing"][k] for r in results) for k in results[0]["cuda_timing"]}
         print("hook's CUDA timing over all children (Note [CUDA timing budget]): " +
               ", ".join(f"{k} {v}" for k, v in timing.items()))
     print(f"# load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")

@@ -26,7 +26,7 @@ if [[ ! -f "$FUZZ_BUILD/CMakeCache.txt" ]]; then
     -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DKFORGE_WERROR=ON \
     -DKFORGE_BUILD_TESTS=OFF -DKFORGE_FUZZ=ON -DKFORGE_FUZZ_SECONDS="${KFORGE_FUZZ_SECONDS:-20}"
 fi
-cmake --build "$FUZZ_BUILD" --parallel "$(nproc)" --target fuzz_launch_expr fuzz_kernel_spec fuzz_wire fuzz_op_signature fuzz_bundle fuzz_manifest
+cmake --build "$FUZZ_BUILD" --parallel "$(nproc)" --target fuzz_launch_expr fuzz_kernel_spec fuzz_wire fuzz_op_signature fuzz_bundle fuzz_manifest fuzz_daemon_messages
 ctest --test-dir "$FUZZ_BUILD" -L fuzz --output-on-failure -j "$(nproc)" || status=1
 
 # No torch targets here: the unit tests link only torch-free libraries, and an instrumented hook or

@@ -1,20 +1,29 @@
 #include "tools/status_command.h"
 
+#include <fcntl.h>
 #include <nlohmann/json.hpp>
+#include <sys/file.h>
 #include <unistd.h>
 #include <zmq.h>
 
+#include <cerrno>
+#include <charconv>
 #include <cstdio>
 #include <cstdlib>
 
 #include "interposer/daemon_client.h"
+#include "runtime/control_message.h"
 #include "runtime/daemon_endpoint.h"
+#include "runtime/unique_fd.h"
 
 namespace kforge {
 
 namespace {
 
 using json = nlohmann::json;
+
+// Signatures the table shows unless --limit says otherwise.
+constexpr uint32_t kTableLimit = 50;
 
 std::string fixed(double v, int digits) {
   char buf[64];
@@ -62,6 +71,22 @@ std::optional<std::string> ask(const std::string& endpoint, const std::string& s
   return reply;
 }
 
+// When an ipc:// daemon did not answer: whether one holds the endpoint's lock (kforged keeps an
+// flock on <socket>.lock while it runs), and its pid. 0: none runs there.
+int32_t daemon_holding_lock(const std::string& endpoint) {
+  if (endpoint.rfind("ipc://", 0) != 0) return 0;
+  const std::string lock_path = endpoint.substr(6) + ".lock";
+  UniqueFd fd(::open(lock_path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  if (!fd.valid()) return 0;
+  if (::flock(fd.get(), LOCK_SH | LOCK_NB) == 0) return 0;   // nobody holds it: no daemon
+  if (errno != EWOULDBLOCK) return 0;
+  char buf[32] = {};
+  const ssize_t n = ::pread(fd.get(), buf, sizeof buf - 1, 0);
+  int32_t pid = -1;
+  if (n > 0) (void)std::from_chars(buf, buf + n, pid);
+  return pid > 0 ? pid : -1;
+}
+
 // "123, 456" from a JSON array of pids.
 std::string pid_list(const json& pids) {
   std::string out;
@@ -97,7 +122,10 @@ void print_table(const json& st, std::ostream& out) {
           << " is not the daemon's: it will not load the kernels found here\n";
     }
   }
-  out << "\nsignatures:\n";
+  const size_t total = st.value("signatures_total", st["signatures"].size());
+  out << "\nsignatures";
+  if (total > st["signatures"].size()) out << " (the " << st["signatures"].size() << " largest shares of " << total << ")";
+  out << ":\n";
   if (st["signatures"].empty()) {
     out << "  (none reported)\n";
     return;
@@ -126,6 +154,7 @@ void print_table(const json& st, std::ostream& out) {
 int run_status_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   bool as_json = false;
   int timeout_ms = 2000;
+  std::optional<uint32_t> limit;
   std::string endpoint;
   std::string server_key;
   if (const char* e = std::getenv("KFORGE_DAEMON_ENDPOINT"); e != nullptr && *e != '\0') endpoint = e;
@@ -139,6 +168,15 @@ int run_status_command(const std::vector<std::string>& args, std::ostream& out, 
     } else if (args[i] == "--server-key" && i + 1 < args.size()) {
       server_key = args[++i];
       key_what = "--server-key";
+    } else if (args[i] == "--limit" && i + 1 < args.size()) {
+      const std::string& v = args[++i];
+      uint32_t n = 0;
+      auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+      if (ec != std::errc() || end != v.data() + v.size() || n > control::kMaxLimit) {
+        err << "kforge status: --limit needs a number of signatures in 0.." << control::kMaxLimit << ", got '" << v << "'\n";
+        return 2;
+      }
+      limit = n;
     } else if (args[i] == "--timeout-ms" && i + 1 < args.size()) {
       timeout_ms = std::atoi(args[++i].c_str());
       if (timeout_ms <= 0) {
@@ -146,7 +184,7 @@ int run_status_command(const std::vector<std::string>& args, std::ostream& out, 
         return 2;
       }
     } else {
-      err << "kforge status: unknown option '" << args[i] << "' (usage: kforge status [--json] [--endpoint E] [--server-key K] [--timeout-ms N])\n";
+      err << "kforge status: unknown option '" << args[i] << "' (usage: kforge status [--json] [--limit N] [--endpoint E] [--server-key K] [--timeout-ms N])\n";
       return 2;
     }
   }
@@ -165,18 +203,27 @@ int run_status_command(const std::vector<std::string>& args, std::ostream& out, 
     err << "kforge status: " << key.status().message() << "\n";
     return 2;
   }
+  // The table shows the largest shares; --json everything unless --limit says otherwise.
+  if (!limit && !as_json) limit = kTableLimit;
   std::string why;
-  std::optional<std::string> reply = ask(endpoint, *key, R"({"kforge_ctl": 1, "request": "status"})", timeout_ms, why);
+  std::optional<std::string> reply =
+      ask(endpoint, *key, control::encode_request(control::ControlRequest{control::Request::kStatus, limit}), timeout_ms, why);
   if (!reply) {
+    // Busy is not absent: a daemon flooded with messages holds its lock but answers late.
+    if (const int32_t pid = daemon_holding_lock(endpoint); pid != 0) {
+      err << "kforge status: kforged" << (pid > 0 ? " (pid " + std::to_string(pid) + ")" : std::string()) << " runs at "
+          << endpoint << " but did not answer within " << timeout_ms << " ms: it is busy (try again, or --timeout-ms)\n";
+      return 4;
+    }
     err << "kforge status: no kforged at " << endpoint << " (" << why << "); start one with `kforged`\n";
     return 3;
   }
-  json r = json::parse(*reply, nullptr, false);
-  if (r.is_discarded() || !r.is_object() || !r.value("ok", false)) {
-    err << "kforge status: the daemon at " << endpoint << " answered "
-        << (r.is_object() && r.contains("error") ? r["error"].dump() : std::string("something that is not a status")) << "\n";
+  StatusOr<std::string> status = control::decode_status_reply(*reply);
+  if (!status.ok()) {
+    err << "kforge status: the daemon at " << endpoint << " answered: " << status.status().message() << "\n";
     return 1;
   }
+  const json r{{"status", json::parse(*status, nullptr, false)}};
   if (as_json) {
     out << r["status"].dump(2) << "\n";
   } else {

@@ -396,9 +396,12 @@ void Recorder::build_and_offer_reports() {
     return;   // out of memory: try again next interval (counts are cumulative)
   }
   // Reports are split at the decoder's limit; each part is a report of its own. A change of the
-  // GPUs in use is news even without counts: then one report with no entries carries it.
+  // GPUs in use is news even without counts, and so is being alive (kHeartbeatMs): then one report
+  // with no entries carries it.
+  const auto now = std::chrono::steady_clock::now();
+  const bool heartbeat_due = now - last_offered_ >= std::chrono::milliseconds(kHeartbeatMs);
   const size_t parts = std::max<size_t>((changed.size() + wire::kMaxReportEntries - 1) / wire::kMaxReportEntries,
-                                        gpus_changed ? 1 : 0);
+                                        gpus_changed || (heartbeat_due && client != nullptr) ? 1 : 0);
   for (size_t part = 0; part < parts; ++part) {
     const size_t first = part * wire::kMaxReportEntries;
     const size_t last = std::min(changed.size(), first + wire::kMaxReportEntries);
@@ -417,6 +420,7 @@ void Recorder::build_and_offer_reports() {
     const DaemonClient::Counters c = client->counters();
     report.reports_dropped = c.dropped_queue_full + c.dropped_unsendable;
     if (client->offer(std::move(report))) {
+      last_offered_ = now;
       std::lock_guard<std::mutex> lock(mu_);
       ++reports_offered_;
       gpus_offered_ = gpus;

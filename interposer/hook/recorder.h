@@ -15,7 +15,8 @@
 //   and signature, and a thread's first call registers its table under a mutex.
 // - One background thread merges the tables every report interval into cumulative HotReports
 //   (only signatures whose counts moved; with no such signature, a report is still built when the
-//   GPUs in use changed), offered to DaemonClient, which never blocks: a daemon that is absent
+//   GPUs in use changed, or as a heartbeat when nothing was offered for kHeartbeatMs, so the
+//   daemon can tell a quiet process from a gone one), offered to DaemonClient, which never blocks: a daemon that is absent
 //   costs dropped reports, counted, never a delay. Every report carries the GPUs in use that
 //   before_round gave (RoundExtras::gpus_in_use).
 // - Fork: a child process starts over with empty counters and its own reporter thread, started
@@ -24,6 +25,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -43,6 +45,10 @@ class DaemonClient;
 }
 
 namespace kforge::hook {
+
+// A report with no entries goes out when nothing was offered for this long: the daemon takes a
+// process that sends nothing for daemon.process_timeout_s (at least 15 s) for gone.
+inline constexpr int64_t kHeartbeatMs = 10000;
 
 // One signature's counters in one thread's table. The owning thread is the only writer; the
 // reporter reads. A single writer needs no read-modify-write: bump() is a relaxed load and store.
@@ -307,6 +313,7 @@ class Recorder {
   std::vector<std::string> gpus_in_use_;                  // the last round's
   // In the last report offered; a daemon assumes none until told. nullopt after a drop: resend.
   std::optional<std::vector<std::string>> gpus_offered_{std::vector<std::string>{}};
+  std::chrono::steady_clock::time_point last_offered_{};   // the last report offered (reporter thread)
 };
 
 }  // namespace kforge::hook

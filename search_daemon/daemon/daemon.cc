@@ -28,7 +28,10 @@
 #include "runtime/unique_fd.h"
 #include "runtime/version.h"
 #include "runtime/wire.h"
+#include "search_daemon/daemon/client_messages.h"
+#include "search_daemon/daemon/daemon_status.h"
 #include "search_daemon/daemon/journal.h"
+#include "search_daemon/daemon/log_limiter.h"
 #include "search_daemon/worker/op_cost.h"
 
 namespace kforge::daemon {
@@ -55,7 +58,7 @@ std::string iso_now() {
 // (KFORGE_CACHE_DIR, sent in its Hello). They must be one directory: the same path, or paths that
 // name the same directory (a symlink, a shared mount seen at the same place). A process whose
 // cache is elsewhere is still searched for (its reports count) but never gets the kernels: the
-// daemon says so once per process and `kforge status` shows it (shares_cache).
+// daemon says so when the process attaches and `kforge status` shows it (shares_cache).
 bool same_directory(const std::string& a, const std::string& b) {
   if (a.empty() || b.empty()) return false;
   if (a == b) return true;
@@ -95,24 +98,41 @@ struct Daemon::Impl {
   std::unique_ptr<httplib::Server> http;
   std::thread http_thread;
 
-  // Guarded by mu: the registry, the sessions' table and the counters (the HTTP thread reads them).
+  // Guarded by mu: the registry, the message handler, the sessions' table and the counters (the
+  // HTTP thread reads them).
   mutable std::mutex mu;
   HotSignatures hot;
+  LogLimiter limiter{LogLimiter::Options{}};
+  std::unique_ptr<ClientMessages> messages;
   std::map<SignatureId, std::unique_ptr<SearchSession>> sessions;
   std::deque<SessionEvent> events;
-  std::map<std::string, uint64_t> counters;
-  std::set<std::string> malformed_logged;   // peers already logged once
-  std::set<int32_t> cache_warned;           // pids told their cache is not the daemon's
-  std::map<std::string, bool> shares_cache; // by peer, from its latest Hello (Note [Shared cache])
+  Counters counters;
+  bool schedule_due = true;   // counts arrived or a search ended since the scheduler last looked
   Clock::time_point started = Clock::now();
   Clock::time_point liveness_checked = Clock::now();
+  Clock::time_point scheduled = Clock::now();
 
   std::atomic<uint64_t> evaluations_total{0};
   std::atomic<uint64_t> next_job_id{1};
 
-  explicit Impl(DaemonConfig c) : config(std::move(c)), hot(HotOptions{config.min_calls, config.min_time_share}) {}
+  explicit Impl(DaemonConfig c) : config(std::move(c)), hot(hot_options(config)) {}
+
+  static HotOptions hot_options(const DaemonConfig& c) {
+    HotOptions o;
+    o.min_calls = c.min_calls;
+    o.min_time_share = c.min_time_share;
+    o.max_processes = c.max_processes;
+    o.max_signatures = c.max_signatures;
+    o.max_signatures_per_process = c.max_signatures_per_process;
+    o.process_timeout = std::chrono::seconds(c.process_timeout_s);
+    return o;
+  }
 
   void count(const std::string& name, uint64_t n = 1) { counters[name] += n; }
+  // A line that a flood could repeat: at most a burst per key and window (LogLimiter). Under mu.
+  void log_limited(const std::string& key, const std::string& level, const std::string& message) {
+    if (std::optional<std::string> line = limiter.admit(key, message, Clock::now())) log(level, *line);
+  }
 
   void log(const std::string& level, const std::string& message) const {
     write_log_line(config.log_format, level, message);
@@ -124,14 +144,12 @@ struct Daemon::Impl {
   void schedule();
   void start_session(SignatureRecord& r);
   void handle_router();
-  void handle_wire(const std::string& peer, const std::string& bytes);
-  void handle_control(const std::string& peer, const std::string& bytes);
   void handle_events();
   void check_liveness();
   void share_serving_gpus_locked();
   void send_to(const std::string& peer, const std::string& bytes);
   void publish_event(const std::string& topic, const json& body);
-  json status_locked() const;
+  std::string status_locked(std::optional<uint32_t> limit) const;
 };
 
 Status Daemon::Impl::bind_sockets() {
@@ -270,6 +288,8 @@ void Daemon::Impl::start_session(SignatureRecord& r) {
   ctx.state_dir = config.state_dir;
   ctx.cache_dir = config.cache_dir;
   ctx.measure_runs = config.measure_runs;
+  ctx.max_baseline_model_ratio = config.max_baseline_model_ratio;
+  ctx.max_baseline_observed_ratio = config.max_baseline_observed_ratio;
   ctx.compile_budget_ms = config.compile_budget_ms;
   ctx.run_budget_ms = config.run_budget_ms;
   ctx.on_event = [this](SessionEvent e) {
@@ -302,9 +322,15 @@ void Daemon::Impl::start_session(SignatureRecord& r) {
   count("searches_started");
 }
 
+// The scheduler looks when counts arrived or a search ended, and once a second (budgets and
+// thresholds that time alone changes): never once per message of a flood.
 void Daemon::Impl::schedule() {
   if (stopping.load()) return;
   std::lock_guard<std::mutex> lock(mu);
+  const Clock::time_point now = Clock::now();
+  if (!schedule_due && now - scheduled < std::chrono::seconds(1)) return;
+  schedule_due = false;
+  scheduled = now;
   size_t active = 0;
   for (const auto& [id, s] : sessions) active += s->finished() ? 0 : 1;
   while (active < config.concurrent_searches) {
@@ -322,20 +348,22 @@ void Daemon::Impl::schedule() {
 // Under mu: the pool learns which GPUs serving processes use (slot choice and JobPlacement).
 void Daemon::Impl::share_serving_gpus_locked() { pool->set_serving_gpus(serving_gpus(hot.processes())); }
 
-// A serving process killed without a Goodbye would otherwise hold its GPUs in the daemon's view for
-// ever (and flag every timing there). kill(pid, 0) sees processes in the daemon's pid namespace; a
-// hook in another one may be taken for gone when an unrelated process of its number exits, and is
-// revived by its next report.
+// Note [Bounded state] in hot_signatures.h: a local process found gone by its pid (as the kernel
+// gave it), or any peer silent for daemon.process_timeout_s, is no longer attached; records gone
+// for long are dropped. Also where suppressed log lines of a flood that ended are counted.
 void Daemon::Impl::check_liveness() {
   const Clock::time_point now = Clock::now();
   if (now - liveness_checked < std::chrono::seconds(1)) return;
   liveness_checked = now;
   std::lock_guard<std::mutex> lock(mu);
-  const std::vector<int32_t> exited =
-      hot.forget_exited([](int32_t pid) { return ::kill(pid, 0) == 0 || errno != ESRCH; });
-  if (exited.empty()) return;
-  log("info", "process(es) " + pid_list(exited) + " exited without a Goodbye");
-  share_serving_gpus_locked();
+  const HotSignatures::Expired gone = hot.expire([](int32_t pid) { return ::kill(pid, 0) == 0 || errno != ESRCH; });
+  if (!gone.exited.empty()) log_limited("exited", "info", "process(es) " + pid_list(gone.exited) + " exited without a Goodbye");
+  if (!gone.silent.empty()) {
+    log_limited("silent", "info", "process(es) " + pid_list(gone.silent) + " sent nothing for " +
+                                      std::to_string(config.process_timeout_s) + " s: taken for gone");
+  }
+  if (!gone.exited.empty() || !gone.silent.empty()) share_serving_gpus_locked();
+  for (const std::string& line : limiter.flush(now)) log("info", line);
 }
 
 void Daemon::Impl::send_to(const std::string& peer, const std::string& bytes) {
@@ -351,67 +379,11 @@ void Daemon::Impl::publish_event(const std::string& topic, const json& body) {
   (void)zmq_send(pub, text.data(), text.size(), ZMQ_DONTWAIT);
 }
 
-void Daemon::Impl::handle_wire(const std::string& peer, const std::string& bytes) {
-  StatusOr<wire::WireMessage> m = wire::decode(bytes);
-  std::lock_guard<std::mutex> lock(mu);
-  if (!m.ok()) {
-    count("messages_malformed");
-    if (malformed_logged.insert(peer).second) log("warn", "malformed message from a peer (logged once per peer): " + m.status().message());
-    return;
-  }
-  count("messages_received");
-  if (const auto* h = std::get_if<wire::Hello>(&*m)) {
-    hot.on_hello(peer, *h);
-    log("info", "process " + std::to_string(h->pid) + " attached (torch " + h->torch_version + ")");
-    // Note [Shared cache]: kernels reach a process only through its cache directory. Looked at
-    // once per Hello (stat may be slow on a network mount), not per status request.
-    const bool shares = same_directory(h->cache_dir, config.cache_dir);
-    shares_cache[peer] = shares;
-    if (!shares && cache_warned.insert(h->pid).second) {
-      log("warn", "process " + std::to_string(h->pid) +
-                      (h->cache_dir.empty() ? std::string(" has no cache directory")
-                                            : " uses the cache at " + h->cache_dir) +
-                      " but this daemon publishes to " + config.cache_dir +
-                      ": it will not load the kernels found here (give both the same directory: KFORGE_CACHE_DIR "
-                      "for the process, daemon.cache_dir for the daemon)");
-    }
-    share_serving_gpus_locked();
-  } else if (const auto* r = std::get_if<wire::HotReport>(&*m)) {
-    hot.on_report(peer, *r);
-    count("reports_received");
-    share_serving_gpus_locked();
-  } else if (const auto* c = std::get_if<wire::CapturedInputs>(&*m)) {
-    hot.on_captured(peer, *c);
-    count("captured_inputs_received");
-  } else if (const auto* g = std::get_if<wire::Goodbye>(&*m)) {
-    hot.on_goodbye(peer, *g);
-    log("info", "process " + std::to_string(g->pid) + " detached: " + g->reason);
-    share_serving_gpus_locked();
-  } else {
-    count("messages_malformed");
-    if (malformed_logged.insert(peer).second) log("warn", "a peer sent a daemon-to-hook message type (logged once per peer)");
-  }
-}
-
-void Daemon::Impl::handle_control(const std::string& peer, const std::string& bytes) {
-  json reply{{"kforge_ctl", 1}};
-  json req = json::parse(bytes, nullptr, false);
-  if (req.is_discarded() || !req.is_object() || req.value("kforge_ctl", 0) != 1 || !req.contains("request")) {
-    reply["ok"] = false;
-    reply["error"] = "expected {\"kforge_ctl\": 1, \"request\": ...}";
-  } else if (req["request"] == "status") {
-    std::lock_guard<std::mutex> lock(mu);
-    reply["ok"] = true;
-    reply["status"] = status_locked();
-  } else {
-    reply["ok"] = false;
-    reply["error"] = "unknown request " + req["request"].dump() + " (known: status)";
-  }
-  send_to(peer, reply.dump());
-}
-
+// Reads at most kMaxMessagesPerTurn frames, so that a flood of messages never keeps the loop from
+// its signals, session events and liveness checks (zmq_poll reports the rest at once).
 void Daemon::Impl::handle_router() {
-  for (;;) {
+  constexpr int kMaxMessagesPerTurn = 256;
+  for (int turn = 0; turn < kMaxMessagesPerTurn; ++turn) {
     zmq_msg_t id, body;
     zmq_msg_init(&id);
     if (zmq_msg_recv(&id, router, ZMQ_DONTWAIT) < 0) {
@@ -427,9 +399,10 @@ void Daemon::Impl::handle_router() {
       zmq_msg_close(&body);
       continue;
     }
-    const std::string bytes(static_cast<const char*>(zmq_msg_data(&body)), zmq_msg_size(&body));
+    // Who sent it, as the transport says (Note [Bounded state] in hot_signatures.h).
+    const char* address = zmq_msg_gets(&body, "Peer-Address");
+    const PeerCredentials creds = peer_credentials_from_address(address != nullptr ? address : "");
     bool extra = zmq_msg_more(&body);
-    zmq_msg_close(&body);
     // One message per frame: a multi-part message is drained and refused.
     const bool multipart = extra;
     while (extra) {
@@ -439,17 +412,17 @@ void Daemon::Impl::handle_router() {
       extra = zmq_msg_more(&part);
       zmq_msg_close(&part);
     }
-    if (multipart) {
+    ClientMessages::Effects effects;
+    {
       std::lock_guard<std::mutex> lock(mu);
-      count("messages_malformed");
-      if (malformed_logged.insert(peer).second) log("warn", "a peer sent a multi-part message (logged once per peer)");
-      continue;
+      effects = messages->handle(peer, creds,
+                                 std::string_view(static_cast<const char*>(zmq_msg_data(&body)), zmq_msg_size(&body)),
+                                 multipart);
+      if (effects.processes_changed) share_serving_gpus_locked();
+      if (effects.signatures_changed) schedule_due = true;
     }
-    if (!bytes.empty() && bytes[0] == '{') {
-      handle_control(peer, bytes);
-    } else {
-      handle_wire(peer, bytes);
-    }
+    zmq_msg_close(&body);
+    if (effects.reply) send_to(peer, *effects.reply);
   }
 }
 
@@ -485,9 +458,21 @@ void Daemon::Impl::handle_events() {
             }
           }
         }
+        if (!e.implausible.empty()) {
+          count("timings_implausible");
+          if (r != nullptr) {
+            ++r->implausible_timings;
+            if (!r->implausible_logged) {
+              r->implausible_logged = true;
+              log("warn", "an implausible timing of " + r->signature.to_string() + " was not published (" +
+                              e.implausible + "); later ones are counted in kforge status");
+            }
+          }
+        }
         publish_event("result", {{"signature", sig}, {"node", e.node}, {"status", eval::eval_status_name(e.status)},
                                  {"speedup", e.speedup}, {"message", e.message}, {"label", e.label},
-                                 {"device", e.device}, {"uuid", e.uuid}, {"shared_gpu_pids", e.shared_gpu_pids}});
+                                 {"device", e.device}, {"uuid", e.uuid}, {"shared_gpu_pids", e.shared_gpu_pids},
+                                 {"implausible", e.implausible}});
         break;
       }
       case SessionEvent::Kind::kPublished: {
@@ -519,6 +504,7 @@ void Daemon::Impl::handle_events() {
       }
       case SessionEvent::Kind::kFinished: {
         std::lock_guard<std::mutex> lock(mu);
+        schedule_due = true;
         if (SignatureRecord* r = hot.find(e.signature)) {
           if (e.message.rfind("stopped", 0) == 0) {
             r->state = SearchState::kObserved;   // the daemon is stopping; the journal resumes it
@@ -550,65 +536,22 @@ void Daemon::Impl::handle_events() {
   }
 }
 
-json Daemon::Impl::status_locked() const {
-  json j;
-  const double uptime = std::chrono::duration<double>(Clock::now() - started).count();
-  j["daemon"] = {{"pid", ::getpid()},
-                 {"version", KFORGE_VERSION_STRING},
-                 {"uptime_s", uptime},
-                 {"endpoint", config.endpoint},
-                 {"events_endpoint", config.events_endpoint},
-                 {"strategy", config.strategy},
-                 {"cache_dir", config.cache_dir},
-                 {"state_dir", config.state_dir}};
-  j["budgets"] = {{"evaluations_total", evaluations_total.load()},
-                  {"max_evaluations_total", config.max_evaluations_total},
-                  {"max_evaluations_per_signature", config.max_evaluations_per_signature},
-                  {"max_seconds_per_signature", config.max_seconds_per_signature}};
-  json slots = json::array();
-  for (const eval::SlotInfo& s : pool->slots()) {
-    slots.push_back({{"device", s.device}, {"state", s.state}, {"arch", s.arch}, {"model", s.device_model},
-                     {"uuid", s.uuid}, {"serving_pids", serving_pids_on(hot.processes(), s.uuid)},
-                     {"jobs", s.jobs}, {"restarts", s.restarts}, {"bandwidth_bytes_per_s", s.bandwidth_bytes_per_s}});
-  }
-  j["slots"] = slots;
-  json procs = json::array();
-  for (const auto& [peer, p] : hot.processes()) {
-    const auto shares = shares_cache.find(peer);   // no Hello seen: nothing to say against it
-    procs.push_back({{"pid", p.hello.pid}, {"torch", p.hello.torch_version}, {"reports", p.reports},
-                     {"reports_dropped", p.reports_dropped}, {"sequence_gaps", p.sequence_gaps},
-                     {"attached", !p.gone}, {"goodbye", p.goodbye_reason}, {"gpus", p.gpus_in_use},
-                     {"cache_dir", p.hello.cache_dir}, {"shares_cache", shares == shares_cache.end() || shares->second}});
-  }
-  j["processes"] = procs;
-  json sigs = json::array();
-  for (const auto& [id, r] : hot.signatures()) {
-    json s{{"id", id.hex()},
-           {"signature", r.signature.to_string()},
-           {"state", search_state_name(r.state)},
-           {"calls", r.calls()},
-           {"mean_ns", r.mean_ns()},
-           {"time_share", hot.time_share(r)},
-           {"evaluations", r.evaluations},
-           {"shared_gpu_timings", r.shared_gpu_timings},
-           {"best_speedup", r.best_speedup},
-           {"entry", r.entry_key},
-           {"note", r.note}};
+std::string Daemon::Impl::status_locked(std::optional<uint32_t> limit) const {
+  StatusInputs in;
+  in.config = &config;
+  in.uptime_s = std::chrono::duration<double>(Clock::now() - started).count();
+  in.evaluations_total = evaluations_total.load();
+  const std::vector<eval::SlotInfo> slots = pool->slots();
+  in.slots = &slots;
+  in.hot = &hot;
+  in.counters = &counters;
+  in.log_lines_suppressed = limiter.suppressed_total();
+  in.progress = [this](const SignatureId& id) -> std::optional<SessionProgress> {
     auto it = sessions.find(id);
-    if (it != sessions.end()) {
-      const SessionProgress p = it->second->progress();
-      s["search"] = {{"state", p.state}, {"nodes", p.nodes}, {"evaluated", p.evaluated}, {"in_flight", p.in_flight},
-                     {"best_speedup", p.best_speedup}, {"best", p.best_label}};
-      s["evaluations"] = p.evaluated;
-      if (p.best_speedup > r.best_speedup) s["best_speedup"] = p.best_speedup;
-    }
-    sigs.push_back(s);
-  }
-  j["signatures"] = sigs;
-  json c = json::object();
-  for (const auto& [k, v] : counters) c[k] = v;
-  j["counters"] = c;
-  return j;
+    if (it == sessions.end()) return std::nullopt;
+    return it->second->progress();
+  };
+  return status_document(in, limit);
 }
 
 // ---- Daemon -------------------------------------------------------------------------------------
@@ -683,6 +626,15 @@ Status Daemon::start() {
     d.config.cache_dir = r->path;
   }
   KFORGE_RETURN_IF_ERROR(CacheDir::open(d.config.cache_dir).status());
+  ClientMessages::Context mc;
+  mc.hot = &d.hot;
+  mc.counters = &d.counters;
+  mc.limiter = &d.limiter;
+  mc.log = [&d](const std::string& level, const std::string& line) { d.log(level, line); };
+  mc.daemon_cache_dir = d.config.cache_dir;
+  mc.same_directory = same_directory;
+  mc.status = [&d](const control::ControlRequest& r) { return d.status_locked(r.limit); };
+  d.messages = std::make_unique<ClientMessages>(std::move(mc));
   d.wake_fd = UniqueFd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   sigset_t set;
   sigemptyset(&set);
@@ -705,7 +657,8 @@ Status Daemon::start() {
   KFORGE_RETURN_IF_ERROR(d.pool->start());
   {
     std::lock_guard<std::mutex> lock(d.mu);
-    d.count("timings_on_shared_gpu", 0);   // in the status from the start: tools read it
+    d.count("timings_on_shared_gpu", 0);   // in the status from the start: tools read them
+    d.count("timings_implausible", 0);
   }
   KFORGE_RETURN_IF_ERROR(d.start_http());
   d.resume_journals();
@@ -765,7 +718,7 @@ void Daemon::request_stop() {
 
 std::string Daemon::status_json() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  return impl_->status_locked().dump();
+  return impl_->status_locked(std::nullopt);
 }
 
 std::string Daemon::metrics_text() const {

@@ -12,15 +12,20 @@
 // ROUTER socket (config.endpoint): hooks send wire messages (Hello, HotReport, CapturedInputs,
 // Goodbye: runtime/wire.h), each one frame after the routing id; the daemon sends KernelReady to
 // every live hook when a search publishes (hooks of other environments ignore it). The CLI sends
-// one JSON frame {"kforge_ctl": 1, "request": "status"} and gets one JSON frame back. Wire
-// messages are msgpack arrays, control messages JSON objects: the first byte tells them apart. A
-// malformed message is counted and logged (once per peer), never fatal. A process that exits
-// without a Goodbye is found gone by its pid (kill(pid, 0), once a second). Which GPUs attached
-// processes use (their reports' gpus_in_use) goes to the evaluator pool as it changes; a timing
-// run on one of them is flagged (counter timings_on_shared_gpu, the signature's shared_gpu_timings,
-// one log line per signature, the result event's shared_gpu_pids). PUB socket
-// (config.events_endpoint): every session event as one JSON frame, topic first ("published ...").
-// ipc:// endpoints live in a private directory (0700, ours); tcp:// needs CURVE keys.
+// one control request ({"kforge_ctl": 1, "request": "status"}: runtime/control_message.h) and gets
+// one reply. Wire messages are msgpack arrays, control messages JSON objects: the first byte tells
+// them apart. ClientMessages (client_messages.h) decodes and applies them all, whatever the bytes:
+// a malformed message is counted and logged (rate-limited, with the count of what was
+// suppressed), never fatal; the loop reads at most 256 frames a turn, so signals and session
+// events are never starved by a flood. What any client can make the daemon keep is bounded (Note
+// [Bounded state] in hot_signatures.h): a local peer's pid comes from the kernel (the ipc peer
+// address), and its record is gone when that process is; any peer silent for
+// daemon.process_timeout_s is gone too. Which GPUs attached processes use (their reports'
+// gpus_in_use) goes to the evaluator pool as it changes; a timing run on one of them is flagged
+// (counter timings_on_shared_gpu, the signature's shared_gpu_timings, one log line per signature,
+// the result event's shared_gpu_pids). PUB socket (config.events_endpoint): every session event as
+// one JSON frame, topic first ("published ..."). ipc:// endpoints live in a private directory
+// (0700, ours); tcp:// needs CURVE keys.
 #pragma once
 
 #include <atomic>

@@ -140,6 +140,10 @@ const std::vector<Key>& keys() {
       KEY_STRING("daemon", "state_dir", state_dir, "search journals (default: $XDG_STATE_HOME/kforge, ~/.local/state/kforge)", any_string),
       KEY_STRING("daemon", "curve_secret_key_file", curve_secret_key_file, "CURVE server secret key (z85, 40 chars); required for tcp:// endpoints", any_string),
       KEY_STRING("daemon", "log_format", log_format, "text or json (one JSON object per line)", log_format_error),
+      KEY_UINT("daemon", "max_processes", max_processes, 16, 1000000, "process records kept (one per connection, attached or gone); past it the longest gone, else the least recently heard from, is dropped"),
+      KEY_UINT("daemon", "max_signatures", max_signatures, 64, 10000000, "signatures kept; past it the coldest (least total time) that no search runs for are dropped"),
+      KEY_UINT("daemon", "max_signatures_per_process", max_signatures_per_process, 16, 10000000, "signatures one process may bring in; more are refused and counted"),
+      KEY_UINT("daemon", "process_timeout_s", process_timeout_s, 15, 86400, "a process that sends nothing this long is taken for gone (hooks send a report at least every 10 s)"),
       Key{"workers", "devices", Kind::kStringList, "devices to evaluate on: \"cpu\", \"cuda:N\", or \"auto\" (every visible GPU, and cpu)",
           [](DaemonConfig& c, const std::string&, bool, uint64_t, double, const std::vector<std::string>& list) {
             if (list.empty()) return std::string("expected at least one device");
@@ -165,6 +169,8 @@ const std::vector<Key>& keys() {
       KEY_DOUBLE("search", "min_time_share", min_time_share, 0.0, 1.0, "share of a process's intercepted time a signature needs before it is searched"),
       KEY_UINT("search", "seed", seed, 0, std::numeric_limits<uint64_t>::max(), "the searches' random seed"),
       KEY_UINT("search", "measure_runs", measure_runs, 30, 100000, "timed pairs per measured candidate (at least 30)"),
+      KEY_DOUBLE("search", "max_baseline_model_ratio", max_baseline_model_ratio, 0.0, 1e6, "a PyTorch time over this many times the cost model's (bytes at the measured bandwidth + the smallest call) is re-measured, and never published if it stays so (0: no check)"),
+      KEY_DOUBLE("search", "max_baseline_observed_ratio", max_baseline_observed_ratio, 0.0, 1e6, "a PyTorch time in the worker over this many times what the serving processes observe is never published (0: no check)"),
       KEY_DOUBLE("search", "c_puct", c_puct, 0.0, 100.0, "MCTS exploration weight"),
       KEY_DOUBLE("search", "widening_c", widening_c, 0.1, 100.0, "progressive widening: children <= c * visits^alpha"),
       KEY_DOUBLE("search", "widening_alpha", widening_alpha, 0.0, 1.0, "progressive widening exponent"),

@@ -47,6 +47,11 @@ struct DaemonConfig {
   std::string state_dir;               // journals; default <cache_dir>/../kforge-state? see .cc
   std::string curve_secret_key_file;   // required for tcp:// endpoints (CURVE server key, z85)
   std::string log_format = "text";     // "text" or "json"
+  // Note [Bounded state] in hot_signatures.h: what any client can make the daemon keep.
+  uint32_t max_processes = 1024;       // process records (a record per connection), attached or gone
+  uint32_t max_signatures = 16384;     // signatures in the registry; the coldest are evicted past it
+  uint32_t max_signatures_per_process = 8192;
+  uint32_t process_timeout_s = 60;     // a process that sends nothing this long is gone (hooks report every <= 10 s)
   // [workers]
   std::vector<std::string> devices;    // "cpu", "cuda:N", or "auto" (every visible GPU, plus cpu)
   uint32_t cpu_slots = 1;              // CPU workers
@@ -65,6 +70,10 @@ struct DaemonConfig {
   double min_time_share = 0.0;         // ... and this share of the process's intercepted time
   uint64_t seed = 0;
   uint32_t measure_runs = 30;
+  // Note [Plausible timing] in worker/measurer.h: a baseline over this many times the cost model's
+  // expectation, or the serving processes' observed time, is re-measured and never published.
+  double max_baseline_model_ratio = 250;
+  double max_baseline_observed_ratio = 20;
   double c_puct = 1.0;
   double widening_c = 2.0;
   double widening_alpha = 0.5;

@@ -122,6 +122,9 @@ Status apply_record(std::string_view payload, SearchJournal::Contents& c, size_t
         o.shared_gpu_pids.push_back(static_cast<int32_t>(pid));
       }
     }
+    if (fields > 12) {
+      KFORGE_ASSIGN_OR_RETURN(o.implausible, r.field(12, "implausible").str(1u << 16));
+    }
     c.tree.set_outcome(id, std::move(o));
     c.tree.node(id).virtual_loss = 0;
     return Status();
@@ -283,7 +286,7 @@ Status SearchJournal::append_submitted(uint64_t id) {
 Status SearchJournal::append_outcome(uint64_t id, const search::Outcome& o) {
   msgpack::sbuffer buf;
   Packer pk(buf);
-  pk.pack_array(12);
+  pk.pack_array(13);
   pk.pack_text("outcome");
   pk.pack_uint64(id);
   pk.pack_uint8(static_cast<uint8_t>(o.status));
@@ -298,6 +301,7 @@ Status SearchJournal::append_outcome(uint64_t id, const search::Outcome& o) {
   const size_t npids = std::min(o.shared_gpu_pids.size(), kMaxSharedGpuPids);
   pk.pack_array(static_cast<uint32_t>(npids));
   for (size_t i = 0; i < npids; ++i) pk.pack_int32(o.shared_gpu_pids[i]);
+  pk.pack_text(o.implausible.substr(0, 1u << 16));
   return append(std::string(buf.data(), buf.size()));
 }
 

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <exception>
 
 #include "cache/store.h"
@@ -41,6 +42,18 @@ SearchSession::SearchSession(OpSignature signature, std::vector<wire::InputStats
 SearchSession::~SearchSession() {
   stop();
   join();
+}
+
+std::string SearchSession::implausible_against_observed(const eval::TimingOutcome& t) const {
+  const double observed = roofline_.baseline_ns;
+  const double ratio = ctx_.max_baseline_observed_ratio;
+  if (ratio <= 0 || observed <= 0 || !(t.baseline_median_ns > ratio * observed)) return "";
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "PyTorch's kernel measured %.0f ns in the worker, %.0fx the %.0f ns the serving processes observe: a "
+                "broken measurement (a contended host?)",
+                t.baseline_median_ns, t.baseline_median_ns / observed, observed);
+  return buf;
 }
 
 void SearchSession::start() { thread_ = std::thread([this] { run(); }); }
@@ -169,6 +182,7 @@ void SearchSession::run() {
           job.spec = std::move(c.move.spec);
           job.policy.seed = ctx_.options.seed ^ (c.node * 0x9E3779B97F4A7C15ull);
           job.policy.measure_runs = ctx_.measure_runs;
+          job.policy.max_baseline_model_ratio = ctx_.max_baseline_model_ratio;
           job.input_stats = input_stats_;
           job.captured = captured_;
           job.compile_budget_ms = ctx_.compile_budget_ms;
@@ -209,6 +223,7 @@ void SearchSession::run() {
         search::Outcome o = search::outcome_of(r);
         // Timed on a GPU a serving process used meanwhile: flagged (the daemon counts and logs it).
         if (r.timing.runs > 0 && !where.uuid.empty()) o.shared_gpu_pids = where.serving_pids;
+        if (o.measured() && o.implausible.empty()) o.implausible = implausible_against_observed(r.timing);
         const search::Node& n = strategy->tree().node(node);
         if (o.improves() && o.speedup > best) {
           CacheEntry entry;
@@ -265,6 +280,7 @@ void SearchSession::run() {
         e.device = where.device;
         e.uuid = where.uuid;
         e.shared_gpu_pids = o.shared_gpu_pids;
+        e.implausible = o.implausible;
         if (ctx_.on_event) ctx_.on_event(e);
         outcomes.emplace_back(node, std::move(o));
       }

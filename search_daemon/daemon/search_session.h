@@ -17,6 +17,9 @@
 // - A result that improves (measured, significant, speedup > 1) and beats the best so far is
 //   published at once (Store::publish: atomic, replaces this signature's entry for that
 //   environment) and announced (Event::kPublished).
+// - A result whose timing is implausible (Note [Plausible timing] in worker/measurer.h: flagged
+//   by the worker, or a baseline over max_baseline_observed_ratio x what the serving processes
+//   observe) is never published; its outcome and result event say why.
 // - A result with timings (TimingOutcome::runs > 0) from a GPU that serving processes used while
 //   it ran (eval::JobPlacement) has those pids in its outcome (journaled) and its events; the
 //   log line of a winner published from it says so.
@@ -62,6 +65,8 @@ struct SessionEvent {
   std::string device;
   std::string uuid;
   std::vector<int32_t> shared_gpu_pids;
+  // result: why its timing cannot be believed (Outcome::implausible); "" when it can.
+  std::string implausible;
 };
 
 struct SessionContext {
@@ -78,6 +83,12 @@ struct SessionContext {
   uint32_t measure_runs = 30;
   uint32_t compile_budget_ms = 60000;
   uint32_t run_budget_ms = 30000;
+  // Note [Plausible timing] in worker/measurer.h: the worker's check against the cost model
+  // (InputPolicy::max_baseline_model_ratio), and the session's against what the serving processes
+  // observe: a baseline over this many times their mean sampled time (search::Roofline's
+  // baseline_ns) cannot be believed either. 0: no check.
+  double max_baseline_model_ratio = 250;
+  double max_baseline_observed_ratio = 20;
   std::function<void(SessionEvent)> on_event;   // called on the session thread
   std::function<void(const std::string&)> log;
 };
@@ -112,6 +123,9 @@ class SearchSession {
  private:
   void run();
   void finish(const std::string& state, const std::string& reason);
+  // Note [Plausible timing]: why the worker's baseline cannot be believed against the serving
+  // processes' own observation, or "".
+  std::string implausible_against_observed(const eval::TimingOutcome& t) const;
 
   OpSignature signature_;
   std::vector<wire::InputStats> input_stats_;

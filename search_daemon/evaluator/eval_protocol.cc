@@ -98,7 +98,7 @@ void pack_body(Packer& pk, const EvalJob& j) {
   pk.pack_uint64(j.job_id);
   pk.pack_bytes(j.signature.encode());
   pk.pack_bytes(j.spec.encode());
-  pk.pack_array(7);
+  pk.pack_array(8);
   pk.pack_uint32(j.policy.trials);
   pk.pack_uint64(j.policy.seed);
   pk.pack(j.policy.measure);
@@ -106,6 +106,7 @@ void pack_body(Packer& pk, const EvalJob& j) {
   pk.pack_uint32(j.policy.warmup_runs);
   pk.pack_uint32(j.policy.determinism_runs);
   pk.pack(j.policy.self_baseline);
+  pk.pack_f64(j.policy.max_baseline_model_ratio);
   pk.pack_array(static_cast<uint32_t>(j.input_stats.size()));
   for (const wire::InputStats& s : j.input_stats) pack_stats(pk, s);
   pk.pack_array(static_cast<uint32_t>(j.captured.size()));
@@ -131,6 +132,13 @@ StatusOr<EvalMessage> read_job(const Reader& b) {
   // Appended after version 1's first release: absent means false.
   KFORGE_ASSIGN_OR_RETURN(size_t policy_fields, p.array_size());
   if (policy_fields > 6) KFORGE_RETURN_IF_ERROR(read_bool(p.field(6, "self_baseline"), &j.policy.self_baseline));
+  if (policy_fields > 7) {
+    Reader f = p.field(7, "max_baseline_model_ratio");
+    KFORGE_RETURN_IF_ERROR(read_f64(f, &j.policy.max_baseline_model_ratio));
+    if (!(j.policy.max_baseline_model_ratio >= 0 && j.policy.max_baseline_model_ratio <= 1e9)) {
+      return f.error("expected a ratio in [0, 1e9]");
+    }
+  }
   Reader stats = b.field(4, "input_stats");
   KFORGE_ASSIGN_OR_RETURN(size_t ns, stats.array_size());
   if (ns > wire::kMaxStatsPerEntry) return stats.error("more than " + std::to_string(wire::kMaxStatsPerEntry) + " entries");
@@ -183,7 +191,7 @@ Status read_verify(const Reader& r, VerifyOutcome* v) {
 }
 
 void pack_timing(Packer& pk, const TimingOutcome& t) {
-  pk.pack_array(14);
+  pk.pack_array(18);
   pk.pack_text(t.clock);
   pk.pack_uint32(t.runs);
   pk.pack_f64(t.baseline_median_ns);
@@ -198,6 +206,10 @@ void pack_timing(Packer& pk, const TimingOutcome& t) {
   pk.pack_f64(t.achieved_bytes_per_s);
   pk.pack_f64(t.achieved_flops_per_s);
   pk.pack_f64(t.bandwidth_ceiling_bytes_per_s);
+  pk.pack_f64(t.call_floor_ns);
+  pk.pack_f64(t.expected_baseline_ns);
+  pk.pack_uint32(t.attempts);
+  pk.pack_text(t.implausible);
 }
 
 Status read_timing(const Reader& r, TimingOutcome* t) {
@@ -216,6 +228,14 @@ Status read_timing(const Reader& r, TimingOutcome* t) {
   KFORGE_RETURN_IF_ERROR(read_f64(r.field(11, "achieved_bytes_per_s"), &t->achieved_bytes_per_s));
   KFORGE_RETURN_IF_ERROR(read_f64(r.field(12, "achieved_flops_per_s"), &t->achieved_flops_per_s));
   KFORGE_RETURN_IF_ERROR(read_f64(r.field(13, "bandwidth_ceiling_bytes_per_s"), &t->bandwidth_ceiling_bytes_per_s));
+  // Appended after version 1's first release (Note [Plausible timing]).
+  KFORGE_ASSIGN_OR_RETURN(size_t fields, r.array_size());
+  if (fields > 14) {
+    KFORGE_RETURN_IF_ERROR(read_f64(r.field(14, "call_floor_ns"), &t->call_floor_ns));
+    KFORGE_RETURN_IF_ERROR(read_f64(r.field(15, "expected_baseline_ns"), &t->expected_baseline_ns));
+    KFORGE_RETURN_IF_ERROR(read_uint(r.field(16, "attempts"), &t->attempts, 100));
+    KFORGE_RETURN_IF_ERROR(read_str(r.field(17, "implausible"), kMaxText, &t->implausible));
+  }
   return Status();
 }
 

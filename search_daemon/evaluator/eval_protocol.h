@@ -49,8 +49,8 @@ inline constexpr uint32_t kMinMeasureRuns = 30;           // DESIGN.md: median o
 enum class EvalMessageType : uint8_t { kJob = 1, kResult = 2, kReady = 3, kPhase = 4 };
 
 // How the worker draws inputs and times. Encoded as
-// [trials, seed, measure, measure_runs, warmup_runs, determinism_runs, self_baseline]
-// (self_baseline appended later; a policy of 6 fields has it false).
+// [trials, seed, measure, measure_runs, warmup_runs, determinism_runs, self_baseline,
+//  max_baseline_model_ratio] (the last two appended later; a policy without them has false and 0).
 struct InputPolicy {
   uint32_t trials = 6;             // fresh input sets; raised to kMinTrials by the worker
   uint64_t seed = 0;               // the trials' inputs are a function of (seed, trial)
@@ -61,6 +61,9 @@ struct InputPolicy {
   // The baseline slot times the candidate too: the timing's spread against itself (bench/), never
   // a speedup to publish.
   bool self_baseline = false;
+  // Note [Plausible timing] in worker/measurer.h: a baseline slower than this many times the cost
+  // model's expectation is re-measured, and flagged when it stays so. 0: no check.
+  double max_baseline_model_ratio = 0;
   friend bool operator==(const InputPolicy&, const InputPolicy&) = default;
 };
 
@@ -115,7 +118,8 @@ struct VerifyOutcome {
 // Timing of baseline (PyTorch's kernel through the dispatcher) and candidate, interleaved.
 // Encoded as [clock, runs, baseline_median_ns, candidate_median_ns, baseline_spread,
 // candidate_spread, speedup, noise_band, significant, bytes, flops, achieved_bytes_per_s,
-// achieved_flops_per_s, bandwidth_ceiling_bytes_per_s].
+// achieved_flops_per_s, bandwidth_ceiling_bytes_per_s, call_floor_ns, expected_baseline_ns,
+// attempts, implausible] (the last four appended later; 14 fields: 0, 0, 1, "").
 struct TimingOutcome {
   std::string clock;               // "steady_clock" (CPU), "cupti" (kernel durations) or "cuda_events"
   uint32_t runs = 0;
@@ -132,6 +136,11 @@ struct TimingOutcome {
   double achieved_bytes_per_s = 0; // bytes / candidate median
   double achieved_flops_per_s = 0;
   double bandwidth_ceiling_bytes_per_s = 0;   // the worker's measured copy bandwidth
+  // Note [Plausible timing] in worker/measurer.h.
+  double call_floor_ns = 0;        // the device's measured cost of the smallest call
+  double expected_baseline_ns = 0; // the cost model's time: bytes / ceiling + call floor
+  uint32_t attempts = 1;           // timing runs made (more than 1: a run was implausible)
+  std::string implausible;         // non-empty: why this timing cannot be believed (never published)
   friend bool operator==(const TimingOutcome&, const TimingOutcome&) = default;
 };
 

@@ -1,5 +1,7 @@
 #include "search_daemon/evaluator/evaluator_pool.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <iterator>
 
@@ -15,6 +17,33 @@ struct EvaluatorPool::Slot {
   bool busy = false;
   std::thread thread;
 };
+
+std::vector<std::vector<int>> cpu_slot_cores(const std::vector<int>& allowed, uint32_t slots, uint32_t threads) {
+  std::vector<std::vector<int>> out(slots);
+  if (allowed.empty() || slots == 0) return out;
+  const size_t n = std::min<size_t>(allowed.size(), threads > 0 ? threads : std::max<size_t>(1, allowed.size() / slots));
+  for (uint32_t i = 0; i < slots; ++i) {
+    for (size_t k = 0; k < n; ++k) out[i].push_back(allowed[(i * n + k) % allowed.size()]);
+  }
+  return out;
+}
+
+std::vector<int> allowed_cpus() {
+  std::vector<int> out;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) != 0) return out;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &set)) out.push_back(c);
+  }
+  return out;
+}
+
+std::string cpu_list(const std::vector<int>& cpus) {
+  std::string out;
+  for (int c : cpus) out += (out.empty() ? "" : ",") + std::to_string(c);
+  return out;
+}
 
 size_t choose_slot(const std::vector<SlotCandidate>& idle) {
   size_t best = 0;
@@ -62,12 +91,16 @@ Status EvaluatorPool::start() {
     }
   }
   if (slots.empty()) return invalid_argument("no evaluation slots: no GPU and workers.cpu_slots = 0");
+  const std::vector<std::vector<int>> cores = cpu_slot_cores(
+      allowed_cpus(), static_cast<uint32_t>(std::count(slots.begin(), slots.end(), "cpu")), options_.cpu_threads);
   std::lock_guard<std::mutex> lock(mu_);
+  size_t cpu_index = 0;
   for (const std::string& d : slots) {
     auto s = std::make_unique<Slot>();
     s->info.device = d;
     s->info.state = "starting";
     s->backend = d == "cpu" ? Backend::kCpu : Backend::kCuda;
+    if (s->backend == Backend::kCpu && cpu_index < cores.size()) s->info.cpus = cores[cpu_index++];
     slots_.push_back(std::move(s));
   }
   for (auto& s : slots_) {
@@ -174,8 +207,11 @@ void EvaluatorPool::run_slot(Slot& s) {
   wo.device = s.info.device;
   wo.build_cache_dir = options_.build_cache_dir;
   if (!options_.python.empty()) wo.env.emplace_back("KFORGE_PYTHON", options_.python);
-  if (options_.cpu_threads > 0 && s.backend == Backend::kCpu) {
-    wo.env.emplace_back("KFORGE_WORKER_CPU_THREADS", std::to_string(options_.cpu_threads));
+  if (s.backend == Backend::kCpu && !s.info.cpus.empty()) {   // Note [Pinned CPU workers]
+    wo.env.emplace_back("KFORGE_WORKER_CPUS", cpu_list(s.info.cpus));
+    wo.env.emplace_back("KFORGE_WORKER_CPU_THREADS", std::to_string(s.info.cpus.size()));
+    wo.env.emplace_back("OMP_PROC_BIND", "close");
+    wo.env.emplace_back("OMP_PLACES", "threads");
   }
   // Never the hook inside a worker: its reference is PyTorch's own kernel.
   wo.env.emplace_back("KFORGE_DISABLE", "1");

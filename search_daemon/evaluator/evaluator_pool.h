@@ -50,7 +50,9 @@ struct PoolOptions {
   uint32_t cpu_slots = 1;
   std::string program;                   // kforge-worker
   std::string python;                    // KFORGE_PYTHON for the workers ("" = theirs)
-  uint32_t cpu_threads = 0;              // KFORGE_WORKER_CPU_THREADS for CPU workers (0: torch's default)
+  // Torch threads of each CPU worker, pinned to as many cores of their own (Note [Pinned CPU
+  // workers]); 0: the daemon's cores divided among the CPU slots.
+  uint32_t cpu_threads = 0;
   std::string build_cache_dir;
   std::function<void(const std::string&)> log;   // one line per event worth an operator's eyes
 };
@@ -61,6 +63,7 @@ struct SlotInfo {
   std::string arch;                      // from WorkerReady ("sm_90", "x86_64-avx2")
   std::string device_model;
   std::string uuid;                      // from WorkerReady: the GPU's UUID ("" for cpu, or unknown)
+  std::vector<int> cpus;                 // a CPU slot's cores, its worker pinned to them (Note [Pinned CPU workers])
   uint64_t jobs = 0;
   uint64_t restarts = 0;                 // worker starts beyond the first
   double bandwidth_bytes_per_s = 0;
@@ -73,6 +76,23 @@ struct JobPlacement {
   // Serving processes using that GPU when the job started or when it ended (sorted, unique).
   std::vector<int32_t> serving_pids;
 };
+
+// Note [Pinned CPU workers]
+// A CPU timing is only as fair as the conditions baseline and candidate run under. Each CPU slot's
+// worker is pinned (sched_setaffinity, by the kforge-worker launcher) to cores of its own, with
+// exactly that many torch threads, each bound to one core (OMP_PROC_BIND=close,
+// OMP_PLACES=threads): PyTorch's kernel and the candidate run on one fixed set of cores, thread
+// for thread, whatever torch's default would be, and two CPU slots never share a core while there
+// are cores enough. The cores are those the daemon itself may run on (its affinity mask), taken
+// in order: slot i gets n of them starting at i*n (wrapping round when there are fewer), n =
+// workers.cpu_threads, or the cores divided among the slots when it is 0. Contention from other
+// processes on those cores remains; Note [Plausible timing] in worker/measurer.h catches what
+// it breaks.
+std::vector<std::vector<int>> cpu_slot_cores(const std::vector<int>& allowed, uint32_t slots, uint32_t threads);
+// The cores this process may run on (sched_getaffinity), in order.
+std::vector<int> allowed_cpus();
+// "0,1,4": a core list, as KFORGE_WORKER_CPUS and the logs write it.
+std::string cpu_list(const std::vector<int>& cpus);
 
 // One idle slot that could take a job: its index and how many serving processes use its GPU.
 struct SlotCandidate {

@@ -30,13 +30,14 @@ Outcome outcome_of(const eval::EvalResult& r) {
   o.failed_check = r.verify.failed_check;
   o.message = head(r.message, kMaxOutcomeLog);
   o.build_log = head(r.build_log, kMaxOutcomeLog);
+  o.implausible = head(r.timing.implausible, kMaxOutcomeLog);
   return o;
 }
 
 double reward(const Outcome& o) {
   switch (o.status) {
     case eval::EvalStatus::kMeasured:
-      if (!(o.speedup > 0) || !std::isfinite(o.speedup) || !o.significant) return 0;
+      if (!(o.speedup > 0) || !std::isfinite(o.speedup) || !o.significant || !o.implausible.empty()) return 0;
       return std::max(std::log(o.speedup), kRewardFault);
     case eval::EvalStatus::kVerified: return 0;
     case eval::EvalStatus::kCompileError: return kRewardCompileError;

@@ -57,10 +57,15 @@ struct Outcome {
   // times may be noisier. Empty when timed alone, on a CPU, or not timed. Set by the daemon's
   // session (outcome_of() cannot know where the job ran); it does not change reward().
   std::vector<int32_t> shared_gpu_pids;
+  // Non-empty: its timing cannot be believed (Note [Plausible timing] in worker/measurer.h: the
+  // worker's cost-model check, or the session's against what serving processes observe). Such a
+  // candidate is correct, but its speed is unknown: reward 0, never published.
+  std::string implausible;
 
   bool measured() const noexcept { return status == eval::EvalStatus::kMeasured; }
-  // Faster than PyTorch's kernel beyond the noise: a candidate worth publishing.
-  bool improves() const noexcept { return measured() && significant && speedup > 1; }
+  // Faster than PyTorch's kernel beyond the noise, by a timing that can be believed: a candidate
+  // worth publishing.
+  bool improves() const noexcept { return measured() && significant && speedup > 1 && implausible.empty(); }
 };
 
 inline constexpr size_t kMaxOutcomeLog = 4096;
@@ -76,7 +81,8 @@ Outcome outcome_of(const eval::EvalResult& r);
 // Two edges: a measured slowdown is floored at -1.5 (a correct kernel, however slow, is never worth
 // less than one that crashes; without the floor one 100x-slower candidate would outweigh many
 // good siblings in a mean), and a measured speedup that is not a positive finite number gives 0.
-// A candidate verified but not timed (kVerified) gives 0: correct, speed unknown.
+// A candidate verified but not timed (kVerified) gives 0: correct, speed unknown; so does a
+// measured one whose timing is implausible (Outcome::implausible).
 inline constexpr double kRewardCompileError = -0.5;
 inline constexpr double kRewardRejected = -0.7;
 inline constexpr double kRewardVerifyFailed = -1.0;

@@ -11,6 +11,7 @@
 #include "runtime/cpu_backend.h"
 #include "runtime/cuda_environment.h"
 #include "runtime/nvrtc.h"
+#include "search_daemon/worker/timing_stats.h"
 
 namespace kforge::eval {
 
@@ -65,6 +66,7 @@ StatusOr<std::unique_ptr<EvalDevice>> EvalDevice::open(const std::string& device
   }
   try {
     d->measure_bandwidth();
+    d->measure_call_floor();
   } catch (const std::exception& e) {
     return unavailable(std::string("measuring the copy bandwidth failed: ") + e.what());
   }
@@ -221,6 +223,23 @@ void EvalDevice::measure_bandwidth() {
   }
   (void)synchronize();
   bandwidth_ = std::isfinite(best_ns) ? 2.0 * static_cast<double>(bytes) / (best_ns * 1e-9) : 0;
+}
+
+void EvalDevice::measure_call_floor() {
+  // The smallest call through the dispatcher, timed as the measurer times PyTorch's kernels (a
+  // one-element copy: dispatch, one tiny kernel or loop): the median of many, so a preempted run
+  // does not move it.
+  at::Tensor src = at::ones({1}, options(at::kFloat));
+  at::Tensor dst = at::empty({1}, options(at::kFloat));
+  std::vector<double> ns;
+  for (int i = 0; i < 64; ++i) {
+    Interval t = start_interval();
+    dst.copy_(src);
+    const double v = finish_interval(t);
+    if (i >= 8 && std::isfinite(v) && v > 0) ns.push_back(v);
+  }
+  (void)synchronize();
+  call_floor_ns_ = quantile(ns, 0.5);
 }
 
 }  // namespace kforge::eval

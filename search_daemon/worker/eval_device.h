@@ -57,6 +57,9 @@ class EvalDevice {
   int64_t max_shared_mem_bytes() const noexcept { return max_shared_mem_; }
   // Measured at open(): bytes read + written per second by a large device-local copy.
   double bandwidth_ceiling() const noexcept { return bandwidth_; }
+  // Measured at open(): the median time of the smallest call (a one-element copy through the
+  // dispatcher), timed by this device's clock (Note [Plausible timing] in measurer.h).
+  double call_floor_ns() const noexcept { return call_floor_ns_; }
   // CUDA only (null / 0 on CPU).
   const CudaDriver* driver() const noexcept { return driver_; }
   CUcontext context() const noexcept { return context_; }
@@ -105,6 +108,7 @@ class EvalDevice {
   EvalDevice() = default;
   Status init_cuda(int ordinal, const std::string& torch_version);
   void measure_bandwidth();
+  void measure_call_floor();
   CUevent take_event();
 
   bool cuda_ = false;
@@ -113,6 +117,7 @@ class EvalDevice {
   Environment environment_;
   int64_t max_shared_mem_ = 0;
   double bandwidth_ = 0;
+  double call_floor_ns_ = 0;
   const CudaDriver* driver_ = nullptr;
   CUdevice cu_device_ = 0;
   CUcontext context_ = nullptr;

@@ -85,49 +85,61 @@ MeasureRun measure(EvalDevice& device, const LoadedCandidate& candidate, const M
       (void)time_baseline(i % sets.size());
       (void)time_candidate(i % sets.size());
     }
-    const uint32_t runs = std::max(r.policy.measure_runs, kMinMeasureRuns);
-    std::vector<TimedPair> pairs;
-    pairs.reserve(runs);
-    for (uint32_t i = 0; i < runs; ++i) {
-      const size_t set = i % sets.size();
-      TimedPair p;
-      if (i % 2 == 0) {
-        p.baseline_ns = time_baseline(set);
-        p.candidate_ns = time_candidate(set);
-      } else {
-        p.candidate_ns = time_candidate(set);
-        p.baseline_ns = time_baseline(set);
-      }
-      pairs.push_back(p);
-    }
-    const Status done = device.synchronize();
-    if (!done.ok()) {
-      m.fault = device.context_lost();
-      m.error = "the device failed during timing: " + done.message();
-      return m;
-    }
-    StatusOr<PairedTiming> s = summarize_pairs(pairs);
-    if (!s.ok()) {
-      m.error = s.status().message();
-      return m;
-    }
     TimingOutcome& t = m.timing;
-    t.clock = device.clock_name();
-    t.runs = s->runs;
-    t.baseline_median_ns = s->baseline_median_ns;
-    t.candidate_median_ns = s->candidate_median_ns;
-    t.baseline_spread = s->baseline_spread;
-    t.candidate_spread = s->candidate_spread;
-    t.speedup = s->speedup;
-    t.noise_band = s->noise_band;
-    t.significant = s->significant;
     const OpCost cost = op_cost(*r.signature, r.plan->outputs);
+    t.clock = device.clock_name();
     t.bytes = cost.bytes;
     t.flops = cost.flops;
+    t.bandwidth_ceiling_bytes_per_s = device.bandwidth_ceiling();
+    t.call_floor_ns = device.call_floor_ns();
+    t.expected_baseline_ns = expected_op_ns(cost.bytes, t.bandwidth_ceiling_bytes_per_s, t.call_floor_ns);
+    // Note [Plausible timing]: a run that cannot be believed is made again, a few times at most.
+    for (uint32_t attempt = 1; attempt <= kMaxTimingAttempts; ++attempt) {
+      const uint32_t runs = std::max(r.policy.measure_runs, kMinMeasureRuns);
+      std::vector<TimedPair> pairs;
+      pairs.reserve(runs);
+      for (uint32_t i = 0; i < runs; ++i) {
+        const size_t set = i % sets.size();
+        TimedPair p;
+        if (i % 2 == 0) {
+          p.baseline_ns = time_baseline(set);
+          p.candidate_ns = time_candidate(set);
+        } else {
+          p.candidate_ns = time_candidate(set);
+          p.baseline_ns = time_baseline(set);
+        }
+        pairs.push_back(p);
+      }
+      const Status done = device.synchronize();
+      if (!done.ok()) {
+        m.fault = device.context_lost();
+        m.error = "the device failed during timing: " + done.message();
+        return m;
+      }
+      StatusOr<PairedTiming> s = summarize_pairs(pairs);
+      if (!s.ok()) {
+        m.error = s.status().message();
+        return m;
+      }
+      t.runs = s->runs;
+      t.baseline_median_ns = s->baseline_median_ns;
+      t.candidate_median_ns = s->candidate_median_ns;
+      t.baseline_spread = s->baseline_spread;
+      t.candidate_spread = s->candidate_spread;
+      t.speedup = s->speedup;
+      t.noise_band = s->noise_band;
+      t.significant = s->significant;
+      t.attempts = attempt;
+      t.implausible = r.policy.self_baseline
+                          ? std::string()
+                          : implausibility(t.baseline_median_ns, t.candidate_median_ns, t.bytes,
+                                           t.bandwidth_ceiling_bytes_per_s, t.call_floor_ns,
+                                           r.policy.max_baseline_model_ratio);
+      if (t.implausible.empty()) break;
+    }
     const double seconds = t.candidate_median_ns * 1e-9;
     t.achieved_bytes_per_s = seconds > 0 ? cost.bytes / seconds : 0;
     t.achieved_flops_per_s = seconds > 0 ? cost.flops / seconds : 0;
-    t.bandwidth_ceiling_bytes_per_s = device.bandwidth_ceiling();
   } catch (const std::exception& e) {
     (void)device.synchronize();
     m.fault = device.context_lost();

@@ -14,8 +14,31 @@
 // neither side is timed on inputs the cache still holds. CUDA times are device times: the summed
 // durations of the kernels each side ran, from CUPTI (Note [Kernel time] in cupti_timer.h), or where
 // CUPTI is unavailable the time between two events on the stream (launch overhead on the host is not
-// counted, on either side); CPU times are steady_clock around the call. warmup_runs rounds before are not counted. The achieved bandwidth
-// and FLOP rate use op_cost.h's fewest bytes and FLOPs over the candidate's median time.
+// counted, on either side); CPU times are steady_clock around the call. warmup_runs rounds before
+// are not counted. The achieved bandwidth and FLOP rate use op_cost.h's fewest bytes and FLOPs over
+// the candidate's median time.
+//
+// Note [Plausible timing]
+// A speedup is only as good as the two times it divides. On a shared host a CPU timing can go
+// wrong by orders of magnitude: a torch thread that loses its core for a time slice stalls an
+// OpenMP region of PyTorch's kernel at its barrier, while a candidate that happens not to fork
+// runs on; a 2-core VM under a busy serving process once measured PyTorch's layer_norm on a
+// [64,128] float32 input at 16 ms against 62 us for the candidate, and published 239x. So each
+// timing is held against the cost model: the op must move op_cost.h's bytes at no more than the
+// device's measured copy bandwidth and costs at least one smallest call (EvalDevice's call
+// floor, measured at start the same way). expected = bytes / ceiling + call floor. The model is
+// memory-only and optimistic: PyTorch's kernels for awkward shapes (a row of 3, one CPU thread)
+// run tens of times over it, so the ratio allowed (search.max_baseline_model_ratio) is generous,
+// and the serving processes' own observation is the tighter check. The timing is implausible
+// when PyTorch's median is over policy.max_baseline_model_ratio x expected (a baseline that slow
+// is a broken measurement, not a slow kernel), or the candidate's median is
+// under half the memory floor (bytes / ceiling: no kernel moves its bytes faster than the
+// device's copy; timing_stats.h's implausibility()). An implausible timing is measured again, up to kMaxTimingAttempts in all; one
+// that stays implausible comes back with TimingOutcome::implausible saying why, and the daemon
+// never publishes it (it also checks the baseline against what the serving processes observe:
+// search_daemon/daemon/search_session.h). CPU workers are pinned to their own cores with a fixed
+// number of torch threads (workers.cpu_threads), so baseline and candidate at least share one
+// condition.
 #pragma once
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -36,6 +59,8 @@ struct MeasureRequest {
   c10::OperatorHandle op;
   InputPolicy policy;
 };
+
+inline constexpr uint32_t kMaxTimingAttempts = 3;
 
 struct MeasureRun {
   TimingOutcome timing;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <string>
 
 namespace kforge::eval {
@@ -62,6 +63,42 @@ StatusOr<PairedTiming> summarize_pairs(const std::vector<TimedPair>& pairs) {
   const bool excludes_zero = t.log_ci_low > 0 || t.log_ci_high < 0;
   t.significant = excludes_zero && std::abs(median_log) > t.noise_band;
   return t;
+}
+
+double expected_op_ns(double bytes, double ceiling_bytes_per_s, double call_floor_ns) {
+  const double memory_ns = ceiling_bytes_per_s > 0 ? bytes / ceiling_bytes_per_s * 1e9 : 0;
+  return memory_ns + std::max(call_floor_ns, 0.0);
+}
+
+namespace {
+
+std::string ns_text(double ns) {
+  char buf[48];
+  if (ns >= 1e6) std::snprintf(buf, sizeof buf, "%.3g ms", ns / 1e6);
+  else if (ns >= 1e3) std::snprintf(buf, sizeof buf, "%.3g us", ns / 1e3);
+  else std::snprintf(buf, sizeof buf, "%.3g ns", ns);
+  return buf;
+}
+
+}  // namespace
+
+std::string implausibility(double baseline_median_ns, double candidate_median_ns, double bytes,
+                           double ceiling_bytes_per_s, double call_floor_ns, double max_baseline_ratio) {
+  if (ceiling_bytes_per_s <= 0) return "";
+  const double expected = expected_op_ns(bytes, ceiling_bytes_per_s, call_floor_ns);
+  if (max_baseline_ratio > 0 && expected > 0 && baseline_median_ns > max_baseline_ratio * expected) {
+    char ratio[32];
+    std::snprintf(ratio, sizeof ratio, "%.0f", baseline_median_ns / expected);
+    return "PyTorch's kernel measured " + ns_text(baseline_median_ns) + ", " + ratio + "x the cost model's " +
+           ns_text(expected) + " (" + ns_text(bytes / ceiling_bytes_per_s * 1e9) + " to move its bytes + a " +
+           ns_text(call_floor_ns) + " call): a broken measurement (a contended host?)";
+  }
+  const double memory_floor = bytes / ceiling_bytes_per_s * 1e9;
+  if (candidate_median_ns < 0.5 * memory_floor) {
+    return "the candidate measured " + ns_text(candidate_median_ns) + ", under half the " + ns_text(memory_floor) +
+           " its bytes take at the device's copy bandwidth";
+  }
+  return "";
 }
 
 }  // namespace kforge::eval

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "runtime/status.h"
@@ -46,6 +47,16 @@ struct PairedTiming {
 
 // At least 3 pairs, every time finite and > 0; else an error naming the bad pair.
 StatusOr<PairedTiming> summarize_pairs(const std::vector<TimedPair>& pairs);
+
+// Note [Plausible timing] in measurer.h: the cost model's time for an op that moves `bytes` on a
+// device with copy bandwidth `ceiling_bytes_per_s` and a smallest call of `call_floor_ns`.
+double expected_op_ns(double bytes, double ceiling_bytes_per_s, double call_floor_ns);
+
+// Why a timing cannot be believed (Note [Plausible timing]), or "" when it can: PyTorch's median
+// over `max_baseline_ratio` x the expected time (0: no such check), or the candidate's under half
+// the memory floor. Unknown ceilings (0) check nothing.
+std::string implausibility(double baseline_median_ns, double candidate_median_ns, double bytes,
+                           double ceiling_bytes_per_s, double call_floor_ns, double max_baseline_ratio);
 
 // The q-quantile (0..1, linear interpolation) of unsorted values; 0 for none.
 double quantile(std::vector<double> values, double q);

@@ -6,7 +6,10 @@
 // libkforge_worker-torch<major>.<minor>.so for that torch from the library directory
 // ($KFORGE_WORKER_LIB_DIR, else ../lib beside this program, else this program's directory), then
 // calls its kforge_worker_main with the arguments given here. With no torch, or no worker built for
-// that torch, it prints one line and exits with status 3.
+// that torch, it prints one line and exits with status 3. With $KFORGE_WORKER_CPUS ("0,1": the
+// cores the pool gave this CPU worker, Note [Pinned CPU workers] in evaluator_pool.h) it pins
+// itself to them first, so python, torch's thread pool and every compiler it starts stay there.
+#include <sched.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -63,7 +66,42 @@ std::string library_dir() {
 
 }  // namespace
 
+// Pins this process to the comma-separated cores in `list`; false (with `why`) for a malformed
+// list or a refusal.
+bool pin_to(const char* list, std::string& why) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::string item;
+  const std::string text = list;
+  for (size_t i = 0; i <= text.size(); ++i) {
+    if (i < text.size() && text[i] != ',') {
+      item += text[i];
+      continue;
+    }
+    char* end = nullptr;
+    const long c = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || end == nullptr || *end != '\0' || c < 0 || c >= CPU_SETSIZE) {
+      why = "KFORGE_WORKER_CPUS='" + text + "' is not a list of core numbers";
+      return false;
+    }
+    CPU_SET(static_cast<int>(c), &set);
+    item.clear();
+  }
+  if (::sched_setaffinity(0, sizeof set, &set) != 0) {
+    why = "cannot pin to cores " + text + ": " + std::strerror(errno);
+    return false;
+  }
+  return true;
+}
+
 int main(int argc, char** argv) {
+  if (const char* cpus = std::getenv("KFORGE_WORKER_CPUS"); cpus != nullptr && *cpus != '\0') {
+    std::string why;
+    if (!pin_to(cpus, why)) {
+      std::fprintf(stderr, "kforge-worker: %s\n", why.c_str());
+      return 3;
+    }
+  }
   const char* python = std::getenv("KFORGE_PYTHON");
   if (python == nullptr || *python == '\0') python = "python3";
   const std::string libdir = library_dir();

@@ -145,11 +145,16 @@ int worker_main(int argc, char** argv) {
     StatusOr<CpuCompiler> cxx = CpuCompiler::detect();
     if (!cxx.ok()) return fail("no C++ compiler for CPU candidates: " + cxx.status().message());
     compiler_identity = cxx->identity;
+    const char* cpus = std::getenv("KFORGE_WORKER_CPUS");
     note = "CPU candidates compiled by " + cxx->command + " (" + cxx->identity + "); " +
-           std::to_string(at::get_num_threads()) + " torch threads";
+           std::to_string(at::get_num_threads()) + " torch threads" +
+           (cpus != nullptr && *cpus != '\0' ? std::string(" pinned to cores ") + cpus : std::string(", not pinned"));
     builder = CandidateBuilder::for_cpu(args.build_cache, *cxx);
   }
   if (!builder.ok()) return fail("cannot use the build cache " + args.build_cache + ": " + builder.status().message());
+  char floor[64];
+  std::snprintf(floor, sizeof floor, "; smallest call %.0f ns", dev.call_floor_ns());
+  note += floor;
 
   Channel channel;
   if (Status s = channel.open(args.endpoint); !s.ok()) return fail(s.message());

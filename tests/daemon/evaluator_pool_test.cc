@@ -36,3 +36,18 @@ TEST_CASE("EvaluatorPool::wait_started: returns once every slot's first start is
     CHECK(s.arch.empty());
   }
 }
+
+TEST_CASE("Note [Pinned CPU workers]: each CPU slot gets cores of its own, as many as its torch threads") {
+  const std::vector<int> cores = {0, 1, 2, 3, 4, 5, 6, 7};
+  // The default (threads 0): the cores divided among the slots.
+  CHECK(cpu_slot_cores(cores, 1, 0) == std::vector<std::vector<int>>{{0, 1, 2, 3, 4, 5, 6, 7}});
+  CHECK(cpu_slot_cores(cores, 2, 0) == std::vector<std::vector<int>>{{0, 1, 2, 3}, {4, 5, 6, 7}});
+  CHECK(cpu_slot_cores(cores, 3, 0) == std::vector<std::vector<int>>{{0, 1}, {2, 3}, {4, 5}});
+  // A fixed number of threads: that many cores each; fewer cores than asked: they wrap round.
+  CHECK(cpu_slot_cores(cores, 2, 1) == std::vector<std::vector<int>>{{0}, {1}});
+  CHECK(cpu_slot_cores({0, 1}, 2, 2) == std::vector<std::vector<int>>{{0, 1}, {0, 1}});
+  CHECK(cpu_slot_cores({2, 5}, 1, 16) == std::vector<std::vector<int>>{{2, 5}});   // bounded by the cores there are
+  CHECK(cpu_slot_cores({}, 1, 0) == std::vector<std::vector<int>>{{}});
+  CHECK(cpu_list({0, 3, 12}) == "0,3,12");
+  CHECK_FALSE(allowed_cpus().empty());
+}

@@ -143,37 +143,39 @@ wire::HotReport gpus_report(int32_t pid, uint64_t seq, std::vector<std::string> 
 
 TEST_CASE("hot signatures: each process's latest GPUs in use, dropped when it says Goodbye or is found gone") {
   HotSignatures hot(HotOptions{10, 0});
-  hot.on_hello("p1", hello_of(101));
-  hot.on_hello("p2", hello_of(202));
-  hot.on_report("p1", gpus_report(101, 1, {kGpu0}));
-  hot.on_report("p2", gpus_report(202, 1, {kGpu0, kGpu1}));
+  // Local peers: the transport gives their pids (SO_PEERCRED through ZeroMQ's peer address).
+  const PeerCredentials c101{101, ""}, c202{202, ""};
+  hot.on_hello("p1", hello_of(101), c101);
+  hot.on_hello("p2", hello_of(202), c202);
+  hot.on_report("p1", gpus_report(101, 1, {kGpu0}), c101);
+  hot.on_report("p2", gpus_report(202, 1, {kGpu0, kGpu1}), c202);
   CHECK(hot.processes().at("p1").gpus_in_use == std::vector<std::string>{kGpu0});
   // The latest report says it all: p2 let go of GPU 0.
-  hot.on_report("p2", gpus_report(202, 2, {kGpu1}));
+  hot.on_report("p2", gpus_report(202, 2, {kGpu1}), c202);
   CHECK(hot.processes().at("p2").gpus_in_use == std::vector<std::string>{kGpu1});
   CHECK(serving_pids_on(hot.processes(), kGpu0) == std::vector<int32_t>{101});
 
-  hot.on_goodbye("p2", wire::Goodbye{202, "interpreter exit"});
+  hot.on_goodbye("p2", wire::Goodbye{202, "interpreter exit"}, c202);
   CHECK(hot.processes().at("p2").gpus_in_use.empty());
   CHECK(serving_pids_on(hot.processes(), kGpu1).empty());
 
   // Killed without a Goodbye: found gone by its pid, its GPUs forgotten.
   std::vector<int32_t> dead = {101};
-  const auto exists = [&](int32_t pid) { return std::find(dead.begin(), dead.end(), pid) == dead.end(); };
-  CHECK(hot.forget_exited(exists) == std::vector<int32_t>{101});
+  const auto alive = [&](int32_t pid) { return std::find(dead.begin(), dead.end(), pid) == dead.end(); };
+  CHECK(hot.expire(alive).exited == std::vector<int32_t>{101});
   CHECK(hot.processes().at("p1").gone);
   CHECK(hot.processes().at("p1").gpus_in_use.empty());
-  CHECK(hot.forget_exited(exists).empty());   // once
+  CHECK(hot.expire(alive).exited.empty());   // once
   CHECK(hot.live_peers().empty());
-  // A process taken for gone that reports again (a pid namespace the daemon cannot see into) is back.
-  hot.on_report("p1", gpus_report(101, 2, {kGpu0}));
+  // A process taken for gone that reports again is back.
+  hot.on_report("p1", gpus_report(101, 2, {kGpu0}), c101);
   CHECK_FALSE(hot.processes().at("p1").gone);
   CHECK(serving_pids_on(hot.processes(), kGpu0) == std::vector<int32_t>{101});
   // ... but one that said Goodbye stays gone.
-  hot.on_report("p2", gpus_report(202, 3, {kGpu1}));
+  hot.on_report("p2", gpus_report(202, 3, {kGpu1}), c202);
   CHECK(hot.processes().at("p2").gone);
   // A new connection (Hello) knows nothing of GPUs until its next report.
-  hot.on_hello("p1", hello_of(101));
+  hot.on_hello("p1", hello_of(101), c101);
   CHECK(hot.processes().at("p1").gpus_in_use.empty());
 }
 
@@ -205,4 +207,180 @@ TEST_CASE("serving_pids_on: the attached processes whose latest report lists the
 
   CHECK(pid_list({123, 456}) == "123, 456");
   CHECK(pid_list({}).empty());
+}
+
+// ---- Note [Bounded state]: what a hostile or broken client can make the daemon keep -----------------
+
+namespace {
+
+struct FakeClock {
+  SteadyClock::time_point now = SteadyClock::time_point{} + std::chrono::hours(1);
+  std::function<SteadyClock::time_point()> fn() {
+    return [this] { return now; };
+  }
+};
+
+HotOptions bounded(FakeClock& clock) {
+  HotOptions o;
+  o.min_calls = 1;
+  o.clock = clock.fn();
+  return o;
+}
+
+const auto kAllAlive = [](int32_t) { return true; };
+
+}  // namespace
+
+TEST_CASE("bounded state: a local peer is as alive as the process the kernel names, whatever its Hello claims") {
+  FakeClock clock;
+  HotSignatures hot(bounded(clock));
+  // A client claiming to be pid 1 (init: alive for ever) from a process that is really 4242.
+  hot.on_hello("liar", hello_of(1), PeerCredentials{4242, ""});
+  CHECK(hot.processes().at("liar").peer_pid == 4242);
+  CHECK(hot.expire(kAllAlive).exited.empty());
+  const auto only_1_alive = [](int32_t pid) { return pid == 1; };
+  const HotSignatures::Expired e = hot.expire(only_1_alive);
+  CHECK(e.exited == std::vector<int32_t>{1});   // named as it claimed, judged by its real pid
+  CHECK(hot.processes().at("liar").gone);
+}
+
+TEST_CASE("bounded state: a peer silent for process_timeout is gone, and a heartbeat (an empty report) keeps it") {
+  FakeClock clock;
+  HotOptions o = bounded(clock);
+  o.process_timeout = std::chrono::seconds(60);
+  HotSignatures hot(o);
+  hot.on_hello("tcp-peer", hello_of(7), PeerCredentials{0, "10.0.0.2"});   // over tcp://: no pid to check
+  hot.on_hello("quiet", hello_of(8), PeerCredentials{0, "10.0.0.3"});
+  std::vector<int> found_silent_after;   // seconds
+  for (int i = 1; i <= 9; ++i) {
+    clock.now += std::chrono::seconds(10);
+    hot.on_report("tcp-peer", report(7, static_cast<uint64_t>(i), {}), PeerCredentials{0, "10.0.0.2"});
+    if (!hot.expire(kAllAlive).silent.empty()) found_silent_after.push_back(10 * i);
+  }
+  CHECK(found_silent_after == std::vector<int>{70});   // once, the first check past 60 s
+  CHECK_FALSE(hot.processes().at("tcp-peer").gone);
+  CHECK(hot.processes().at("quiet").gone);
+  CHECK(hot.processes().at("quiet").goodbye_reason == "sent nothing for too long");
+  // Heard from again: back.
+  hot.on_report("quiet", report(8, 1, {}), PeerCredentials{0, "10.0.0.3"});
+  CHECK_FALSE(hot.processes().at("quiet").gone);
+}
+
+TEST_CASE("bounded state: a gone process's record is dropped after gone_retention, and its counts are kept") {
+  FakeClock clock;
+  HotOptions o = bounded(clock);
+  o.gone_retention = std::chrono::minutes(10);
+  HotSignatures hot(o);
+  const OpSignature a = softmax(64, 256);
+  const PeerCredentials c{101, ""};
+  hot.on_hello("p", hello_of(101), c);
+  hot.on_report("p", report(101, 1, {entry(a, 300, 30, 30000)}), c);
+  hot.on_report("q", report(202, 1, {entry(a, 100, 10, 20000)}), PeerCredentials{202, ""});
+  hot.on_goodbye("p", wire::Goodbye{101, "interpreter exit"}, c);
+  clock.now += std::chrono::minutes(11);
+  CHECK(hot.expire(kAllAlive).dropped == 1);
+  CHECK(hot.processes().count("p") == 0);
+  // Its counters live on in the departed bucket: totals unchanged, one bucket however many left.
+  const SignatureRecord& r = *hot.find(a.id());
+  CHECK(r.calls() == 400);
+  CHECK(r.mean_ns() == Approx(50000.0 / 40));
+  CHECK(r.by_process.size() == 2);
+  CHECK(r.by_process.count(SignatureRecord::kDeparted) == 1);
+  CHECK(hot.counters().processes_expired == 1);
+}
+
+TEST_CASE("bounded state: thousands of Hellos keep at most max_peers_per_pid records per process, max_processes in all") {
+  FakeClock clock;
+  HotOptions o = bounded(clock);
+  o.max_processes = 64;
+  o.max_peers_per_pid = 8;
+  HotSignatures hot(o);
+  const OpSignature a = softmax(64, 256);
+  // A real serving process that reports.
+  hot.on_hello("serving", hello_of(500), PeerCredentials{500, ""});
+  hot.on_report("serving", report(500, 1, {entry(a, 100, 10, 10000)}), PeerCredentials{500, ""});
+  // One local attacker process opens 4000 connections, each with a Hello claiming another pid.
+  for (int i = 0; i < 4000; ++i) {
+    clock.now += std::chrono::milliseconds(1);
+    hot.on_hello("fake" + std::to_string(i), hello_of(10000 + i), PeerCredentials{777, ""});
+  }
+  size_t from_attacker = 0;
+  for (const auto& [peer, p] : hot.processes()) from_attacker += p.peer_pid == 777 ? 1 : 0;
+  CHECK(from_attacker == 8);
+  CHECK(hot.processes().count("serving") == 1);
+  // Over tcp:// (no pid to group by): the global cap, bare Hellos evicted before a process that reports.
+  for (int i = 0; i < 4000; ++i) {
+    clock.now += std::chrono::milliseconds(1);
+    hot.on_hello("tcp" + std::to_string(i), hello_of(20000 + i), PeerCredentials{0, "10.1.1.1"});
+  }
+  CHECK(hot.processes().size() <= 64);
+  CHECK(hot.processes().count("serving") == 1);
+  CHECK(hot.find(a.id())->calls() == 100);
+  CHECK(hot.counters().processes_evicted >= 3992 + 4000 - 64);
+}
+
+TEST_CASE("bounded state: a process's signatures past its quota are refused and counted") {
+  FakeClock clock;
+  HotOptions o = bounded(clock);
+  o.max_signatures_per_process = 100;
+  HotSignatures hot(o);
+  std::vector<wire::HotEntry> entries;
+  for (int i = 0; i < 150; ++i) entries.push_back(entry(softmax(8, 16 + i), 10, 1, 1000));
+  CHECK(hot.on_report("p", report(1, 1, entries), PeerCredentials{1, ""}) == 50);
+  CHECK(hot.signatures().size() == 100);
+  CHECK(hot.processes().at("p").signatures_refused == 50);
+  // The same signatures again (cumulative counters) update what was taken; the rest stay refused.
+  CHECK(hot.on_report("p", report(1, 2, entries), PeerCredentials{1, ""}) == 50);
+  CHECK(hot.signatures().size() == 100);
+  // Another process is not charged for the first one's.
+  CHECK(hot.on_report("q", report(2, 1, {entry(softmax(8, 16), 5, 1, 1000)}), PeerCredentials{2, ""}) == 0);
+  CHECK(hot.find(softmax(8, 16).id())->calls() == 15);
+}
+
+TEST_CASE("bounded state: past max_signatures the coldest are evicted, never one being searched") {
+  FakeClock clock;
+  HotOptions o = bounded(clock);
+  o.max_signatures = 256;
+  HotSignatures hot(o);
+  const OpSignature hot_one = softmax(4096, 4096);
+  const OpSignature searched = softmax(1, 1);
+  hot.on_report("p", report(1, 1, {entry(hot_one, 1000000, 1000, 1000 * 50000), entry(searched, 1, 0, 0)}),
+                PeerCredentials{1, ""});
+  hot.find(searched.id())->state = SearchState::kSearching;
+  for (int batch = 0; batch < 8; ++batch) {
+    std::vector<wire::HotEntry> entries;
+    for (int i = 0; i < 1000; ++i) entries.push_back(entry(softmax(2 + batch, 16 + i), 1 + static_cast<uint64_t>(i), 1, 100));
+    (void)hot.on_report("p" + std::to_string(batch), report(10 + batch, 1, entries), PeerCredentials{10 + batch, ""});
+    CHECK(hot.signatures().size() <= 256);
+  }
+  CHECK(hot.find(hot_one.id()) != nullptr);
+  CHECK(hot.find(searched.id()) != nullptr);
+  CHECK(hot.counters().signatures_evicted >= 8000 + 2 - 256);
+}
+
+TEST_CASE("time share: an active and an observing process reporting one signature never make it over 100%") {
+  // The active process's calls are fast, the observing process's slow: pooling one mean over both
+  // in the numerator while the denominator used each process's own gave 4600% (issue 19, item 7).
+  FakeClock clock;
+  HotSignatures hot(bounded(clock));
+  const OpSignature s = softmax(64, 256), t = softmax(32, 32);
+  hot.on_report("active", report(1, 1, {entry(s, 1000, 10, 10 * 100)}), PeerCredentials{1, ""});
+  hot.on_report("observing", report(2, 1, {entry(s, 10, 10, 10 * 100000), entry(t, 1000, 10, 10 * 1)}),
+                PeerCredentials{2, ""});
+  const double share = hot.time_share(*hot.find(s.id()));
+  CHECK(share == Approx((1000.0 * 100 + 10.0 * 100000) / (1000.0 * 100 + 10.0 * 100000 + 1000.0 * 1)));
+  CHECK(share <= 1.0);
+  CHECK(hot.find(s.id())->total_ns() == Approx(1000.0 * 100 + 10.0 * 100000));
+}
+
+TEST_CASE("peer credentials: ZeroMQ's ipc peer address carries the pid, and a tcp one is an address") {
+  CHECK(peer_credentials_from_address("localhost:1000:1000:3658").pid == 3658);
+  CHECK(peer_credentials_from_address("localhost:0:0:1").pid == 1);
+  const PeerCredentials tcp = peer_credentials_from_address("192.168.1.7");
+  CHECK(tcp.pid == 0);
+  CHECK(tcp.address == "192.168.1.7");
+  CHECK(peer_credentials_from_address("fe80::1:2:3").pid == 0);   // IPv6: an address, not credentials
+  CHECK(peer_credentials_from_address("").pid == 0);
+  CHECK(peer_credentials_from_address("localhost:0:0:-5").pid == 0);
+  CHECK(peer_credentials_from_address("localhost:0:0:99999999999").pid == 0);
 }

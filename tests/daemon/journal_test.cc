@@ -177,6 +177,7 @@ TEST_CASE("journal: an outcome keeps the serving processes its timing shared a G
     REQUIRE(j.ok());
     search::Outcome shared = measured(1.2);
     shared.shared_gpu_pids = {4242, 4343};
+    shared.implausible = "PyTorch's kernel measured 16 ms, 2100x the cost model's 7.6 us";
     REQUIRE(j->append_outcome(3, shared).ok());
   }
   // An outcome record as a daemon before shared_gpu_pids wrote it: 11 fields.
@@ -207,8 +208,11 @@ TEST_CASE("journal: an outcome keeps the serving processes its timing shared a G
   REQUIRE(c.ok());
   REQUIRE(c->tree.node(3).outcome);
   CHECK(c->tree.node(3).outcome->shared_gpu_pids == std::vector<int32_t>{4242, 4343});
+  CHECK(c->tree.node(3).outcome->implausible == "PyTorch's kernel measured 16 ms, 2100x the cost model's 7.6 us");
+  CHECK_FALSE(c->tree.node(3).outcome->improves());   // correct, but its speed is not to be believed
   REQUIRE(c->tree.node(4).outcome);
   CHECK(c->tree.node(4).outcome->speedup == Approx(1.1));
   CHECK(c->tree.node(4).outcome->shared_gpu_pids.empty());
+  CHECK(c->tree.node(4).outcome->implausible.empty());
   CHECK(c->tree.node(1).outcome->shared_gpu_pids.empty());
 }

@@ -331,6 +331,12 @@ TEST_CASE("reward follows Note [Reward]: ln(speedup) when measured, fixed penalt
   Outcome v;
   v.status = EvalStatus::kVerified;
   CHECK(reward(v) == 0);
+  // A 239x that the cost model cannot believe (Note [Plausible timing]): no reward, never published.
+  Outcome implausible = measured(239);
+  implausible.implausible = "PyTorch's kernel measured 16 ms, 2102x the cost model's 7.6 us";
+  CHECK(reward(implausible) == 0);
+  CHECK_FALSE(implausible.improves());
+  CHECK(measured(1.5).improves());
 }
 
 TEST_CASE("SearchTree: dense ids, one node per spec, lineage from the root", "[search][tree]") {

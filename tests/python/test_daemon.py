@@ -105,9 +105,11 @@ class Daemon:
                      "--min-calls", "30", "--strategy", "mcts", *extra]
         self.proc = None
 
-    def start(self):
+    def start(self, **extra_env):
         env = {k: v for k, v in os.environ.items() if not k.startswith("KFORGE_") and k != "LD_PRELOAD"}
         env["KFORGE_WORKER_LIB_DIR"] = str(self.bins["worker"].parent)
+        env.update({k: str(v) for k, v in extra_env.items()})   # the daemon's, and so its workers'
+
         self.log = open(self.log_path, "a")
         self.proc = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         self.wait_for(lambda s: all(slot["state"] != "starting" for slot in s["slots"]), 120, "its worker to start")
@@ -318,8 +320,10 @@ def test_malformed_messages_and_control_requests_never_break_the_daemon(daemon_b
         assert json.loads(s.recv())["ok"] is False
         st = d.wait_for(lambda st: st["counters"].get("messages_malformed", 0) >= len(bad) + 1, 30, "the malformed messages counted")
         assert st["processes"] == [] or all(not p["attached"] or p["pid"] for p in st["processes"])
-        # Logged once for this peer, not once per message.
-        assert d.log_text().count("logged once per peer") == 1, d.log_text()
+        # Logged, but a flood of them is not a line per message (LogLimiter: 10 per 10 s and kind).
+        lines = [l for l in d.log_text().splitlines()
+                 if "malformed message from a peer" in l or "multi-part message" in l or "daemon-to-hook" in l]
+        assert 1 <= len(lines) <= 10, d.log_text()
         s.close()
     finally:
         assert d.stop() == 0, d.log_text()

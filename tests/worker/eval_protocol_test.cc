@@ -33,6 +33,7 @@ EvalJob sample_job() {
   j.policy.trials = 7;
   j.policy.seed = 99;
   j.policy.self_baseline = true;
+  j.policy.max_baseline_model_ratio = 50;
   j.input_stats.push_back(wire::InputStats{0, -3, 3, 0.1, 1.2, 0, 0, 0.25});
   wire::CapturedInputs c;
   c.pid = 7;
@@ -59,6 +60,10 @@ TEST_CASE("every evaluation message round-trips through encode and decode", "[ev
   r.verify.max_abs_error = 0.25;
   r.timing.clock = "steady_clock";
   r.timing.runs = 30;
+  r.timing.call_floor_ns = 900;
+  r.timing.expected_baseline_ns = 7400;
+  r.timing.attempts = 3;
+  r.timing.implausible = "PyTorch's kernel measured 16 ms, 2160x the cost model's 7.4 us";
   r.environment = cpu_host_environment("2.11.0");
   r.worker_pid = 1234;
   r.phase = "verify";
@@ -136,4 +141,43 @@ TEST_CASE("a passing result maps onto the cache's verification report and timing
   CHECK(r.timings().speedup() == Approx(2.0));
   r.status = EvalStatus::kTimeout;
   CHECK_FALSE(r.verification_report().passed);
+}
+
+TEST_CASE("a timing and a policy from before the plausibility check decode with none", "[eval_protocol]") {
+  EvalResult r;
+  r.status = EvalStatus::kMeasured;
+  r.timing.clock = "cupti";
+  r.timing.runs = 30;
+  r.timing.speedup = 2;
+  r.timing.implausible = "x";
+  r.timing.attempts = 2;
+  const std::string bytes = encode(EvalMessage(r));
+  // Cut the timing record back to its first 14 fields, as an older worker wrote it.
+  msgpack::object_handle oh = msgpack::unpack(bytes.data(), bytes.size());
+  msgpack::object env = oh.get();
+  msgpack::object& timing = env.via.array.ptr[3].via.array.ptr[9];
+  REQUIRE(timing.via.array.size == 18);
+  timing.via.array.size = 14;
+  msgpack::sbuffer old;
+  msgpack::pack(old, env);
+  StatusOr<EvalMessage> back = decode_eval_message(std::string(old.data(), old.size()));
+  REQUIRE(back.ok());
+  const TimingOutcome& t = std::get<EvalResult>(*back).timing;
+  CHECK(t.speedup == 2);
+  CHECK(t.implausible.empty());
+  CHECK(t.attempts == 1);
+  CHECK(t.call_floor_ns == 0);
+
+  EvalJob j = sample_job();
+  j.policy.max_baseline_model_ratio = 50;
+  const std::string jb = encode(EvalMessage(j));
+  msgpack::object_handle jh = msgpack::unpack(jb.data(), jb.size());
+  msgpack::object jenv = jh.get();
+  jenv.via.array.ptr[3].via.array.ptr[3].via.array.size = 7;   // policy without the ratio
+  msgpack::sbuffer jold;
+  msgpack::pack(jold, jenv);
+  StatusOr<EvalMessage> jback = decode_eval_message(std::string(jold.data(), jold.size()));
+  REQUIRE(jback.ok());
+  CHECK(std::get<EvalJob>(*jback).policy.max_baseline_model_ratio == 0);
+  CHECK(std::get<EvalJob>(*jback).policy.self_baseline);
 }

@@ -74,3 +74,23 @@ TEST_CASE("timing: quantile interpolates between order statistics") {
   CHECK(quantile({1, 2, 3, 4}, 0.0) == 1);
   CHECK(quantile({1, 2, 3, 4}, 1.0) == 4);
 }
+
+TEST_CASE("plausible timing: a baseline far over the cost model, or a candidate faster than memory allows, is flagged") {
+  // layer_norm float32 [64,128] on a 2-core VM (issue 19): 32 KiB in, 32 KiB out and 512 B of
+  // mean/rstd at a measured 10 GB/s is 6.6 us, plus a 1 us smallest call: 7.6 us expected.
+  const double bytes = 64 * 128 * 4 * 2 + 512;
+  const double bw = 10e9;
+  CHECK(expected_op_ns(bytes, bw, 1000) == Approx(bytes / bw * 1e9 + 1000));
+  // PyTorch measured 15,986,840 ns against 62,548 ns for the candidate: 239x, and 2100x the model.
+  const std::string why = implausibility(15986840, 62548, bytes, bw, 1000, 50);
+  CHECK_THAT(why, Catch::Contains("PyTorch's kernel measured 16 ms"));
+  CHECK_THAT(why, Catch::Contains("2102x the cost model's 7.6 us (6.6 us to move its bytes + a 1 us call)"));
+  // A slow but believable baseline (20x the model) and a candidate near the roofline pass.
+  CHECK(implausibility(20 * 7620, 8000, bytes, bw, 1000, 50).empty());
+  // No ratio given: only the candidate's floor is checked.
+  CHECK(implausibility(15986840, 62548, bytes, bw, 1000, 0).empty());
+  // A candidate at a third of the time its bytes take at the copy bandwidth is not a kernel that works.
+  CHECK_THAT(implausibility(20000, 2200, bytes, bw, 1000, 50), Catch::Contains("under half the"));
+  // An unknown ceiling checks nothing.
+  CHECK(implausibility(1e9, 1, bytes, 0, 1000, 50).empty());
+}

@@ -26,17 +26,30 @@ StatusOr<CacheDir::Resolved> CacheDir::resolve_path(const EnvLookup& env) {
   };
   if (auto v = nonempty("KFORGE_CACHE_DIR")) {
     if ((*v)[0] != '/') return invalid_argument("KFORGE_CACHE_DIR must be an absolute path, got '" + *v + "'");
-    return Resolved{*v, "KFORGE_CACHE_DIR"};
+    return Resolved{*v, "KFORGE_CACHE_DIR", ""};
   }
+  StatusOr<Resolved> r = resolve_default(env);
+  if (r.ok() && env("KFORGE_CACHE_DIR")) {   // set, but to nothing: say so, then the default
+    r->warning = "KFORGE_CACHE_DIR is set but empty; using " + r->path + " (from " + r->source + ")";
+  }
+  return r;
+}
+
+StatusOr<CacheDir::Resolved> CacheDir::resolve_default(const EnvLookup& env) {
+  auto nonempty = [&](const char* name) -> std::optional<std::string> {
+    auto v = env(name);
+    if (v && !v->empty()) return v;
+    return std::nullopt;
+  };
   // The XDG spec says relative values are invalid and must be ignored.
-  if (auto v = nonempty("XDG_CACHE_HOME"); v && (*v)[0] == '/') return Resolved{*v + "/kforge", "XDG_CACHE_HOME"};
-  if (auto v = nonempty("HOME"); v && (*v)[0] == '/') return Resolved{*v + "/.cache/kforge", "HOME"};
+  if (auto v = nonempty("XDG_CACHE_HOME"); v && (*v)[0] == '/') return Resolved{*v + "/kforge", "XDG_CACHE_HOME", ""};
+  if (auto v = nonempty("HOME"); v && (*v)[0] == '/') return Resolved{*v + "/.cache/kforge", "HOME", ""};
   struct passwd pw {};
   struct passwd* result = nullptr;
   char buf[4096];
   if (getpwuid_r(geteuid(), &pw, buf, sizeof buf, &result) == 0 && result != nullptr && pw.pw_dir != nullptr &&
       pw.pw_dir[0] == '/') {
-    return Resolved{std::string(pw.pw_dir) + "/.cache/kforge", "passwd"};
+    return Resolved{std::string(pw.pw_dir) + "/.cache/kforge", "passwd", ""};
   }
   return not_found("no cache directory: set KFORGE_CACHE_DIR (neither XDG_CACHE_HOME nor HOME is set)");
 }

@@ -26,6 +26,9 @@ class CacheDir {
   struct Resolved {
     std::string path;
     std::string source;   // "KFORGE_CACHE_DIR", "XDG_CACHE_HOME", "HOME", "passwd"
+    // Non-empty when a variable was set to something that is no value ("KFORGE_CACHE_DIR is set
+    // but empty; using ..."): the caller prints it once.
+    std::string warning;
   };
   static StatusOr<Resolved> resolve_path(const EnvLookup& env);
 
@@ -36,6 +39,7 @@ class CacheDir {
   const std::string& path() const noexcept { return path_; }
 
  private:
+  static StatusOr<Resolved> resolve_default(const EnvLookup& env);   // the rules after KFORGE_CACHE_DIR
   explicit CacheDir(std::string path) : path_(std::move(path)) {}
   std::string path_;
 };

@@ -296,6 +296,8 @@ struct Layout {
     std::string h = k.hex();
     return used_dir(h) + "/" + h;
   }
+  std::string trial_dir() const { return root + "/trial"; }
+  std::string trial(const EntryKey& k) const { return trial_dir() + "/" + k.hex(); }
   std::string blob_dir(const std::string& sha) const { return root + "/blobs/" + sha.substr(0, 2); }
   std::string blob(const std::string& sha) const { return blob_dir(sha) + "/" + sha; }
 
@@ -1057,6 +1059,61 @@ void Store::set_problem_callback(std::function<void(const CacheProblem&)> cb) {
   shared_->callback = std::move(cb);
 }
 
+// ---- trial markers ------------------------------------------------------------------------------------
+
+namespace {
+
+constexpr uint64_t kMaxTrialMarkerBytes = 16;
+
+// A marker's pid, or why the file is not a marker ("pid\n", nothing else).
+StatusOr<int32_t> parse_trial_marker(const std::string& path) {
+  KFORGE_ASSIGN_OR_RETURN(std::string text, read_file(path, kMaxTrialMarkerBytes));
+  if (text.size() < 2 || text.back() != '\n') return invalid_argument(path + ": not a trial marker (expected a pid and a newline)");
+  int64_t pid = 0;
+  for (size_t i = 0; i + 1 < text.size(); ++i) {
+    if (text[i] < '0' || text[i] > '9') return invalid_argument(path + ": not a trial marker (expected a pid and a newline)");
+    pid = pid * 10 + (text[i] - '0');
+  }
+  if (pid <= 0 || pid > INT32_MAX) return invalid_argument(path + ": not a trial marker (pid " + text.substr(0, text.size() - 1) + ")");
+  return static_cast<int32_t>(pid);
+}
+
+}  // namespace
+
+Status Store::write_trial_marker(const EntryKey& key, int32_t pid) {
+  return guarded("write_trial_marker", [&]() -> Status {
+    KFORGE_RETURN_IF_ERROR(opened(shared_));
+    const Layout l{root_, options_.durable};
+    KFORGE_ASSIGN_OR_RETURN(TmpFile tmp, l.write_tmp("trial", std::to_string(pid) + "\n"));
+    return l.install_replace(tmp, l.trial(key));
+  });
+}
+
+Status Store::remove_trial_marker(const EntryKey& key) {
+  return guarded("remove_trial_marker", [&]() -> Status {
+    const Layout l{root_, options_.durable};
+    const std::string path = l.trial(key);
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT) return io_error("cannot remove", path, errno);
+    return Status();
+  });
+}
+
+StatusOr<std::vector<Store::TrialMarker>> Store::trial_markers() const {
+  return guarded("trial_markers", [&]() -> StatusOr<std::vector<TrialMarker>> {
+    const Layout l{root_, options_.durable};
+    KFORGE_ASSIGN_OR_RETURN(std::vector<std::string> names, list_names(l.trial_dir()));
+    std::vector<TrialMarker> out;
+    for (const std::string& n : names) {
+      StatusOr<EntryKey> key = EntryKey::from_hex(n);
+      if (!key.ok() || key->hex() != n) continue;
+      const std::string path = l.trial_dir() + "/" + n;
+      StatusOr<int32_t> pid = parse_trial_marker(path);
+      if (pid.ok()) out.push_back(TrialMarker{*key, *pid, path});
+    }
+    return out;
+  });
+}
+
 // ---- verify_all ----------------------------------------------------------------------------------------
 
 StatusOr<std::vector<CacheProblem>> Store::verify_all() const {
@@ -1075,7 +1132,7 @@ StatusOr<std::vector<CacheProblem>> Store::verify_all() const {
 
     // The root holds the layout and nothing else.
     KFORGE_ASSIGN_OR_RETURN(std::vector<std::string> top, list_names(root_));
-    const std::set<std::string> known{"VERSION", "manifests", "blobs", "state", "used", "tmp"};
+    const std::set<std::string> known{"VERSION", "manifests", "blobs", "state", "used", "tmp", "trial"};
     for (const std::string& n : top) {
       if (!known.count(n)) add(root_ + "/" + n, "unknown file in the cache (not part of the layout; left in place)");
     }
@@ -1192,6 +1249,24 @@ StatusOr<std::vector<CacheProblem>> Store::verify_all() const {
           "manifest missing, but " + side +
               " remains (an interrupted publish or removal, or a deleted manifest); gc removes it",
           key);
+    }
+
+    // trial/ (made by the first trial, so it may be absent): markers, "<pid>\n" under an entry's key.
+    {
+      struct stat st {};
+      const std::string dir = l.trial_dir();
+      if (::lstat(dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) add(dir, "not a directory (trial markers live there)");
+    }
+    KFORGE_ASSIGN_OR_RETURN(std::vector<std::string> trials, list_names(l.trial_dir()));
+    for (const std::string& n : trials) {
+      const std::string p = l.trial_dir() + "/" + n;
+      StatusOr<EntryKey> key = EntryKey::from_hex(n);
+      if (!key.ok() || key->hex() != n) {
+        strays.push_back(p);
+        continue;
+      }
+      StatusOr<int32_t> pid = parse_trial_marker(p);
+      if (!pid.ok() && pid.status().code() != StatusCode::kNotFound) add(p, pid.status().message(), *key);
     }
 
     // tmp/: young files belong to writers in progress; old ones were abandoned.
@@ -1323,6 +1398,16 @@ StatusOr<GcReport> Store::gc(uint64_t max_bytes) {
       struct stat st {};
       if (::lstat(p.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || written_ms(st) > settled_before) continue;
       if (::unlink(p.c_str()) == 0) ++report.tmp_removed;
+    }
+    // Trial markers of entries that are gone (removed here, or older than the grace period: a
+    // marker is written just before its entry's first launch) say nothing any more.
+    const std::set<EntryKey> removed(report.removed.begin(), report.removed.end());
+    KFORGE_ASSIGN_OR_RETURN(std::vector<TrialMarker> markers, trial_markers());
+    for (const TrialMarker& m : markers) {
+      struct stat st {};
+      if (::lstat(m.path.c_str(), &st) != 0) continue;
+      const bool entry_gone = removed.count(m.key) > 0 || (!exists(l.manifest(m.key)) && written_ms(st) <= settled_before);
+      if (entry_gone && ::unlink(m.path.c_str()) == 0) ++report.trial_markers_removed;
     }
     return report;
   });

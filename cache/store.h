@@ -14,6 +14,8 @@
 //   blobs/<h0h1>/<sha256>            immutable content-addressed artifacts
 //   state/<k0k1>/<key>.state         mutable EntryStatus (disable/quarantine/pin), replaced atomically
 //   used/<k0k1>/<key>                empty file; its mtime is the entry's last use
+//   trial/<key>                      "<pid>\n": that process runs the entry's shadow trial (Note
+//                                    [Trial marker] in interposer/hook/swapper.h)
 //   tmp/                             writes in progress; gc removes what a killed writer left
 //
 // Promises:
@@ -63,6 +65,7 @@ struct GcReport {
   uint64_t bytes_before = 0, bytes_after = 0;
   std::vector<EntryKey> removed;          // entries removed, least recently used first
   uint64_t blobs_removed = 0, tmp_removed = 0;
+  uint64_t trial_markers_removed = 0;     // of entries that are gone
 };
 
 class Store {
@@ -105,7 +108,21 @@ class Store {
   // Records a use now (for gc's LRU order). Cheap: one utimensat; never blocks on a lock.
   Status touch(const EntryKey& key) const;
 
-  // Checks every manifest, blob, state file; lists each problem with its file. Files that may
+  // Trial markers (Note [Trial marker] in interposer/hook/swapper.h): trial/<key> names the
+  // process whose shadow trial of the entry runs. Written atomically (tmp file, rename) and
+  // durably; a marker left by a process that died is the evidence that its trial crashed it.
+  struct TrialMarker {
+    EntryKey key;
+    int32_t pid = 0;
+    std::string path;
+  };
+  Status write_trial_marker(const EntryKey& key, int32_t pid);
+  // Removes the marker if present (a missing one is not an error).
+  Status remove_trial_marker(const EntryKey& key);
+  // Every well-formed marker; malformed files under trial/ are left for verify_all to name.
+  StatusOr<std::vector<TrialMarker>> trial_markers() const;
+
+  // Checks every manifest, blob, state file, trial marker; lists each problem with its file. Files that may
   // belong to a write in progress (tmp/ files, and state files or use records whose manifest does
   // not exist yet) are reported only once they are older than gc_grace_ms; a missing manifest is
   // reported under its own path.
@@ -115,7 +132,8 @@ class Store {
   // is at most max_bytes; then unreferenced blobs and abandoned tmp files past the grace period.
   // Pinned and quarantined entries are always kept (removing a quarantined entry would forget its
   // quarantine), and so are entries whose manifest or state file cannot be read (verify_all
-  // reports them): the cap can then stay exceeded, as bytes_after shows.
+  // reports them): the cap can then stay exceeded, as bytes_after shows. Trial markers of entries
+  // that are gone go too.
   StatusOr<GcReport> gc(uint64_t max_bytes);
 
   // Raw manifest bytes and blobs, for export; and the inverse for import, which must produce

@@ -148,6 +148,7 @@ StatusOr<Store> open_store(const std::string& cache_dir) {
   std::string path = cache_dir;
   if (path.empty()) {
     KFORGE_ASSIGN_OR_RETURN(CacheDir::Resolved r, CacheDir::resolve_path(process_env()));
+    if (!r.warning.empty()) std::fprintf(stderr, "kforge: %s\n", r.warning.c_str());
     path = r.path;
   }
   KFORGE_ASSIGN_OR_RETURN(CacheDir dir, CacheDir::open(path));
@@ -444,7 +445,7 @@ int run_cache_command(const std::vector<std::string>& args, const std::string& c
     if (!r.ok()) return fail(err, r.status());
     out << "gc: " << human_bytes(r->bytes_before) << " -> " << human_bytes(r->bytes_after) << ", removed "
         << r->removed.size() << " entries, " << r->blobs_removed << " unreferenced blobs, " << r->tmp_removed
-        << " abandoned temporary files\n";
+        << " abandoned temporary files, " << r->trial_markers_removed << " trial markers of entries that are gone\n";
     return kExitOk;
   }
   if (sub == "export") {

@@ -143,6 +143,7 @@ json cache_json() {
   }
   j["path"] = resolved->path;
   j["source"] = resolved->source;
+  if (!resolved->warning.empty()) j["warning"] = resolved->warning;
   auto opened = CacheDir::open(resolved->path);
   j["usable"] = opened.ok();
   if (!opened.ok()) j["error"] = opened.status().message();

@@ -61,9 +61,12 @@ bool read_flag(const EnvLookup& env, const char* var, bool def, std::vector<std:
   return def;
 }
 
-std::vector<std::string> read_op_list(const EnvLookup& env, const char* var,
+// A comma-separated list of catalog operator names: the known ones, and one warning naming the
+// unknown ones. A list that names no catalog operator at all is a bad value: one warning, and the
+// default (`fallback` says what that is).
+std::vector<std::string> read_op_list(const EnvLookup& env, const char* var, std::string_view fallback,
                                       std::vector<std::string>& warnings) {
-  std::vector<std::string> out;
+  std::vector<std::string> out, unknown;
   std::optional<std::string> v = env(var);
   if (!v) return out;
   std::string_view rest = *v;
@@ -74,14 +77,18 @@ std::vector<std::string> read_op_list(const EnvLookup& env, const char* var,
     if (item.empty()) continue;
     bool known = false;
     for (const CatalogOp& op : kCatalog) known = known || op_name_matches(item, op.name, op.overload);
-    if (!known) {
-      std::string names;
-      for (const CatalogOp& op : kCatalog) names += (names.empty() ? "" : ", ") + op.qualified();
-      warnings.push_back(std::string(var) + ": '" + std::string(item) +
-                         "' is not a catalog operator (ignored; the catalog is " + names + ")");
-      continue;
-    }
-    out.emplace_back(item);
+    (known ? out : unknown).emplace_back(item);
+  }
+  if (unknown.empty()) return out;
+  std::string names;
+  for (const CatalogOp& op : kCatalog) names += (names.empty() ? "" : ", ") + op.qualified();
+  std::string quoted;
+  for (const std::string& u : unknown) quoted += (quoted.empty() ? "'" : ", '") + u + "'";
+  if (out.empty()) {
+    warnings.push_back(bad_value(var, *v, "a list of catalog operators (" + names + ")", fallback));
+  } else {
+    warnings.push_back(std::string(var) + ": " + quoted + (unknown.size() == 1 ? " is not a catalog operator" : " are not catalog operators") +
+                       " (ignored; the catalog is " + names + ")");
   }
   return out;
 }
@@ -170,6 +177,10 @@ HookConfig parse_config(const EnvLookup& env) {
   }
 
   c.cache_dir = env("KFORGE_CACHE_DIR").value_or("");
+  if (std::optional<std::string> d = env("KFORGE_CACHE_DIR"); d && trim(*d).empty()) {
+    w.push_back(bad_value("KFORGE_CACHE_DIR", *d, "a directory", "the default ($XDG_CACHE_HOME/kforge, else ~/.cache/kforge)"));
+    c.cache_dir.clear();
+  }
 
   if (std::optional<std::string> m = env("KFORGE_MODE"); m && !m->empty()) {
     std::string_view s = trim(*m);
@@ -187,9 +198,9 @@ HookConfig parse_config(const EnvLookup& env) {
   c.observe_every = read_uint(env, "KFORGE_OBSERVE_EVERY", 1, 4096, 16, w);
   c.shadow_calls = read_uint(env, "KFORGE_SHADOW_CALLS", 1, 1000000, 20, w);
   c.report_interval_ms = read_uint(env, "KFORGE_REPORT_INTERVAL_MS", 10, 3600000, 1000, w);
-  c.allow_ops = read_op_list(env, "KFORGE_OPS", w);
-  c.ops_restricted = !trim(env("KFORGE_OPS").value_or("")).empty();
-  c.deny_ops = read_op_list(env, "KFORGE_DENY_OPS", w);
+  c.allow_ops = read_op_list(env, "KFORGE_OPS", "every catalog operator", w);
+  c.ops_restricted = !c.allow_ops.empty();
+  c.deny_ops = read_op_list(env, "KFORGE_DENY_OPS", "none denied", w);
   c.capture_inputs = read_flag(env, "KFORGE_CAPTURE_INPUTS", false, w);
   c.log = read_flag(env, "KFORGE_LOG", false, w);
   c.bench_toggle = read_flag(env, "KFORGE_BENCH_TOGGLE", false, w);

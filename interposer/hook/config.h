@@ -11,7 +11,8 @@
 //                               daemon's CURVE public key, 40 z85 characters (kforged
 //                               --curve-keygen prints it). A tcp:// endpoint without a valid key
 //                               falls back to the default endpoint, with one warning
-//   KFORGE_CACHE_DIR            recorded as given (the cache library resolves the default)
+//   KFORGE_CACHE_DIR            recorded as given (the cache library resolves the default); set but
+//                               empty is a bad value (one warning, the default)
 //   KFORGE_MODE                 observe (default) | shadow | active.
 //                               observe: nothing is ever loaded. shadow: cache entries are loaded
 //                               and run beside PyTorch's kernel on every call, PyTorch's result is
@@ -23,7 +24,9 @@
 //                               (1..1000000, default 64)
 //   KFORGE_REPORT_INTERVAL_MS   how often counters go to the daemon (10..3600000, default 1000)
 //   KFORGE_OPS                  comma-separated allow list ("aten::add.Tensor", "add", "_softmax");
-//                               empty or unset: every catalog operator
+//                               empty or unset: every catalog operator. Names that are not catalog
+//                               operators get one warning; a list of nothing but such names is a
+//                               bad value (one warning, every catalog operator)
 //   KFORGE_DENY_OPS             comma-separated deny list, same spellings; wins over KFORGE_OPS
 //   KFORGE_CAPTURE_INPUTS       0/1 (also off/on, false/true, no/yes); default off. On: the inputs
 //                               of a few calls per signature go to the daemon (input_sampler.h);
@@ -62,7 +65,7 @@ struct HookConfig {
   uint32_t observe_every = 16;
   uint32_t shadow_calls = 20;
   uint32_t report_interval_ms = 1000;
-  // KFORGE_OPS was given: only allow_ops are intercepted (none, if no entry named a catalog op).
+  // KFORGE_OPS named catalog operators: only allow_ops are intercepted.
   bool ops_restricted = false;
   std::vector<std::string> allow_ops;    // as written, trimmed
   std::vector<std::string> deny_ops;

@@ -1,6 +1,5 @@
 #include "interposer/hook/swapper.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
@@ -215,77 +214,37 @@ bool Swapper::ensure_store() {
   return false;
 }
 
-std::string Swapper::marker_path(const SignatureId& key) const {
-  return store_->root() + "/trial/" + key.hex();
-}
-
 bool Swapper::write_marker(const SignatureId& key, std::string& error) {
-  const std::string dir = store_->root() + "/trial";
-  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
-    error = "cannot create " + dir + ": " + std::strerror(errno);
-    return false;
-  }
-  const std::string path = marker_path(key);
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    error = "cannot write " + path + ": " + std::strerror(errno);
-    return false;
-  }
-  const std::string pid = std::to_string(::getpid()) + "\n";
-  const bool ok = ::write(fd, pid.data(), pid.size()) == static_cast<ssize_t>(pid.size());
-  const int err = errno;
-  ::fsync(fd);
-  ::close(fd);
-  if (!ok) {
-    ::unlink(path.c_str());
-    error = "cannot write " + path + ": " + std::strerror(err);
-    return false;
-  }
-  return true;
+  const Status s = store_->write_trial_marker(key, static_cast<int32_t>(::getpid()));
+  if (!s.ok()) error = "cannot write its trial marker: " + s.message();
+  return s.ok();
 }
 
 void Swapper::remove_marker(const SignatureId& key) {
   if (!store_) return;
-  ::unlink(marker_path(key).c_str());
+  (void)store_->remove_trial_marker(key);
 }
 
 void Swapper::recover_markers() {
-  const std::string dir = store_->root() + "/trial";
-  DIR* d = ::opendir(dir.c_str());
-  if (d == nullptr) return;
-  std::vector<std::string> names;
-  while (const dirent* e = ::readdir(d)) {
-    std::string name = e->d_name;
-    if (name != "." && name != "..") names.push_back(std::move(name));
-  }
-  ::closedir(d);
-  for (const std::string& name : names) {
-    StatusOr<SignatureId> key = SignatureId::from_hex(name);
-    if (!key.ok()) continue;   // not ours: leave it
-    const std::string path = dir + "/" + name;
-    int32_t pid = 0;
-    if (const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC); fd >= 0) {
-      char buf[32] = {};
-      const ssize_t n = ::read(fd, buf, sizeof buf - 1);
-      ::close(fd);
-      if (n > 0) pid = static_cast<int32_t>(std::atol(buf));
-    }
-    if (pid != static_cast<int32_t>(::getpid()) && pid_alive(pid)) continue;   // in its own trial
-    StatusOr<StoredEntry> entry = store_->load(*key);
+  StatusOr<std::vector<Store::TrialMarker>> markers = store_->trial_markers();
+  if (!markers.ok()) return;
+  for (const Store::TrialMarker& m : *markers) {
+    if (m.pid != static_cast<int32_t>(::getpid()) && pid_alive(m.pid)) continue;   // in its own trial
+    StatusOr<StoredEntry> entry = store_->load(m.key);
     if (entry.ok()) {
-      const Status s = store_->set_state(*key, EntryState::kQuarantined, "process died during trial");
+      const Status s = store_->set_state(m.key, EntryState::kQuarantined, "process died during trial");
       if (s.ok()) {
-        log_line("entry " + key->hex() + " for " + entry->signature.to_string() +
-                 " quarantined: a process (pid " + std::to_string(pid) + ") died during its trial");
+        log_line("entry " + m.key.hex() + " for " + entry->signature.to_string() +
+                 " quarantined: a process (pid " + std::to_string(m.pid) + ") died during its trial");
         std::lock_guard<std::mutex> lock(mu_);
         ++markers_quarantined_;
       } else {
-        log_line("entry " + key->hex() + ": a process died during its trial, but quarantining it failed: " +
+        log_line("entry " + m.key.hex() + ": a process died during its trial, but quarantining it failed: " +
                  s.message());
         continue;   // keep the marker: the next process tries again
       }
     }
-    ::unlink(path.c_str());
+    remove_marker(m.key);
   }
 }
 
@@ -328,7 +287,12 @@ std::optional<StoredEntry> Swapper::find_entry(const OpSignature& sig, const Env
   for (const EntryKey& k : *keys) {
     if (!scanned_keys_.insert(k).second) continue;
     StatusOr<StoredEntry> e = store_->load(k);
-    if (e.ok()) keys_by_signature_.emplace(e->signature.id(), k);
+    if (e.ok()) {
+      keys_by_signature_.emplace(e->signature.id(), k);
+    } else if (e.status().code() != StatusCode::kNotFound) {   // not found: removed since the scan
+      // Once per entry and process (scanned_keys_): a damaged entry is skipped, never loaded.
+      log_line("cache entry " + k.hex() + " skipped: " + e.status().message() + " (kforge cache verify names every bad file)");
+    }
   }
   const SignatureId id = sig.id();
   std::vector<EntryKey> candidates;

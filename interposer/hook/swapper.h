@@ -68,7 +68,8 @@
 //
 // Note [Trial marker]
 // Before an entry's first replacement launch the loader writes <cache>/trial/<entry key> (its
-// content is the writer's pid) and removes it when the trial passed (shadow_target clean shadow
+// content is the writer's pid; the cache owns the format: Store::write_trial_marker, which
+// `kforge cache verify` and `gc` know too) and removes it when the trial passed (shadow_target clean shadow
 // calls), when the entry is quarantined, or when the process exits normally during its trial. On
 // its first round in shadow or active mode, the loader quarantines ("process died during trial")
 // the entry of every marker whose writer is not alive, and removes the marker. A marker of a
@@ -211,7 +212,6 @@ class Swapper {
   // Loads a pending entry on `ordinal` if its context is active: 1 loaded, 0 not yet, -1 failed.
   int load_on_device(CudaPending& p, int ordinal);
   std::optional<StoredEntry> find_entry(const OpSignature& sig, const EnvironmentCheck& fits);
-  std::string marker_path(const SignatureId& key) const;
   bool write_marker(const SignatureId& key, std::string& error);
   void remove_marker(const SignatureId& key);
 

@@ -623,6 +623,7 @@ Status Daemon::start() {
   if (d.config.cache_dir.empty()) {
     StatusOr<CacheDir::Resolved> r = CacheDir::resolve_path(process_env());
     if (!r.ok()) return r.status();
+    if (!r->warning.empty()) d.log("warn", r->warning);
     d.config.cache_dir = r->path;
   }
   KFORGE_RETURN_IF_ERROR(CacheDir::open(d.config.cache_dir).status());

@@ -337,14 +337,50 @@ std::string DaemonConfig::to_string() const {
 
 namespace {
 
+// What a TOML syntax error's line is about, for its message: "search.min_calls" for a key's line
+// (the [section] above it, and the name before its '='), "[search]" for a section header; "" when
+// the line says neither. toml++ names only the line and column.
+std::string key_at_line(std::string_view text, size_t line) {
+  auto trim = [](std::string_view s) {
+    while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+    while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) s.remove_suffix(1);
+    return s;
+  };
+  std::string section;
+  size_t n = 1;
+  size_t pos = 0;
+  while (pos <= text.size() && n <= line) {
+    const size_t end = std::min(text.find('\n', pos), text.size());
+    const std::string_view l = trim(text.substr(pos, end - pos));
+    const bool header = !l.empty() && l.front() == '[';
+    if (n == line) {
+      if (header) return std::string(l.substr(0, std::min<size_t>(l.size(), 64)));
+      const size_t eq = l.find('=');
+      if (eq == std::string_view::npos || l.empty() || l.front() == '#') return "";
+      const std::string name(trim(l.substr(0, eq)).substr(0, 64));
+      if (name.empty()) return "";
+      return section.empty() ? name : section + "." + name;
+    }
+    if (header) {
+      const size_t close = l.find(']');
+      section = std::string(trim(l.substr(1, close == std::string_view::npos ? std::string_view::npos : close - 1)).substr(0, 64));
+    }
+    pos = end + 1;
+    ++n;
+  }
+  return "";
+}
+
 Status parse_into(DaemonConfig& c, std::string_view text, std::string_view origin) {
   // The system's toml++ is built with exceptions: its parse errors arrive as toml::parse_error.
   toml::table root;
   try {
     root = toml::parse(text, origin);
   } catch (const toml::parse_error& e) {
+    const std::string key = key_at_line(text, e.source().begin.line);
     return invalid_argument(std::string(origin) + ":" + std::to_string(e.source().begin.line) + ":" +
-                            std::to_string(e.source().begin.column) + ": " + std::string(e.description()));
+                            std::to_string(e.source().begin.column) + (key.empty() ? "" : ": " + key) + ": " +
+                            std::string(e.description()));
   }
   for (const auto& [section, node] : root) {
     const toml::table* t = node.as_table();

@@ -283,8 +283,27 @@ void EvaluatorPool::run_slot(Slot& s) {
     add_serving(where.serving_pids);
     cv_.notify_all();   // this slot left the idle ones: other queued jobs may be another slot's now
     lock.unlock();
+    const pid_t pid_before = worker.pid();
+    const uint64_t starts_before = worker.starts();
     EvalResult r = worker.evaluate(item.first);
     refresh("idle");
+    // A worker's death and its replacement are the operator's business: say both.
+    if (options_.log) {
+      if (worker.starts() > starts_before && worker.ready()) {
+        options_.log("worker on " + s.info.device + " restarted (restart " + std::to_string(worker.starts() - 1) +
+                     "): pid " + std::to_string(worker.ready()->pid));
+      }
+      if (!worker.running() && worker.starts() == starts_before && pid_before <= 0) {
+        options_.log("worker on " + s.info.device + " could not start for job " + std::to_string(item.first.job_id) +
+                     ": " + r.message.substr(0, 300));
+      } else if (!worker.running()) {
+        const pid_t gone = worker.starts() > starts_before || pid_before <= 0 ? r.worker_pid : pid_before;
+        options_.log("worker" + (gone > 0 ? " pid " + std::to_string(gone) : std::string()) + " on " + s.info.device +
+                     " is gone after job " + std::to_string(item.first.job_id) + " (" +
+                     std::string(eval_status_name(r.status)) + " in " + r.phase + ": " + r.message.substr(0, 300) +
+                     "); the next job starts a new one");
+      }
+    }
     lock.lock();
     where.uuid = s.info.uuid;   // a restarted worker reports the same GPU; the first report may come late
     add_serving(where.serving_pids);

@@ -50,6 +50,11 @@ TEST_CASE("CacheDir: KFORGE_CACHE_DIR wins, then XDG_CACHE_HOME, then HOME") {
   r = CacheDir::resolve_path(table({{"XDG_CACHE_HOME", "rel"}, {"HOME", "/h"}, {"KFORGE_CACHE_DIR", ""}}));
   REQUIRE(r.ok());
   CHECK(r->path == "/h/.cache/kforge");
+  // ... but an empty KFORGE_CACHE_DIR is said, not silently the default.
+  CHECK(r->warning == "KFORGE_CACHE_DIR is set but empty; using /h/.cache/kforge (from HOME)");
+  r = CacheDir::resolve_path(table({{"HOME", "/h"}}));
+  REQUIRE(r.ok());
+  CHECK(r->warning.empty());
 }
 
 TEST_CASE("CacheDir: a relative KFORGE_CACHE_DIR is a configuration error, not a guess") {

@@ -460,3 +460,56 @@ TEST_CASE("Corruption: unknown files are reported by name and left in place") {
   REQUIRE(s.gc(0).ok());  // gc deletes only what it knows to be its own
   for (const std::string& p : strays) CHECK(fs::exists(p));
 }
+
+TEST_CASE("trial markers: a cache that hooked processes used verifies clean, and every damaged marker is named") {
+  TempDir t;
+  Store s = open_store(t.cache());
+  auto a = s.publish(small_entry(1));
+  auto b = s.publish(small_entry(2));
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  // A trial in progress and one whose process died: both what the hook leaves, both healthy.
+  REQUIRE(s.write_trial_marker(*a, 4242).ok());
+  REQUIRE(s.write_trial_marker(*b, 99999999).ok());
+  CHECK(slurp(t.cache() + "/trial/" + a->hex()) == "4242\n");
+  auto problems = s.verify_all();
+  REQUIRE(problems.ok());
+  CHECK(problems->empty());
+  auto markers = s.trial_markers();
+  REQUIRE(markers.ok());
+  REQUIRE(markers->size() == 2);
+
+  // What an attacker (or a broken disk) could do to trial/.
+  const std::string dir = t.cache() + "/trial/";
+  write_bytes(dir + b->hex(), "not a pid");
+  write_bytes(dir + "0123456789abcdef0123456789abcdeg", "1\n");   // not a key
+  fs::create_directory(dir + "0123456789abcdef0123456789abcdef");  // a directory where a marker goes
+  fs::create_symlink("/etc/passwd", dir + "fedcba9876543210fedcba9876543210");
+  problems = s.verify_all();
+  REQUIRE(problems.ok());
+  CHECK(names_file(*problems, dir + b->hex()));
+  CHECK(names_file(*problems, dir + "0123456789abcdef0123456789abcdeg"));
+  CHECK(names_file(*problems, dir + "0123456789abcdef0123456789abcdef"));
+  CHECK(names_file(*problems, dir + "fedcba9876543210fedcba9876543210"));
+  CHECK_FALSE(names_file(*problems, dir + a->hex()));
+  // Only well-formed markers are markers; the damaged ones stay for the user to see.
+  markers = s.trial_markers();
+  REQUIRE(markers.ok());
+  REQUIRE(markers->size() == 1);
+  CHECK((*markers)[0].key == *a);
+  CHECK((*markers)[0].pid == 4242);
+
+  // Removed and re-verified: clean again; gc drops the marker of an entry it removes.
+  REQUIRE(s.remove_trial_marker(*b).ok());
+  REQUIRE(s.remove_trial_marker(*b).ok());   // gone already: not an error
+  fs::remove(dir + "0123456789abcdef0123456789abcdeg");
+  fs::remove(dir + "0123456789abcdef0123456789abcdef");
+  fs::remove(dir + "fedcba9876543210fedcba9876543210");
+  problems = s.verify_all();
+  REQUIRE(problems.ok());
+  CHECK(problems->empty());
+  auto gc = s.gc(0);   // removes every unpinned entry
+  REQUIRE(gc.ok());
+  CHECK(gc->trial_markers_removed == 1);
+  CHECK_FALSE(fs::exists(dir + a->hex()));
+}

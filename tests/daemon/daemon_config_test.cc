@@ -105,6 +105,13 @@ TEST_CASE("daemon config: every bad value is one error naming the key and what i
       Bad{"[llm]\napi_key_env = \"sk-abc123-secret\"", "the NAME of an environment variable"},
       Bad{"[proposers]\ntemplates = false", "no proposer is enabled"},
       Bad{"[search\nstrategy = 1", "k.toml:1:"},
+      // TOML syntax errors name the key (or the section) as well as the line and column.
+      Bad{"[search]\nmin_calls = 12x\n", "k.toml:2:"},
+      Bad{"[search]\nmin_calls = 12x\n", ": search.min_calls: "},
+      Bad{"[daemon]\nlog_format = text\n", ": daemon.log_format: "},
+      Bad{"[workers]\ncpu_slots = 1\n[search]\nseed = \"unterminated\n", "k.toml:4:"},
+      Bad{"[workers]\ncpu_slots = 1\n[search]\nseed = \"unterminated\n", ": search.seed: "},
+      Bad{"[search\nstrategy = 1", "k.toml:1:8: [search: "},
       Bad{"strategy = \"mcts\"", "expected a [section]"});
   StatusOr<DaemonConfig> c = parse_daemon_config(bad.toml, "k.toml", kEnv);
   REQUIRE_FALSE(c.ok());

@@ -421,9 +421,25 @@ TEST_CASE("HookConfig: defaults, one warning per bad value, and operator selecti
   CHECK(sel.op_selected("aten::_softmax", ""));
   CHECK_FALSE(sel.op_selected("aten::gelu", ""));          // denied wins
   CHECK_FALSE(sel.op_selected("aten::_log_softmax", ""));  // not allowed
-  // An allow list with no valid name intercepts nothing rather than everything.
-  HookConfig none = parse_config(env_of({{"KFORGE_OPS", "bogus"}}));
-  CHECK_FALSE(none.op_selected("aten::add", "Tensor"));
+  // An allow list with no valid name is a bad value: one line, and the default (every operator).
+  HookConfig none = parse_config(env_of({{"KFORGE_OPS", "bogus, nonsense"}}));
+  REQUIRE(none.warnings.size() == 1);
+  CHECK(none.warnings[0].find("KFORGE_OPS='bogus, nonsense' is not a list of catalog operators (") == 0);
+  CHECK(none.warnings[0].find("; using every catalog operator") != std::string::npos);
+  CHECK(none.op_selected("aten::add", "Tensor"));
+  CHECK_FALSE(none.ops_restricted);
+  HookConfig two_bad = parse_config(env_of({{"KFORGE_OPS", "gelu,bogus,nonsense"}}));
+  REQUIRE(two_bad.warnings.size() == 1);
+  CHECK(two_bad.warnings[0].find("KFORGE_OPS: 'bogus', 'nonsense' are not catalog operators") == 0);
+  HookConfig bad_deny = parse_config(env_of({{"KFORGE_DENY_OPS", "bogus"}}));
+  REQUIRE(bad_deny.warnings.size() == 1);
+  CHECK(bad_deny.warnings[0].find("; using none denied") != std::string::npos);
+  CHECK(bad_deny.op_selected("aten::gelu", ""));
+  // An empty cache directory is a bad value too, not silently the default.
+  HookConfig empty_cache = parse_config(env_of({{"KFORGE_CACHE_DIR", ""}}));
+  REQUIRE(empty_cache.warnings.size() == 1);
+  CHECK(empty_cache.warnings[0].find("KFORGE_CACHE_DIR='' is not a directory; using the default") == 0);
+  CHECK(empty_cache.cache_dir.empty());
   CHECK(op_name_matches("aten::add", "aten::add", "Tensor"));
   CHECK_FALSE(op_name_matches("add.Scalar", "aten::add", "Tensor"));
 }

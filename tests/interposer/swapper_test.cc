@@ -4,9 +4,14 @@
 // the hot path and graph capture are specified by tests/python/test_hook_swap_cuda.py (gpu).
 #include <catch2/catch.hpp>
 
+#include <fcntl.h>
 #include <stdlib.h>
+#include <unistd.h>
 
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
@@ -247,4 +252,85 @@ TEST_CASE("Swapper: a CUDA entry no device here can run is not loaded and not ma
   CHECK(hook::ReplacementTable::current()->find(sig.id()) == nullptr);
   const fs::path trial = fs::path(cache) / "trial";
   CHECK((!fs::exists(trial) || fs::is_empty(trial)));
+}
+
+namespace {
+
+// Runs `f` with this process's stderr (fd 2, where log_line writes) going to a file; returns what
+// was written.
+template <class F>
+std::string capture_stderr(const fs::path& file, F&& f) {
+  std::fflush(stderr);
+  const int saved = ::dup(2);
+  const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  REQUIRE(fd >= 0);
+  ::dup2(fd, 2);
+  ::close(fd);
+  f();
+  std::fflush(stderr);
+  ::dup2(saved, 2);
+  ::close(saved);
+  std::ifstream in(file);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+}  // namespace
+
+TEST_CASE("Swapper: a corrupt cache entry is skipped with one line naming it, once per process") {
+  TempDir dir;
+  const std::string cache = (dir.path / "cache").string();
+  TensorMeta t;
+  t.sizes = {4, 3};
+  t.strides = {3, 1};
+  const OpSignature sig{"aten::_softmax", "", {Arg::tensor(t), Arg::integer(-1), Arg::boolean(false)},
+                        Target{Backend::kCpu, cpu_env().arch}};
+  CacheEntry e;
+  e.signature = sig;
+  e.environment = cpu_env();
+  e.spec.backend = Backend::kCpu;
+  e.spec.language = SourceLanguage::kCpp;
+  e.spec.source = "extern \"C\" void k(const void*, void* const*) {}";
+  e.spec.entry_points = {"k"};
+  e.spec.plan.outputs = {OutputSpec::like(0)};
+  Launch l;
+  l.entry = "k";
+  l.args = {ArgBinding::input(0), ArgBinding::output(0)};
+  e.spec.plan.launches = {l};
+  e.blobs.push_back({"so", "not a shared object"});
+  EntryKey key;
+  {
+    StatusOr<Store> store = Store::open(cache);
+    REQUIRE(store.ok());
+    StatusOr<EntryKey> k = store->publish(e);
+    REQUIRE(k.ok());
+    key = *k;
+  }
+  // Truncate its manifest, as a full disk or an attacker would.
+  const fs::path manifest = fs::path(cache) / "manifests" / key.hex().substr(0, 2) / (key.hex() + ".kfm");
+  REQUIRE(fs::exists(manifest));
+  fs::resize_file(manifest, 40);
+
+  hook::SwapperOptions options;
+  options.mode = hook::HookMode::kActive;
+  options.host_env = cpu_env();
+  options.cache_root = cache;
+  static auto* keep = new std::vector<hook::Swapper*>();
+  auto* swapper = new hook::Swapper(options);
+  keep->push_back(swapper);
+  const std::string log = capture_stderr(dir.path / "stderr.txt", [&] {
+    swapper->on_round({std::make_shared<const OpSignature>(sig)});
+    TensorMeta t2 = t;
+    t2.sizes = {8, 3};
+    const OpSignature other{sig.op, "", {Arg::tensor(t2), Arg::integer(-1), Arg::boolean(false)}, sig.target};
+    swapper->on_round({std::make_shared<const OpSignature>(other)});   // another look at the cache: no second line
+  });
+  size_t lines = 0;
+  for (size_t pos = log.find("cache entry " + key.hex() + " skipped: "); pos != std::string::npos;
+       pos = log.find("cache entry " + key.hex() + " skipped: ", pos + 1)) {
+    ++lines;
+  }
+  CHECK(lines == 1);
+  CHECK_THAT(log, Catch::Contains("kforge cache verify names every bad file"));
+  CHECK(swapper->stats().entries.empty());
+  CHECK(hook::ReplacementTable::current()->find(sig.id()) == nullptr);
 }

@@ -239,6 +239,11 @@ def test_a_running_model_gets_a_searched_kernel_swapped_in(daemon_bin, hook_path
         assert entry["state"] == "active" and entry["verification"]["passed"]
         table = subprocess.run([str(daemon_bin["kforge"]), "status", "--endpoint", d.endpoint], capture_output=True, text=True)
         assert table.returncode == 0 and "published" in table.stdout and "aten::_softmax(float32[4096,3]" in table.stdout
+        # The cache a hooked process used (its trial/ folder included) verifies clean.
+        assert (root / "cache" / "trial").is_dir()
+        verify = subprocess.run([str(daemon_bin["kforge"]), "--cache-dir", str(root / "cache"), "cache", "verify"],
+                                capture_output=True, text=True)
+        assert verify.returncode == 0, verify.stdout + verify.stderr
     finally:
         assert d.stop() == 0, d.log_text()
 
@@ -542,3 +547,26 @@ def test_templates_and_an_llm_propose_in_one_search_and_the_llm_kernel_is_verifi
     llm_lines = [l["msg"] for l in lines if l["msg"].startswith("llm: ")]
     assert any(m.startswith("llm: answer from test in ") for m in llm_lines), llm_lines
     assert all(l.keys() == {"ts", "level", "msg", "pid"} and not l["msg"].startswith("llm: llm:") for l in lines)
+
+
+def test_a_worker_killed_mid_search_is_named_in_the_log_and_replaced(daemon_bin, hook_path, tmp_path):
+    import re
+    root = private_root(tmp_path)
+    d = Daemon(daemon_bin, root, "--max-evaluations", "6", "--set", "search.concurrent_searches=1").start()
+    model = start_model(daemon_bin, hook_path, d, tmp_path, 300, "steady")
+    try:
+        first = re.search(r"worker pid (\d+) on cpu .* ready", d.log_path.read_text())
+        assert first, d.log_text()
+        worker = int(first.group(1))
+        d.wait_for(lambda s: any(x.get("search", {}).get("evaluated", 0) >= 1 for x in s["signatures"]), 240,
+                   "a search under way")
+        os.kill(worker, signal.SIGKILL)
+        st = d.wait_for(lambda s: s["slots"][0]["restarts"] >= 1, 240, "the worker's replacement")
+        log = d.log_path.read_text()
+        assert re.search(rf"worker pid {worker} on cpu is gone after job \d+ \(.*SIGKILL", log), log[-4000:]
+        assert re.search(r"worker on cpu restarted \(restart 1\): pid \d+", log), log[-4000:]
+        assert st["slots"][0]["state"] in ("idle", "busy"), st["slots"]
+    finally:
+        model.kill()
+        model.communicate(timeout=60)
+        assert d.stop() == 0, d.log_text()

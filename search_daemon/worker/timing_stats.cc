@@ -94,8 +94,8 @@ std::string implausibility(double baseline_median_ns, double candidate_median_ns
            ns_text(call_floor_ns) + " call): a broken measurement (a contended host?)";
   }
   const double memory_floor = bytes / ceiling_bytes_per_s * 1e9;
-  if (candidate_median_ns < 0.5 * memory_floor) {
-    return "the candidate measured " + ns_text(candidate_median_ns) + ", under half the " + ns_text(memory_floor) +
+  if (candidate_median_ns < 0.25 * memory_floor) {
+    return "the candidate measured " + ns_text(candidate_median_ns) + ", under a quarter of the " + ns_text(memory_floor) +
            " its bytes take at the device's copy bandwidth";
   }
   return "";

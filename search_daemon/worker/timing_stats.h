@@ -53,8 +53,8 @@ StatusOr<PairedTiming> summarize_pairs(const std::vector<TimedPair>& pairs);
 double expected_op_ns(double bytes, double ceiling_bytes_per_s, double call_floor_ns);
 
 // Why a timing cannot be believed (Note [Plausible timing]), or "" when it can: PyTorch's median
-// over `max_baseline_ratio` x the expected time (0: no such check), or the candidate's under half
-// the memory floor. Unknown ceilings (0) check nothing.
+// over `max_baseline_ratio` x the expected time (0: no such check), or the candidate's under a quarter
+// of the memory floor. Unknown ceilings (0) check nothing.
 std::string implausibility(double baseline_median_ns, double candidate_median_ns, double bytes,
                            double ceiling_bytes_per_s, double call_floor_ns, double max_baseline_ratio);
 

@@ -56,7 +56,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   LogLimiter limiter(LogLimiter::Options{});
   DaemonConfig config;
   config.cache_dir = "/nonexistent/kforge-cache";
-  const std::vector<eval::SlotInfo> slots{eval::SlotInfo{"cpu", "idle", "x86_64", "cpu", "", 0, 0, 1e10}};
+  eval::SlotInfo slot;
+  slot.device = "cpu";
+  slot.state = "idle";
+  slot.arch = "x86_64";
+  slot.bandwidth_bytes_per_s = 1e10;
+  const std::vector<eval::SlotInfo> slots{slot};
 
   ClientMessages::Context ctx;
   ctx.hot = &hot;

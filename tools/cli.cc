@@ -12,6 +12,7 @@
 #include "runtime/version.h"
 #include "runtime/wire.h"
 #include "tools/cache_commands.h"
+#include "tools/ops_command.h"
 #include "tools/status_command.h"
 
 namespace kforge {
@@ -35,6 +36,8 @@ constexpr std::string_view kUsage =
     "                                budgets, best speedups (exit 3: no daemon, 4: busy);\n"
     "                                a tcp:// endpoint needs --server-key K (the daemon's\n"
     "                                CURVE public key; or KFORGE_DAEMON_SERVER_KEY)\n"
+    "  ops [--json]                  the operator catalog: per operator its backends, the hook's\n"
+    "                                interceptor, template families, LLM semantics, variants\n"
     "  --version, version [--json]   print the kforge version and format versions\n"
     "  env [--json]                  what kforge sees on this host: CPU, CUDA driver, GPUs,\n"
     "                                NVRTC, cache directory\n"
@@ -246,6 +249,7 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
     }
     if (cmd == "selftest") return cmd_selftest(args, out, err);
     if (cmd == "status") return run_status_command(std::vector<std::string>(args.begin() + 2, args.end()), out, err);
+    if (cmd == "ops") return run_ops_command(std::vector<std::string>(args.begin() + 2, args.end()), out, err);
     if (cmd == "cache") {
       return run_cache_command(std::vector<std::string>(args.begin() + 2, args.end()), cache_dir, out, err);
     }

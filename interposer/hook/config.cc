@@ -9,7 +9,7 @@
 
 #include <charconv>
 
-#include "interposer/hook/catalog.h"
+#include "runtime/op_catalog.h"
 
 namespace kforge::hook {
 
@@ -76,12 +76,12 @@ std::vector<std::string> read_op_list(const EnvLookup& env, const char* var, std
     rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
     if (item.empty()) continue;
     bool known = false;
-    for (const CatalogOp& op : kCatalog) known = known || op_name_matches(item, op.name, op.overload);
+    for (const catalog::OpEntry& op : catalog::operators()) known = known || op_name_matches(item, op.name, op.overload);
     (known ? out : unknown).emplace_back(item);
   }
   if (unknown.empty()) return out;
   std::string names;
-  for (const CatalogOp& op : kCatalog) names += (names.empty() ? "" : ", ") + op.qualified();
+  for (const catalog::OpEntry& op : catalog::operators()) names += (names.empty() ? "" : ", ") + op.qualified();
   std::string quoted;
   for (const std::string& u : unknown) quoted += (quoted.empty() ? "'" : ", '") + u + "'";
   if (out.empty()) {

@@ -4,14 +4,10 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <ATen/core/boxing/impl/boxing.h>
-#include <ATen/ops/_log_softmax_ops.h>
-#include <ATen/ops/_softmax_ops.h>
-#include <ATen/ops/add_ops.h>
-#include <ATen/ops/gelu_ops.h>
-#include <ATen/ops/native_group_norm_ops.h>
-#include <ATen/ops/native_layer_norm_ops.h>
-#include <ATen/ops/silu_ops.h>
 #include <torch/library.h>
+
+// #include <ATen/ops/<base>_ops.h> for every KFORGE_CATALOG_OPERATORS line (interposer/hook/CMakeLists.txt).
+#include "interposer/hook/catalog_ops_includes.h"
 
 #include <atomic>
 #include <chrono>
@@ -24,13 +20,13 @@
 #include <tuple>
 #include <type_traits>
 
-#include "interposer/hook/catalog.h"
 #include "interposer/hook/cuda_timer.h"
 #include "interposer/hook/intercepted_op.h"
 #include "interposer/hook/log.h"
 #include "interposer/hook/replacement_table.h"
 #include "interposer/hook/stack_signature.h"
 #include "interposer/hook/swap_call.h"
+#include "runtime/op_catalog.h"
 
 namespace kforge::hook {
 
@@ -290,21 +286,17 @@ torch::CppFunction make_typed(InterceptedOp* op) {
   return TypedInterceptor<typename Op::schema>::function(op);
 }
 
-// constexpr, so it is constant-initialized: registration runs from the hook's start-up, which may come
-// before this file's dynamic initializers. Every catalog operator has one (a test checks every
-// registration is typed); an operator added
-// to the catalog without one gets the boxed interceptor.
-constexpr TypedFactory kTypedFactories[] = {
-    {"aten::_softmax", "", &make_typed<at::_ops::_softmax>},
-    {"aten::_log_softmax", "", &make_typed<at::_ops::_log_softmax>},
-    {"aten::native_layer_norm", "", &make_typed<at::_ops::native_layer_norm>},
-    {"aten::native_group_norm", "", &make_typed<at::_ops::native_group_norm>},
-    {"aten::gelu", "", &make_typed<at::_ops::gelu>},
-    {"aten::silu", "", &make_typed<at::_ops::silu>},
-    {"aten::add", "Tensor", &make_typed<at::_ops::add_Tensor>},
-};
+// One per catalog operator, from the catalog's own list (runtime/op_catalog.h), so an operator
+// cannot be in the catalog without one. constexpr, so it is constant-initialized: registration
+// runs from the hook's start-up, which may come before this file's dynamic initializers.
+#define KFORGE_TYPED_OP(base) {"aten::" #base, "", &make_typed<at::_ops::base>},
+#define KFORGE_TYPED_OP_OVERLOAD(base, overload) {"aten::" #base, #overload, &make_typed<at::_ops::base##_##overload>},
+constexpr TypedFactory kTypedFactories[] = {KFORGE_CATALOG_OPERATORS(KFORGE_TYPED_OP, KFORGE_TYPED_OP_OVERLOAD)};
+#undef KFORGE_TYPED_OP
+#undef KFORGE_TYPED_OP_OVERLOAD
+static_assert(std::size(kTypedFactories) == catalog::kOperatorCount);
 
-const TypedFactory* find_typed(const CatalogOp& cat) {
+const TypedFactory* find_typed(const catalog::OpEntry& cat) {
   for (const TypedFactory& f : kTypedFactories) {
     if (f.name == cat.name && f.overload == cat.overload) return &f;
   }
@@ -318,7 +310,7 @@ const char* key_name(c10::DispatchKey key) { return key == c10::DispatchKey::CUD
 // Registers op's interceptor in `library` as impl_name: the typed one where the catalog operator
 // has one, the boxed one otherwise or if this torch refuses the typed one (a schema that changed).
 // Returns how ("typed", or "boxed" with why); throws what library.impl throws for the boxed one.
-std::string register_interceptor(torch::Library& library, const std::string& impl_name, const CatalogOp& cat,
+std::string register_interceptor(torch::Library& library, const std::string& impl_name, const catalog::OpEntry& cat,
                                  InterceptedOp* op) {
   std::string how = "boxed";
   if (const TypedFactory* typed = find_typed(cat)) {
@@ -348,7 +340,7 @@ struct BenchToggle {
   struct Registration {
     std::ptrdiff_t key;   // index into keys / libraries
     std::string impl_name;
-    const CatalogOp* cat;
+    const catalog::OpEntry* cat;
     InterceptedOp* op;
   };
   std::mutex mu;
@@ -416,7 +408,7 @@ RegistrationSummary register_catalog(const HookConfig& config, Recorder& recorde
       }
     }
 
-    for (const CatalogOp& cat : kCatalog) {
+    for (const catalog::OpEntry& cat : catalog::operators()) {
       const std::string qualified = cat.qualified();
       if (!config.op_selected(cat.name, cat.overload)) {
         summary.skipped.push_back(qualified + ": not selected (KFORGE_OPS / KFORGE_DENY_OPS)");

@@ -9,6 +9,7 @@
 //   ReplacementTable::publish(ReplacementTable::build({{id, replacement}}));   // Swapper only
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <bit>
 #include <cstdint>
@@ -22,6 +23,7 @@
 
 #include <cuda.h>   // CUcontext only: no CUDA library is linked (runtime/cuda_driver.h)
 
+#include "runtime/op_catalog.h"
 #include "runtime/op_signature.h"
 
 namespace kforge {
@@ -101,8 +103,42 @@ struct Replacement {
 
 // Which slot of each thread's observation countdowns (Note [Observed calls] in interceptor.cc)
 // belongs to which intercepted operator at which backend: assigned at registration, read by the
-// Swapper when it builds a table, so the table can say which operators it serves.
-inline constexpr uint32_t kObserveSlots = 32;   // more operators than this: always observed
+// Swapper when it builds a table, so the table can say which operators it serves. Sized from the
+// catalog: a slot per operator and backend, and room for at least 64 operators on 2 backends.
+inline constexpr uint32_t kObserveSlots = static_cast<uint32_t>(
+    std::max<size_t>(128, (2 * catalog::kOperatorCount + 63) / 64 * 64));   // more: always observed
+
+// A set of ObserveSlots slots.
+class ObserveMask {
+ public:
+  static constexpr size_t kWords = kObserveSlots / 64;
+  static ObserveMask none() noexcept { return ObserveMask(); }
+  static ObserveMask all() noexcept {
+    ObserveMask m;
+    for (uint64_t& w : m.words_) w = ~uint64_t{0};
+    return m;
+  }
+  void set(uint32_t slot) noexcept {
+    if (slot < kObserveSlots) words_[slot / 64] |= uint64_t{1} << (slot % 64);
+  }
+  [[gnu::always_inline]] bool has(uint32_t slot) const noexcept {
+    return slot >= kObserveSlots || ((words_[slot / 64] >> (slot % 64)) & 1) != 0;
+  }
+  bool empty() const noexcept {
+    for (uint64_t w : words_) {
+      if (w != 0) return false;
+    }
+    return true;
+  }
+  ObserveMask& operator|=(const ObserveMask& o) noexcept {
+    for (size_t i = 0; i < kWords; ++i) words_[i] |= o.words_[i];
+    return *this;
+  }
+  friend bool operator==(const ObserveMask&, const ObserveMask&) = default;
+
+ private:
+  uint64_t words_[kWords] = {};
+};
 
 class ObserveSlots {
  public:
@@ -117,16 +153,16 @@ class ObserveSlots {
     keys_.push_back(key(op, overload, backend));
     return static_cast<uint32_t>(keys_.size() - 1);
   }
-  // The bits of every slot assigned to (op, overload, backend); every bit when there is none (an
-  // operator not known here is then observed on every call, never skipped wrongly).
-  uint64_t mask(std::string_view op, std::string_view overload, Backend backend) const {
+  // Every slot assigned to (op, overload, backend); every slot when there is none (an operator not
+  // known here is then observed on every call, never skipped wrongly).
+  ObserveMask mask(std::string_view op, std::string_view overload, Backend backend) const {
     const std::string k = key(op, overload, backend);
     std::lock_guard<std::mutex> lock(mu_);
-    uint64_t m = 0;
+    ObserveMask m;
     for (size_t i = 0; i < keys_.size(); ++i) {
-      if (keys_[i] == k) m |= uint64_t{1} << i;
+      if (keys_[i] == k) m.set(static_cast<uint32_t>(i));
     }
-    return m != 0 ? m : ~uint64_t{0};
+    return m.empty() ? ObserveMask::all() : m;
   }
 
  private:
@@ -142,9 +178,9 @@ class ReplacementTable {
   // Open addressing over a power-of-two array at most half full: a miss is usually one probe.
   // `observe_mask`: the ObserveSlots bits of the operators the entries are for.
   static const ReplacementTable* build(std::vector<std::pair<SignatureId, const Replacement*>> entries,
-                                       uint64_t observe_mask = 0) {
+                                       ObserveMask observe_mask = ObserveMask::none()) {
     auto* t = new ReplacementTable();
-    t->observe_mask_ = entries.empty() ? 0 : observe_mask;
+    t->observe_mask_ = entries.empty() ? ObserveMask::none() : observe_mask;
     if (entries.empty()) return t;
     const size_t cap = std::bit_ceil(entries.size() * 2);
     t->slots_.resize(cap);
@@ -169,7 +205,7 @@ class ReplacementTable {
   // Whether a call of the operator in ObserveSlots slot `slot` may have a replacement here, so
   // that every such call must be observed. Slots beyond kObserveSlots: always.
   [[gnu::always_inline]] bool serves(uint32_t slot) const noexcept {
-    return slot >= kObserveSlots || ((observe_mask_ >> slot) & 1) != 0;
+    return observe_mask_.has(slot);
   }
 
   [[gnu::always_inline]] const Replacement* find(const SignatureId& id) const noexcept {
@@ -196,7 +232,7 @@ class ReplacementTable {
 
   std::vector<Slot> slots_;
   size_t mask_ = 0;
-  uint64_t observe_mask_ = 0;
+  ObserveMask observe_mask_;
 };
 
 }  // namespace kforge::hook

@@ -107,7 +107,7 @@ void Swapper::wake() noexcept {
 
 void Swapper::publish_locked() {
   std::vector<std::pair<SignatureId, const Replacement*>> entries;
-  uint64_t observe_mask = 0;   // the operators with a replacement: every call of them is observed
+  ObserveMask observe_mask;   // the operators with a replacement: every call of them is observed
   for (const auto& [id, rec] : records_) {
     if (rec.current == nullptr) continue;
     entries.emplace_back(id, rec.current);

@@ -168,7 +168,7 @@ class Swapper {
     SwapCounters* counters = nullptr;
     const CudaModules* cuda = nullptr;      // CUDA entries: where they are loaded
     Backend backend = Backend::kCpu;
-    uint64_t observe_bits = ~uint64_t{0};   // ObserveSlots::mask of the signature's operator
+    ObserveMask observe_bits = ObserveMask::all();   // ObserveSlots::mask of the signature's operator
     SignatureId key;
     std::string label;                      // signature, for logs
     std::string state;

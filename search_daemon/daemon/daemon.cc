@@ -25,6 +25,7 @@
 
 #include "cache/cache_dir.h"
 #include "runtime/daemon_endpoint.h"
+#include "runtime/op_catalog.h"
 #include "runtime/unique_fd.h"
 #include "runtime/version.h"
 #include "runtime/wire.h"
@@ -32,7 +33,6 @@
 #include "search_daemon/daemon/daemon_status.h"
 #include "search_daemon/daemon/journal.h"
 #include "search_daemon/daemon/log_limiter.h"
-#include "search_daemon/worker/op_cost.h"
 
 namespace kforge::daemon {
 
@@ -304,14 +304,7 @@ void Daemon::Impl::start_session(SignatureRecord& r) {
   search::Roofline roof;
   roof.baseline_ns = r.mean_ns();
   roof.bandwidth_bytes_per_s = pool->bandwidth_for(r.signature);
-  std::vector<ResolvedOutput> outs;
-  for (const Arg& a : r.signature.args) {
-    if (const auto* t = std::get_if<TensorMeta>(&a.value)) {
-      outs.push_back(ResolvedOutput{t->dtype, t->sizes, t->strides, t->numel() * dtype_size_bytes(t->dtype)});
-      break;
-    }
-  }
-  const OpCost cost = op_cost(r.signature, outs);
+  const catalog::OpCost cost = catalog::op_cost(r.signature);
   roof.bytes = cost.bytes;
   roof.flops = cost.flops;
   auto s = std::make_unique<SearchSession>(r.signature, r.input_stats, r.captured, roof, std::move(ctx));

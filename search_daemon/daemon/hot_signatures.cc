@@ -4,7 +4,7 @@
 #include <charconv>
 
 #include "search_daemon/evaluator/eval_protocol.h"
-#include "search_daemon/worker/op_cost.h"
+#include "runtime/op_catalog.h"
 
 namespace kforge::daemon {
 
@@ -378,21 +378,7 @@ double HotSignatures::time_share(const SignatureRecord& r, const ProcessTimes& t
 double HotSignatures::headroom(const SignatureRecord& r, double bandwidth) const {
   const double mean = r.mean_ns();
   if (mean <= 0 || bandwidth <= 0) return 2.0;
-  // The fewest bytes: every input once, and outputs like input 0 (the catalog's ops all return a
-  // tensor of their first input's shape; mean/rstd of layer_norm are small).
-  std::vector<ResolvedOutput> outs;
-  for (const Arg& a : r.signature.args) {
-    if (const auto* t = std::get_if<TensorMeta>(&a.value)) {
-      ResolvedOutput o;
-      o.dtype = t->dtype;
-      o.sizes = t->sizes;
-      o.strides = t->strides;
-      o.storage_bytes = t->numel() * dtype_size_bytes(t->dtype);
-      outs.push_back(o);
-      break;
-    }
-  }
-  const OpCost cost = op_cost(r.signature, outs);
+  const catalog::OpCost cost = catalog::op_cost(r.signature);
   const double floor_ns = cost.bytes / bandwidth * 1e9;
   if (floor_ns <= 0) return 2.0;
   return std::max(1.0, mean / floor_ns);

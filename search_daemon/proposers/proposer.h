@@ -34,7 +34,7 @@ namespace kforge::search {
 // (the LLM prompt carries it). Zero where unknown.
 struct Roofline {
   double baseline_ns = 0;             // PyTorch's kernel, as measured or observed
-  double bytes = 0;                   // fewest bytes the op must move (op_cost.h)
+  double bytes = 0;                   // fewest bytes the op must move (catalog::op_cost)
   double flops = 0;
   double bandwidth_bytes_per_s = 0;   // the device's measured copy bandwidth
   double floor_ns() const { return bandwidth_bytes_per_s > 0 ? bytes / bandwidth_bytes_per_s * 1e9 : 0; }

@@ -210,7 +210,7 @@ double EvalDevice::finish_interval(Interval& t) {
 
 void EvalDevice::measure_bandwidth() {
   // A copy large enough to leave every cache behind; the best of a few, counting the bytes read
-  // and the bytes written (the roofline's convention, and the one op_cost uses).
+  // and the bytes written (the roofline's convention, and the catalog's cost model's).
   const int64_t bytes = cuda_ ? (int64_t{1} << 30) : (int64_t{256} << 20);
   at::Tensor src = at::empty({bytes}, options(at::kByte)).fill_(1);
   at::Tensor dst = at::empty({bytes}, options(at::kByte));

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <exception>
 
-#include "search_daemon/worker/op_cost.h"
+#include "runtime/op_catalog.h"
 #include "search_daemon/worker/timing_stats.h"
 #include "search_daemon/worker/trial_data.h"
 
@@ -86,7 +86,7 @@ MeasureRun measure(EvalDevice& device, const LoadedCandidate& candidate, const M
       (void)time_candidate(i % sets.size());
     }
     TimingOutcome& t = m.timing;
-    const OpCost cost = op_cost(*r.signature, r.plan->outputs);
+    const catalog::OpCost cost = catalog::op_cost(*r.signature, r.plan->outputs);
     t.clock = device.clock_name();
     t.bytes = cost.bytes;
     t.flops = cost.flops;

@@ -15,8 +15,8 @@
 // durations of the kernels each side ran, from CUPTI (Note [Kernel time] in cupti_timer.h), or where
 // CUPTI is unavailable the time between two events on the stream (launch overhead on the host is not
 // counted, on either side); CPU times are steady_clock around the call. warmup_runs rounds before
-// are not counted. The achieved bandwidth and FLOP rate use op_cost.h's fewest bytes and FLOPs over
-// the candidate's median time.
+// are not counted. The achieved bandwidth and FLOP rate use the catalog's fewest bytes and FLOPs
+// (runtime/op_catalog.h) over the candidate's median time.
 //
 // Note [Plausible timing]
 // A speedup is only as good as the two times it divides. On a shared host a CPU timing can go
@@ -24,7 +24,7 @@
 // OpenMP region of PyTorch's kernel at its barrier, while a candidate that happens not to fork
 // runs on; a 2-core VM under a busy serving process once measured PyTorch's layer_norm on a
 // [64,128] float32 input at 16 ms against 62 us for the candidate, and published 239x. So each
-// timing is held against the cost model: the op must move op_cost.h's bytes at no more than the
+// timing is held against the cost model: the op must move the catalog's bytes at no more than the
 // device's measured copy bandwidth and costs at least one smallest call (EvalDevice's call
 // floor, measured at start the same way). expected = bytes / ceiling + call floor. The model is
 // memory-only and optimistic: PyTorch's kernels for awkward shapes (a row of 3, one CPU thread)

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <limits>
 
+#include "runtime/op_catalog.h"
+
 namespace kforge::eval {
 
 at::ScalarType to_scalar_type(DType t) {
@@ -193,9 +195,26 @@ at::Tensor draw(Distribution dist, int64_t n, DType dtype, at::Device device, co
   return at::randn({n}, o);
 }
 
+// The catalog's input range (runtime/op_catalog.h) on values drawn for any: what a variance, a
+// probability or an index must be for the operator's result to mean anything. NaN and Inf the
+// distribution put there go too: such an argument never legitimately holds them.
+at::Tensor within_range(at::Tensor v, catalog::InputRange range) {
+  constexpr double kBig = 1e4;
+  switch (range) {
+    case catalog::InputRange::kAny:
+    case catalog::InputRange::kIndex:
+      return v;
+    case catalog::InputRange::kPositive: return at::nan_to_num(v.abs(), 1.0, kBig, kBig).add_(1e-3);
+    case catalog::InputRange::kNonNegative: return at::nan_to_num(v.abs(), 0.0, kBig, kBig);
+    case catalog::InputRange::kProbability: return at::rand_like(v);
+  }
+  return v;
+}
+
 StatusOr<TrialArg> make_tensor_arg(const TensorMeta& m, const std::string& where, at::Device worker_device,
                                    Distribution dist, const wire::InputStats* stats,
-                                   const wire::CapturedTensor* captured) {
+                                   const wire::CapturedTensor* captured, catalog::InputRange range,
+                                   int64_t index_bound) {
   const at::ScalarType st = to_scalar_type(m.dtype);
   const int64_t elem = dtype_size_bytes(m.dtype);
   const int64_t misalign = m.alignment < kMaxAlignment ? m.alignment : 0;
@@ -214,8 +233,10 @@ StatusOr<TrialArg> make_tensor_arg(const TensorMeta& m, const std::string& where
   if (span > 0) {
     at::Tensor flat = buf.data_region().view(st);
     const int64_t n = span / elem;
-    if (is_floating(m.dtype)) {
-      flat.copy_(draw(dist, n, m.dtype, device, stats));
+    if (range == catalog::InputRange::kIndex) {
+      flat.copy_(at::randint(0, std::max<int64_t>(index_bound, 1), {n}, at::TensorOptions().dtype(at::kLong).device(device)));
+    } else if (is_floating(m.dtype)) {
+      flat.copy_(within_range(draw(dist, n, m.dtype, device, stats), range));
     } else if (m.dtype == DType::kBool) {
       flat.copy_(at::randint(0, 2, {n}, at::TensorOptions().dtype(at::kLong).device(device)).to(at::kBool));
     } else if (m.dtype == DType::kComplex64 || m.dtype == DType::kComplex128) {
@@ -252,7 +273,20 @@ StatusOr<TrialInputs> TrialInputs::make(const OpSignature& sig, at::Device devic
   at::manual_seed(seed);
   TrialInputs in;
   in.args_.reserve(sig.args.size());
+  const catalog::OpEntry* op = catalog::find(sig);
   for (size_t i = 0; i < sig.args.size(); ++i) {
+    // The catalog's range for the argument, and an index's bound: another argument's dimension.
+    const catalog::ArgDecl* decl = op != nullptr && i < op->args.size() ? &op->args[i] : nullptr;
+    const catalog::InputRange range = decl != nullptr ? decl->range : catalog::InputRange::kAny;
+    int64_t index_bound = 0;
+    if (range == catalog::InputRange::kIndex) {
+      const auto* bound = static_cast<size_t>(decl->index_arg) < sig.args.size()
+                              ? std::get_if<TensorMeta>(&sig.args[static_cast<size_t>(decl->index_arg)].value)
+                              : nullptr;
+      if (bound != nullptr && static_cast<size_t>(decl->index_dim) < bound->sizes.size()) {
+        index_bound = bound->sizes[static_cast<size_t>(decl->index_dim)];
+      }
+    }
     const std::string where = "argument " + std::to_string(i);
     const Arg::Value& v = sig.args[i].value;
     const wire::InputStats* st = nullptr;
@@ -269,12 +303,12 @@ StatusOr<TrialInputs> TrialInputs::make(const OpSignature& sig, at::Device devic
     if (std::holds_alternative<std::monostate>(v)) {
       a.value = c10::IValue();
     } else if (const auto* m = std::get_if<TensorMeta>(&v)) {
-      KFORGE_ASSIGN_OR_RETURN(a, make_tensor_arg(*m, where, device, dist, st, cap));
+      KFORGE_ASSIGN_OR_RETURN(a, make_tensor_arg(*m, where, device, dist, st, cap, range, index_bound));
     } else if (const auto* list = std::get_if<std::vector<TensorMeta>>(&v)) {
       c10::List<at::Tensor> tensors;
       for (size_t k = 0; k < list->size(); ++k) {
         KFORGE_ASSIGN_OR_RETURN(TrialArg t, make_tensor_arg((*list)[k], where + "[" + std::to_string(k) + "]", device,
-                                                           dist, st, nullptr));
+                                                           dist, st, nullptr, range, index_bound));
         tensors.push_back(t.tensors[0]);
         a.tensors.push_back(t.tensors[0]);
         a.buffers.push_back(std::move(t.buffers[0]));

@@ -1,6 +1,8 @@
 // The tensors of one verification trial or timing run: inputs drawn from a named distribution (or
 // taken from captured real calls) with exactly the signature's dtypes, sizes, strides and pointer
-// alignment, and outputs and scratch as poisoned buffers between guard zones.
+// alignment, and outputs and scratch as poisoned buffers between guard zones. An argument the
+// catalog gives an input range (runtime/op_catalog.h: a positive variance, a probability, an index
+// bounded by another argument's dimension) is drawn within it.
 //
 //   TrialInputs in = TrialInputs::make(sig, device, Distribution::kLarge, seed, stats, nullptr);
 //   torch::jit::Stack args = in.stack();           // what the op is called with

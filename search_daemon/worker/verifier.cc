@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "runtime/accuracy.h"
+#include "runtime/op_catalog.h"
 #include "search_daemon/worker/trial_data.h"
 
 namespace kforge::eval {
@@ -87,14 +88,17 @@ std::vector<TrialPlan> plan_trials(const VerifyRequest& r) {
   return t;
 }
 
-// The float64 reference's arguments: floating tensors as float64, and arguments that would make
-// the kernel compute or return in a narrower type set so it does not (half_to_float, dtype).
-torch::jit::Stack reference_stack(const TrialInputs& in, const c10::FunctionSchema& schema) {
+// The float64 reference's arguments: floating tensors as float64, and the arguments the catalog
+// marks as choosing the result's type (ArgRole::kResultType: half_to_float, dtype) set so the
+// kernel computes and returns float64.
+torch::jit::Stack reference_stack(const TrialInputs& in, const OpSignature& sig) {
   torch::jit::Stack s = in.stack_float64();
-  for (size_t i = 0; i < s.size() && i < schema.arguments().size(); ++i) {
-    const std::string& name = schema.arguments()[i].name();
-    if (name == "half_to_float" && s[i].isBool()) s[i] = c10::IValue(false);
-    if (name == "dtype" && s[i].isInt()) s[i] = c10::IValue(static_cast<int64_t>(at::kDouble));
+  const catalog::OpEntry* op = catalog::find(sig);
+  if (op == nullptr) return s;
+  for (size_t i = 0; i < s.size() && i < op->args.size(); ++i) {
+    if (op->args[i].role != catalog::ArgRole::kResultType) continue;
+    if (s[i].isBool()) s[i] = c10::IValue(false);
+    if (s[i].isInt()) s[i] = c10::IValue(static_cast<int64_t>(at::kDouble));
   }
   return s;
 }
@@ -234,7 +238,7 @@ std::optional<Failure> TrialRunner::run(const TrialPlan& t, size_t trial_index) 
   std::vector<at::Tensor> ref;
   try {
     torch_out = call_op(r_.op, in.stack());
-    ref = call_op(r_.op, reference_stack(in, r_.op.schema()));
+    ref = call_op(r_.op, reference_stack(in, *r_.signature));
   } catch (const std::exception& e) {
     out_.worker_error = "PyTorch's kernel failed on the " + t.label + " inputs: " + std::string(e.what()).substr(0, 400);
     return Failure{"reference", out_.worker_error};

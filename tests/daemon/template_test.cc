@@ -23,6 +23,7 @@
 
 #include "runtime/environment.h"
 #include "runtime/nvrtc.h"
+#include "runtime/op_catalog.h"
 #include "search_daemon/evaluator/worker_process.h"
 #include "search_daemon/proposers/templates/kernel_template.h"
 #include "search_daemon/proposers/templates/template_proposer.h"
@@ -181,6 +182,25 @@ TEST_CASE("templates: family names are unique, every knob has a domain, labels p
     INFO(bad);
     CHECK(!parse_label(bad).has_value());
   }
+}
+
+TEST_CASE("templates: the catalog names every family, each once, and the library orders them as it does", "[templates]") {
+  // runtime/op_catalog.h is the one place a family is tied to its operator.
+  std::vector<std::string> named_cuda, named_cpu;
+  for (const catalog::OpEntry& e : catalog::operators()) {
+    INFO(e.qualified());
+    CHECK((!e.template_families.empty() || !e.no_templates_reason.empty()));
+    for (std::string_view f : e.template_families) {
+      const KernelTemplate* t = find_template(f);
+      REQUIRE(t != nullptr);
+      (t->backend() == Backend::kCuda ? named_cuda : named_cpu).emplace_back(f);
+    }
+  }
+  std::vector<std::string> library;
+  for (const KernelTemplate* t : template_library()) library.emplace_back(t->family());
+  std::vector<std::string> expected = named_cuda;
+  expected.insert(expected.end(), named_cpu.begin(), named_cpu.end());
+  CHECK(library == expected);   // every family named exactly once; CUDA first, then catalog order
 }
 
 TEST_CASE("templates: supports() accepts exactly the signatures some family handles", "[templates]") {

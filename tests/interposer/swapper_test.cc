@@ -168,20 +168,31 @@ TEST_CASE("ObserveSlots and ReplacementTable::serves: a table serves exactly the
   CHECK(add_cpu == 0);
   CHECK(add_cuda == 1);
   CHECK(gelu_cpu == 2);
-  CHECK(slots.mask("aten::add", "Tensor", Backend::kCuda) == 0b10);
-  CHECK(slots.mask("aten::gelu", "", Backend::kCpu) == 0b100);
-  // Not registered here: every bit, so its calls are all observed rather than wrongly skipped.
-  CHECK(slots.mask("aten::silu", "", Backend::kCpu) == ~uint64_t{0});
+  hook::ObserveMask only_add_cuda;
+  only_add_cuda.set(1);
+  CHECK(slots.mask("aten::add", "Tensor", Backend::kCuda) == only_add_cuda);
+  CHECK(slots.mask("aten::gelu", "", Backend::kCpu).has(2));
+  CHECK_FALSE(slots.mask("aten::gelu", "", Backend::kCpu).has(1));
+  // Not registered here: every slot, so its calls are all observed rather than wrongly skipped.
+  CHECK(slots.mask("aten::silu", "", Backend::kCpu) == hook::ObserveMask::all());
+  // Room for every catalog operator on both backends, and for at least 64 operators.
+  CHECK(kObserveSlots >= 2 * catalog::kOperatorCount);
+  CHECK(kObserveSlots >= 128);
   for (uint32_t i = 3; i < kObserveSlots; ++i) slots.assign("aten::op" + std::to_string(i), "", Backend::kCpu);
   CHECK(slots.assign("aten::one_too_many", "", Backend::kCpu) == kObserveSlots);
+  CHECK(slots.mask("aten::op100", "", Backend::kCpu).has(100));   // a slot past the first 64
 
   // The hook never frees a table (a thread may still probe it); the test does.
-  const std::unique_ptr<const ReplacementTable> empty(ReplacementTable::build({}, ~uint64_t{0}));
+  const std::unique_ptr<const ReplacementTable> empty(ReplacementTable::build({}, hook::ObserveMask::all()));
   CHECK_FALSE(empty->serves(add_cpu));
   CHECK(empty->serves(kObserveSlots));   // an operator without a slot: always observed
   static const Replacement r;
   const std::unique_ptr<const ReplacementTable> t(
       ReplacementTable::build({{SignatureId{1, 2}, &r}}, slots.mask("aten::add", "Tensor", Backend::kCuda)));
+  const std::unique_ptr<const ReplacementTable> high(
+      ReplacementTable::build({{SignatureId{3, 4}, &r}}, slots.mask("aten::op100", "", Backend::kCpu)));
+  CHECK(high->serves(100));
+  CHECK_FALSE(high->serves(99));
   CHECK(t->find(SignatureId{1, 2}) == &r);
   CHECK(t->serves(add_cuda));
   CHECK_FALSE(t->serves(add_cpu));

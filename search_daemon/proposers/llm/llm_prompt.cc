@@ -1,10 +1,10 @@
 #include "search_daemon/proposers/llm/llm_prompt.h"
 
-#include <array>
 #include <cinttypes>
 #include <cstdio>
 #include <variant>
 
+#include "runtime/op_catalog.h"
 #include "search_daemon/proposers/llm/kernel_answer.h"
 #include "search_daemon/worker/cpu_kernel_abi_text.h"
 
@@ -16,47 +16,6 @@ using search::Node;
 using search::Outcome;
 using search::ProposalRequest;
 using eval::EvalStatus;
-
-// Note [Operator semantics]
-// What the worker checks a candidate against is PyTorch's own kernel on the same device, so these
-// texts say what that kernel returns, read off torch 2.11 on CPU and on an H200 (CUDA 13), not
-// what the documentation promises: _softmax's output is contiguous even for a strided input;
-// native_layer_norm's mean and rstd are float32 for float16/bfloat16 input on CUDA but keep the
-// input's dtype on CPU; native_group_norm's keep the input's dtype on both; gelu, silu and add
-// follow TensorIterator's layout rule. A wrong sentence here costs failed "output_layout" checks,
-// so change them only against a torch run.
-constexpr std::array<OpSemantics, 7> kOps = {{
-    {"aten::_softmax", "", "aten::_softmax(Tensor self, int dim, bool half_to_float) -> Tensor", 1,
-     R"txt(Softmax along dimension dim (argument 1; negative counts from the end): out = exp(x - m) / sum(exp(x - m)) over that dimension, with m its maximum (subtract it: inputs can be large). Accumulate in float32 for float16/bfloat16 input, in float64 for float64.
-Output 0: the sizes of self with contiguous strides (even when self is not contiguous), dtype of self; with half_to_float = true (CUDA, float16 self only) dtype float32.
-A row of all -inf gives NaN, as in PyTorch.)txt"},
-    {"aten::_log_softmax", "", "aten::_log_softmax(Tensor self, int dim, bool half_to_float) -> Tensor", 1,
-     R"txt(Log-softmax along dimension dim (argument 1; negative counts from the end): out = x - m - log(sum(exp(x - m))) over that dimension, with m its maximum. Accumulate in float32 for float16/bfloat16 input, in float64 for float64.
-Output 0: the sizes of self with contiguous strides (even when self is not contiguous), dtype of self; with half_to_float = true (CUDA, float16 self only) dtype float32.)txt"},
-    {"aten::native_layer_norm", "",
-     "aten::native_layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight, Tensor? bias, float eps) -> "
-     "(Tensor, Tensor, Tensor)",
-     3,
-     R"txt(Layer normalization over the last len(normalized_shape) dimensions of input (argument 1 is normalized_shape: len1 dimensions). With N = the product of those dimensions and M = numel0 / N rows: per row, mean = sum(x) / N, var = sum((x - mean)^2) / N (biased), rstd = 1 / sqrt(var + eps) (eps: float argument 4); out = (x - mean) * rstd * weight + bias, where weight (argument 2) and bias (argument 3) have shape normalized_shape and either may be None (then it is left out). Accumulate in float32 for float16/bfloat16 input (float64 for float64).
-Output 0 (out): the sizes of input, contiguous strides, dtype of input.
-Outputs 1 and 2 (mean, rstd): sizes = input's leading (non-normalized) dimensions followed by one 1 per normalized dimension (input [4, 6, 8] with normalized_shape [8] gives [4, 6, 1]), contiguous strides. Their dtype: on CUDA float32 for float16/bfloat16 input, else the input's; on CPU the input's dtype (float32 when input is float16/bfloat16 and weight or bias is float32).)txt"},
-    {"aten::native_group_norm", "",
-     "aten::native_group_norm(Tensor input, Tensor? weight, Tensor? bias, SymInt N, SymInt C, SymInt HxW, int group, "
-     "float eps) -> (Tensor, Tensor, Tensor)",
-     3,
-     R"txt(Group normalization. input is [N, C, *] with N = arg3, C = arg4, HxW = arg5 (the product of the spatial dimensions) and group = arg6 groups of C / group channels each. Per (n, g): mean and biased variance over the group's C / group x HxW elements, rstd = 1 / sqrt(var + eps) (eps: float argument 7); out[n, c, ...] = (x - mean) * rstd * weight[c] + bias[c], where weight (argument 1) and bias (argument 2) have C elements and either may be None (then it is left out). Accumulate in float32 for float16/bfloat16 input (float64 for float64).
-Output 0 (out): like input ({"like": 0}: its sizes, and its strides when it is dense; CUDA requires a contiguous input, CPU also takes channels_last), dtype of input.
-Outputs 1 and 2 (mean, rstd): sizes [N, group], contiguous strides ([group, 1]), dtype of input on both CPU and CUDA (on CPU float32 when input is float16/bfloat16 and weight or bias is float32).)txt"},
-    {"aten::gelu", "", "aten::gelu(Tensor self, *, str approximate=\"none\") -> Tensor", 1,
-     R"txt(GELU, elementwise. approximate (argument 1, a string) "none": out = 0.5 * x * (1 + erf(x / sqrt(2))); "tanh": out = 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3))). Compute in float32 for float16/bfloat16 data (float64 for float64).
-Output 0: like self ({"like": 0}: the sizes of self; self's strides when self is non-overlapping and dense, else dense strides in self's stride order), dtype of self.)txt"},
-    {"aten::silu", "", "aten::silu(Tensor self) -> Tensor", 1,
-     R"txt(SiLU, elementwise: out = x / (1 + exp(-x)). Compute in float32 for float16/bfloat16 data (float64 for float64).
-Output 0: like self ({"like": 0}: the sizes of self; self's strides when self is non-overlapping and dense, else dense strides in self's stride order), dtype of self.)txt"},
-    {"aten::add", "Tensor", "aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor", 1,
-     R"txt(Elementwise out = self + alpha * other (alpha: argument 2, an int or float scalar), with broadcasting: sizes align from the last dimension, and a dimension of size 1 (or missing) repeats (index it with stride 0). Compute in float32 for float16/bfloat16 results (float64 for float64).
-Output 0: sizes = the broadcast shape. dtype = type promotion (torch.result_type): the same dtype when both match; bfloat16 + float32 gives float32; but a 0-dimensional operand only counts by category (bfloat16 [4, 8] + float32 [] gives bfloat16). Strides: dense (no gaps), in self's stride order (self contiguous: contiguous; self's strides when self has the output's sizes and is dense); dimensions where self is broadcast take their order from other.)txt"},
-}};
 
 std::string fmt(const char* f, double v) {
   char buf[64];
@@ -281,13 +240,6 @@ std::string candidate_block(const Node& parent, Backend backend, const PromptLim
 
 }  // namespace
 
-const OpSemantics* find_op_semantics(const OpSignature& sig) noexcept {
-  for (const OpSemantics& o : kOps) {
-    if (o.op == sig.op && o.overload == sig.overload) return &o;
-  }
-  return nullptr;
-}
-
 std::string_view prompt_kind_name(PromptKind k) noexcept {
   switch (k) {
     case PromptKind::kFirst: return "first";
@@ -305,10 +257,11 @@ Prompt build_prompt(const ProposalRequest& r, const PromptLimits& limits) {
   p.chat.system = system_message(sig);
 
   std::string u;
-  const OpSemantics* op = find_op_semantics(sig);
+  // Note [Operator semantics] in runtime/op_catalog.cc.
+  const catalog::OpEntry* op = catalog::find(sig);
   u += "## Operator\n";
   if (op != nullptr) {
-    u += std::string(op->schema) + "\n" + std::string(op->text) + "\n";
+    u += std::string(op->schema) + "\n" + std::string(op->semantics) + "\n";
   } else {
     u += sig.op + (sig.overload.empty() ? "" : "." + sig.overload) + " (no description: match PyTorch's definition)\n";
   }

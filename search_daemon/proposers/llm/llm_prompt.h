@@ -1,9 +1,9 @@
-// The prompts LlmProposer sends: what each catalog operator computes (outputs and their layouts
-// exactly as PyTorch returns them), and the chat request for expanding one node of a search tree.
-// Pure functions of their inputs, so the tests (and a GUI showing "what the model was asked") see
-// exactly what goes on the wire. Torch-free.
+// The prompts LlmProposer sends: the chat request for expanding one node of a search tree, with
+// what the operator computes (the catalog's schema and semantics text, runtime/op_catalog.h:
+// outputs and their layouts exactly as PyTorch returns them). Pure functions of their inputs, so
+// the tests (and a GUI showing "what the model was asked") see exactly what goes on the wire.
+// Torch-free.
 //
-//   const OpSemantics* op = find_op_semantics(sig);        // nullptr: not a catalog operator
 //   Prompt p = build_prompt(request);                       // request.tree and .signature set
 //   client.complete(p.chat);
 //
@@ -29,17 +29,6 @@
 #include "search_daemon/proposers/proposer.h"
 
 namespace kforge::llm {
-
-struct OpSemantics {
-  std::string_view op;         // "aten::native_layer_norm"
-  std::string_view overload;   // "" or "Tensor"
-  std::string_view schema;     // PyTorch's schema line
-  size_t outputs = 1;          // how many tensors it returns
-  std::string_view text;       // what it computes, and each output's dtype, sizes and strides
-};
-
-// The catalog operator `sig` calls, or nullptr.
-const OpSemantics* find_op_semantics(const OpSignature& sig) noexcept;
 
 enum class PromptKind : uint8_t { kFirst = 0, kImprove = 1, kRepair = 2 };
 std::string_view prompt_kind_name(PromptKind k) noexcept;   // "first", "improve", "repair"

@@ -6,6 +6,7 @@
 #include <utility>
 #include <variant>
 
+#include "runtime/op_catalog.h"
 #include "search_daemon/proposers/llm/kernel_answer.h"
 
 namespace kforge::llm {
@@ -53,7 +54,7 @@ void LlmProposer::log(std::string_view line) const {
 }
 
 bool LlmProposer::supports(const OpSignature& sig) const {
-  if (find_op_semantics(sig) == nullptr) return false;
+  if (catalog::find(sig) == nullptr) return false;
   const DeviceType want = sig.target.backend == Backend::kCuda ? DeviceType::kCuda : DeviceType::kCpu;
   for (const Arg& a : sig.args) {
     if (const auto* t = std::get_if<TensorMeta>(&a.value)) {
@@ -97,7 +98,7 @@ std::vector<Move> LlmProposer::propose_or_throw(const ProposalRequest& r) {
     log("llm: no proposal: no client");
     return moves;
   }
-  const OpSemantics* op = find_op_semantics(*r.signature);
+  const catalog::OpEntry* op = catalog::find(*r.signature);
   const Prompt prompt = build_prompt(r, options_.prompt);
   const size_t answers = std::min(r.max_moves, options_.answers_per_expansion);
   for (size_t i = 0; i < answers; ++i) {
@@ -124,9 +125,9 @@ std::vector<Move> LlmProposer::propose_or_throw(const ProposalRequest& r) {
       log(rejected + parsed.status().message());
       continue;
     }
-    if (op != nullptr && parsed->spec.plan.outputs.size() != op->outputs) {
-      log(rejected + "outputs: " + std::string(op->op) + " returns " + std::to_string(op->outputs) +
-          (op->outputs == 1 ? " tensor" : " tensors") + "; the plan allocates " +
+    if (op != nullptr && parsed->spec.plan.outputs.size() != op->outputs.size()) {
+      log(rejected + "outputs: " + op->qualified() + " returns " + std::to_string(op->outputs.size()) +
+          (op->outputs.size() == 1 ? " tensor" : " tensors") + "; the plan allocates " +
           std::to_string(parsed->spec.plan.outputs.size()));
       continue;
     }

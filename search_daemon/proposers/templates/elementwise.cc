@@ -9,6 +9,8 @@ namespace kforge::search::templates {
 
 namespace {
 
+enum class Pointwise : uint8_t { kGelu, kSilu, kAdd };
+
 const char* const kCudaPointwise = R"kf(
 // KF_OP: 0 gelu (KF_GELU_TANH 0: erf form, 1: tanh form), 1 silu, 2 add (a + alpha * b).
 // Each thread handles KF_ITEMS vectors of KF_VEC elements, KF_BLOCK apart (coalesced); the
@@ -262,7 +264,14 @@ class PointwiseCpu final : public FamilyBase {
 
 }  // namespace
 
-std::unique_ptr<KernelTemplate> make_pointwise_cuda(Pointwise op) { return std::make_unique<PointwiseCuda>(op); }
-std::unique_ptr<KernelTemplate> make_pointwise_cpu(Pointwise op) { return std::make_unique<PointwiseCpu>(op); }
+// aten::gelu, aten::silu, aten::add.Tensor ("gelu", "silu", "add" and their "cpu." twins).
+const FamilyRegistration kRegistered{
+    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<PointwiseCuda>(Pointwise::kGelu); },
+    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<PointwiseCuda>(Pointwise::kSilu); },
+    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<PointwiseCuda>(Pointwise::kAdd); },
+    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<PointwiseCpu>(Pointwise::kGelu); },
+    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<PointwiseCpu>(Pointwise::kSilu); },
+    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<PointwiseCpu>(Pointwise::kAdd); },
+};
 
 }  // namespace kforge::search::templates

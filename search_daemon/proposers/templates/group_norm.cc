@@ -333,7 +333,10 @@ class GroupNormCpu final : public FamilyBase {
 
 }  // namespace
 
-std::unique_ptr<KernelTemplate> make_group_norm_cuda() { return std::make_unique<GroupNormCuda>(); }
-std::unique_ptr<KernelTemplate> make_group_norm_cpu() { return std::make_unique<GroupNormCpu>(); }
+// aten::native_group_norm ("group_norm", "cpu.group_norm").
+const FamilyRegistration kRegistered{
+    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<GroupNormCuda>(); },
+    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<GroupNormCpu>(); },
+};
 
 }  // namespace kforge::search::templates

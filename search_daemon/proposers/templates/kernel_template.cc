@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <charconv>
 #include <memory>
+#include <tuple>
 
+#include "runtime/op_catalog.h"
 #include "search_daemon/proposers/templates/template_family.h"
 
 namespace kforge::search::templates {
@@ -17,6 +19,17 @@ std::string Knob::value_text(int64_t v) const {
   return std::to_string(v);
 }
 
+std::vector<FamilyFactory>& mutable_registry() {
+  static auto* r = new std::vector<FamilyFactory>();   // filled by static initializers; never freed
+  return *r;
+}
+
+FamilyRegistration::FamilyRegistration(std::initializer_list<FamilyFactory> factories) {
+  for (FamilyFactory f : factories) mutable_registry().push_back(f);
+}
+
+const std::vector<FamilyFactory>& registered_families() { return mutable_registry(); }
+
 namespace {
 
 struct Library {
@@ -24,23 +37,25 @@ struct Library {
   std::vector<const KernelTemplate*> view;
 };
 
+// Where the catalog names a family: (CPU after CUDA, the operator's position in the catalog, the
+// family's position in its entry). A family no entry names comes last (the catalog test fails).
+std::tuple<int, size_t, size_t> catalog_order(const KernelTemplate& t) {
+  const std::span<const catalog::OpEntry> ops = catalog::operators();
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const auto& names = ops[i].template_families;
+    for (size_t k = 0; k < names.size(); ++k) {
+      if (names[k] == t.family()) return {t.backend() == Backend::kCpu ? 1 : 0, i, k};
+    }
+  }
+  return {2, ops.size(), 0};
+}
+
 const Library& library() {
   static const Library lib = [] {
     Library l;
-    l.owned.push_back(make_softmax_cuda(false));
-    l.owned.push_back(make_softmax_cuda(true));
-    l.owned.push_back(make_layer_norm_cuda());
-    l.owned.push_back(make_group_norm_cuda());
-    l.owned.push_back(make_pointwise_cuda(Pointwise::kGelu));
-    l.owned.push_back(make_pointwise_cuda(Pointwise::kSilu));
-    l.owned.push_back(make_pointwise_cuda(Pointwise::kAdd));
-    l.owned.push_back(make_softmax_cpu(false));
-    l.owned.push_back(make_softmax_cpu(true));
-    l.owned.push_back(make_layer_norm_cpu());
-    l.owned.push_back(make_group_norm_cpu());
-    l.owned.push_back(make_pointwise_cpu(Pointwise::kGelu));
-    l.owned.push_back(make_pointwise_cpu(Pointwise::kSilu));
-    l.owned.push_back(make_pointwise_cpu(Pointwise::kAdd));
+    for (FamilyFactory make : registered_families()) l.owned.push_back(make());
+    std::stable_sort(l.owned.begin(), l.owned.end(),
+                     [](const auto& a, const auto& b) { return catalog_order(*a) < catalog_order(*b); });
     for (const auto& t : l.owned) l.view.push_back(t.get());
     return l;
   }();

@@ -472,7 +472,10 @@ class LayerNormCpu final : public FamilyBase {
 
 }  // namespace
 
-std::unique_ptr<KernelTemplate> make_layer_norm_cuda() { return std::make_unique<LayerNormCuda>(); }
-std::unique_ptr<KernelTemplate> make_layer_norm_cpu() { return std::make_unique<LayerNormCpu>(); }
+// aten::native_layer_norm over the last dimension ("layer_norm", "cpu.layer_norm").
+const FamilyRegistration kRegistered{
+    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<LayerNormCuda>(); },
+    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<LayerNormCpu>(); },
+};
 
 }  // namespace kforge::search::templates

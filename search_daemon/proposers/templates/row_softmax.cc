@@ -379,7 +379,13 @@ class SoftmaxCpu final : public FamilyBase {
 
 }  // namespace
 
-std::unique_ptr<KernelTemplate> make_softmax_cuda(bool log) { return std::make_unique<SoftmaxCuda>(log); }
-std::unique_ptr<KernelTemplate> make_softmax_cpu(bool log) { return std::make_unique<SoftmaxCpu>(log); }
+// aten::_softmax and aten::_log_softmax over the last dimension (catalog families "softmax",
+// "log_softmax", "cpu.softmax", "cpu.log_softmax").
+const FamilyRegistration kRegistered{
+    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<SoftmaxCuda>(false); },
+    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<SoftmaxCuda>(true); },
+    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<SoftmaxCpu>(false); },
+    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<SoftmaxCpu>(true); },
+};
 
 }  // namespace kforge::search::templates

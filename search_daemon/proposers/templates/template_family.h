@@ -1,10 +1,11 @@
 // What the template families share (internal to search_daemon/proposers/templates/): a base class
 // holding a family's name and knobs, the signature checks every family makes, the source preludes
-// every kernel starts with, and the factories of the families, one .cc file per operator family
+// every kernel starts with, and how the families register, one .cc file per operator family
 // (row_softmax.cc, layer_norm.cc, group_norm.cc, elementwise.cc).
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <span>
 #include <string>
@@ -103,18 +104,17 @@ double closeness(double a, double b, double weight);
 
 // ---- the families ----------------------------------------------------------------------------------
 
-// aten::_softmax / aten::_log_softmax over the last dimension.
-std::unique_ptr<KernelTemplate> make_softmax_cuda(bool log);
-std::unique_ptr<KernelTemplate> make_softmax_cpu(bool log);
-// aten::native_layer_norm over the last dimension.
-std::unique_ptr<KernelTemplate> make_layer_norm_cuda();
-std::unique_ptr<KernelTemplate> make_layer_norm_cpu();
-// aten::native_group_norm.
-std::unique_ptr<KernelTemplate> make_group_norm_cuda();
-std::unique_ptr<KernelTemplate> make_group_norm_cpu();
-// aten::gelu, aten::silu, aten::add.Tensor.
-enum class Pointwise : uint8_t { kGelu, kSilu, kAdd };
-std::unique_ptr<KernelTemplate> make_pointwise_cuda(Pointwise op);
-std::unique_ptr<KernelTemplate> make_pointwise_cpu(Pointwise op);
+// Each family's .cc file registers its families, once, at static initialization:
+//   const FamilyRegistration kRegistered{[]() -> std::unique_ptr<KernelTemplate> { return ...; }, ...};
+// The library (kernel_template.cc) makes one of each and orders them as the operator catalog names
+// them (runtime/op_catalog.h: OpEntry::template_families), CUDA before CPU. The target is an
+// OBJECT library, so every family file is linked and registers: a new family is its file, its
+// line in CMakeLists.txt and its name in the catalog entry it serves.
+using FamilyFactory = std::unique_ptr<KernelTemplate> (*)();
+struct FamilyRegistration {
+  FamilyRegistration(std::initializer_list<FamilyFactory> factories);
+};
+// Every factory registered so far.
+const std::vector<FamilyFactory>& registered_families();
 
 }  // namespace kforge::search::templates

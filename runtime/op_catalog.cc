@@ -1,0 +1,362 @@
+#include "runtime/op_catalog.h"
+
+#include <algorithm>
+#include <array>
+
+namespace kforge::catalog {
+
+namespace {
+
+using R = ArgRole;
+
+// Note [Operator semantics]
+// What the worker checks a candidate against is PyTorch's own kernel on the same device, so these
+// texts say what that kernel returns, read off torch 2.11 on CPU and on an H200 (CUDA 13), not
+// what the documentation promises: _softmax's output is contiguous even for a strided input;
+// native_layer_norm's mean and rstd are float32 for float16/bfloat16 input on CUDA but keep the
+// input's dtype on CPU; native_group_norm's keep the input's dtype on both; gelu, silu and add
+// follow TensorIterator's layout rule. A wrong sentence here costs failed "output_layout" checks,
+// so change them only against a torch run.
+//
+// Note [Op cost model]
+// FLOPs per element of the op's largest tensor argument, counting exp/erf/rsqrt as one operation
+// each (the roofline here is about memory, and every catalog op is far below the FLOP ceiling):
+//   add.Tensor           2 (multiply by alpha, add)
+//   silu                 4 (negate, exp, add, divide)
+//   gelu                 8 (erf form: scale, erf, add, two multiplies; tanh form about the same)
+//   _softmax, _log_softmax   5 (max, subtract, exp, sum, divide or log)
+//   native_layer_norm    8 (mean, centre, square, sum, rsqrt, scale, weight, bias)
+//   native_group_norm    8
+// Bytes: every tensor argument's elements read once and every output's written once.
+
+constexpr std::string_view kOneOut = "out";
+
+// ---- _softmax, _log_softmax ----------------------------------------------------------------------
+
+constexpr std::array<ArgDecl, 3> kSoftmaxArgs = {{
+    {"self", R::kData},
+    {"dim", R::kDim},
+    {"half_to_float", R::kResultType},
+}};
+constexpr std::array<OutputDecl, 1> kOneLikeInput = {{{kOneOut, OutputRule::kLikeInput0}}};
+constexpr std::array<std::string_view, 2> kSoftmaxFamilies = {"softmax", "cpu.softmax"};
+constexpr std::array<std::string_view, 2> kLogSoftmaxFamilies = {"log_softmax", "cpu.log_softmax"};
+
+// ---- native_layer_norm ---------------------------------------------------------------------------
+
+constexpr std::array<ArgDecl, 5> kLayerNormArgs = {{
+    {"input", R::kData},
+    {"normalized_shape", R::kShape},
+    {"weight", R::kParameter},
+    {"bias", R::kParameter},
+    {"eps", R::kEpsilon},
+}};
+constexpr std::array<OutputDecl, 3> kLayerNormOutputs = {{
+    {"out", OutputRule::kLikeInput0},
+    {"mean", OutputRule::kNormRowStats},
+    {"rstd", OutputRule::kNormRowStats},
+}};
+constexpr std::array<std::string_view, 2> kLayerNormFamilies = {"layer_norm", "cpu.layer_norm"};
+
+// ---- native_group_norm ---------------------------------------------------------------------------
+
+constexpr std::array<ArgDecl, 8> kGroupNormArgs = {{
+    {"input", R::kData},
+    {"weight", R::kParameter},
+    {"bias", R::kParameter},
+    {"N", R::kCount},
+    {"C", R::kCount},
+    {"HxW", R::kCount},
+    {"group", R::kCount},
+    {"eps", R::kEpsilon},
+}};
+constexpr std::array<OutputDecl, 3> kGroupNormOutputs = {{
+    {"out", OutputRule::kLikeInput0},
+    {"mean", OutputRule::kGroupStats},
+    {"rstd", OutputRule::kGroupStats},
+}};
+constexpr std::array<std::string_view, 2> kGroupNormFamilies = {"group_norm", "cpu.group_norm"};
+
+// ---- pointwise -----------------------------------------------------------------------------------
+
+constexpr std::array<ArgDecl, 2> kGeluArgs = {{{"self", R::kData}, {"approximate", R::kMode}}};
+constexpr std::array<std::string_view, 2> kGeluFamilies = {"gelu", "cpu.gelu"};
+constexpr std::array<ArgDecl, 1> kSiluArgs = {{{"self", R::kData}}};
+constexpr std::array<std::string_view, 2> kSiluFamilies = {"silu", "cpu.silu"};
+constexpr std::array<ArgDecl, 3> kAddArgs = {{{"self", R::kData}, {"other", R::kData}, {"alpha", R::kScalar}}};
+constexpr std::array<OutputDecl, 1> kOneBroadcast = {{{kOneOut, OutputRule::kBroadcast}}};
+constexpr std::array<std::string_view, 2> kAddFamilies = {"add", "cpu.add"};
+
+// The entries, in KFORGE_CATALOG_OPERATORS order.
+const std::array<OpEntry, kOperatorCount> kEntries = {{
+    {"aten::_softmax", "", "aten::_softmax(Tensor self, int dim, bool half_to_float) -> Tensor", kSoftmaxArgs,
+     kOneLikeInput, 5,
+     R"txt(Softmax along dimension dim (argument 1; negative counts from the end): out = exp(x - m) / sum(exp(x - m)) over that dimension, with m its maximum (subtract it: inputs can be large). Accumulate in float32 for float16/bfloat16 input, in float64 for float64.
+Output 0: the sizes of self with contiguous strides (even when self is not contiguous), dtype of self; with half_to_float = true (CUDA, float16 self only) dtype float32.
+A row of all -inf gives NaN, as in PyTorch.)txt",
+     "", "aten::_softmax.out", kSoftmaxFamilies, ""},
+    {"aten::_log_softmax", "", "aten::_log_softmax(Tensor self, int dim, bool half_to_float) -> Tensor", kSoftmaxArgs,
+     kOneLikeInput, 5,
+     R"txt(Log-softmax along dimension dim (argument 1; negative counts from the end): out = x - m - log(sum(exp(x - m))) over that dimension, with m its maximum. Accumulate in float32 for float16/bfloat16 input, in float64 for float64.
+Output 0: the sizes of self with contiguous strides (even when self is not contiguous), dtype of self; with half_to_float = true (CUDA, float16 self only) dtype float32.)txt",
+     "", "aten::_log_softmax.out", kLogSoftmaxFamilies, ""},
+    {"aten::native_layer_norm", "",
+     "aten::native_layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight, Tensor? bias, float eps) -> "
+     "(Tensor, Tensor, Tensor)",
+     kLayerNormArgs, kLayerNormOutputs, 8,
+     R"txt(Layer normalization over the last len(normalized_shape) dimensions of input (argument 1 is normalized_shape: len1 dimensions). With N = the product of those dimensions and M = numel0 / N rows: per row, mean = sum(x) / N, var = sum((x - mean)^2) / N (biased), rstd = 1 / sqrt(var + eps) (eps: float argument 4); out = (x - mean) * rstd * weight + bias, where weight (argument 2) and bias (argument 3) have shape normalized_shape and either may be None (then it is left out). Accumulate in float32 for float16/bfloat16 input (float64 for float64).
+Output 0 (out): the sizes of input, contiguous strides, dtype of input.
+Outputs 1 and 2 (mean, rstd): sizes = input's leading (non-normalized) dimensions followed by one 1 per normalized dimension (input [4, 6, 8] with normalized_shape [8] gives [4, 6, 1]), contiguous strides. Their dtype: on CUDA float32 for float16/bfloat16 input, else the input's; on CPU the input's dtype (float32 when input is float16/bfloat16 and weight or bias is float32).)txt",
+     "", "aten::native_layer_norm.out", kLayerNormFamilies, ""},
+    {"aten::native_group_norm", "",
+     "aten::native_group_norm(Tensor input, Tensor? weight, Tensor? bias, SymInt N, SymInt C, SymInt HxW, int group, "
+     "float eps) -> (Tensor, Tensor, Tensor)",
+     kGroupNormArgs, kGroupNormOutputs, 8,
+     R"txt(Group normalization. input is [N, C, *] with N = arg3, C = arg4, HxW = arg5 (the product of the spatial dimensions) and group = arg6 groups of C / group channels each. Per (n, g): mean and biased variance over the group's C / group x HxW elements, rstd = 1 / sqrt(var + eps) (eps: float argument 7); out[n, c, ...] = (x - mean) * rstd * weight[c] + bias[c], where weight (argument 1) and bias (argument 2) have C elements and either may be None (then it is left out). Accumulate in float32 for float16/bfloat16 input (float64 for float64).
+Output 0 (out): like input ({"like": 0}: its sizes, and its strides when it is dense; CUDA requires a contiguous input, CPU also takes channels_last), dtype of input.
+Outputs 1 and 2 (mean, rstd): sizes [N, group], contiguous strides ([group, 1]), dtype of input on both CPU and CUDA (on CPU float32 when input is float16/bfloat16 and weight or bias is float32).)txt",
+     "", "aten::native_group_norm.out", kGroupNormFamilies, ""},
+    {"aten::gelu", "", "aten::gelu(Tensor self, *, str approximate=\"none\") -> Tensor", kGeluArgs, kOneLikeInput, 8,
+     R"txt(GELU, elementwise. approximate (argument 1, a string) "none": out = 0.5 * x * (1 + erf(x / sqrt(2))); "tanh": out = 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3))). Compute in float32 for float16/bfloat16 data (float64 for float64).
+Output 0: like self ({"like": 0}: the sizes of self; self's strides when self is non-overlapping and dense, else dense strides in self's stride order), dtype of self.)txt",
+     "aten::gelu_", "aten::gelu.out", kGeluFamilies, ""},
+    {"aten::silu", "", "aten::silu(Tensor self) -> Tensor", kSiluArgs, kOneLikeInput, 4,
+     R"txt(SiLU, elementwise: out = x / (1 + exp(-x)). Compute in float32 for float16/bfloat16 data (float64 for float64).
+Output 0: like self ({"like": 0}: the sizes of self; self's strides when self is non-overlapping and dense, else dense strides in self's stride order), dtype of self.)txt",
+     "aten::silu_", "aten::silu.out", kSiluFamilies, ""},
+    {"aten::add", "Tensor", "aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor", kAddArgs,
+     kOneBroadcast, 2,
+     R"txt(Elementwise out = self + alpha * other (alpha: argument 2, an int or float scalar), with broadcasting: sizes align from the last dimension, and a dimension of size 1 (or missing) repeats (index it with stride 0). Compute in float32 for float16/bfloat16 results (float64 for float64).
+Output 0: sizes = the broadcast shape. dtype = type promotion (torch.result_type): the same dtype when both match; bfloat16 + float32 gives float32; but a 0-dimensional operand only counts by category (bfloat16 [4, 8] + float32 [] gives bfloat16). Strides: dense (no gaps), in self's stride order (self contiguous: contiguous; self's strides when self has the output's sizes and is dense); dimensions where self is broadcast take their order from other.)txt",
+     "aten::add_.Tensor", "aten::add.out", kAddFamilies, ""},
+}};
+
+// The schema's argument count: the comma-separated items at depth 0 between its first '(' and the
+// matching ')', less the keyword-only marker "*".
+size_t schema_arguments(std::string_view schema) {
+  const size_t open = schema.find('(');
+  if (open == std::string_view::npos) return 0;
+  size_t n = 0, depth = 0;
+  std::string item;
+  auto close_item = [&] {
+    if (!item.empty() && item != "*") ++n;
+    item.clear();
+  };
+  for (size_t i = open + 1; i < schema.size(); ++i) {
+    const char c = schema[i];
+    if (c == '(' || c == '[') ++depth;
+    if (c == ']') --depth;
+    if (c == ')') {
+      if (depth == 0) break;
+      --depth;
+    }
+    if (depth == 0 && c == ',') {
+      close_item();
+    } else if (c != ' ') {
+      item += c;
+    }
+  }
+  close_item();
+  return n;
+}
+
+const TensorMeta* tensor_at(const OpSignature& sig, size_t i) {
+  return i < sig.args.size() ? std::get_if<TensorMeta>(&sig.args[i].value) : nullptr;
+}
+
+const int64_t* int_at(const OpSignature& sig, size_t i) {
+  return i < sig.args.size() ? std::get_if<int64_t>(&sig.args[i].value) : nullptr;
+}
+
+std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& sizes) {
+  std::vector<int64_t> s(sizes.size());
+  int64_t step = 1;
+  for (size_t d = sizes.size(); d-- > 0;) {
+    s[d] = step;
+    step *= std::max<int64_t>(sizes[d], 1);
+  }
+  return s;
+}
+
+bool is_16bit(DType t) { return t == DType::kFloat16 || t == DType::kBFloat16; }
+
+}  // namespace
+
+std::string_view arg_role_name(ArgRole r) noexcept {
+  switch (r) {
+    case ArgRole::kData: return "data";
+    case ArgRole::kParameter: return "parameter";
+    case ArgRole::kDim: return "dim";
+    case ArgRole::kShape: return "shape";
+    case ArgRole::kCount: return "count";
+    case ArgRole::kEpsilon: return "epsilon";
+    case ArgRole::kScalar: return "scalar";
+    case ArgRole::kMode: return "mode";
+    case ArgRole::kResultType: return "result_type";
+  }
+  return "?";
+}
+
+std::string_view input_range_name(InputRange r) noexcept {
+  switch (r) {
+    case InputRange::kAny: return "any";
+    case InputRange::kPositive: return "positive";
+    case InputRange::kNonNegative: return "non_negative";
+    case InputRange::kProbability: return "probability";
+    case InputRange::kIndex: return "index";
+  }
+  return "?";
+}
+
+std::string OpEntry::qualified() const {
+  std::string s(name);
+  if (!overload.empty()) {
+    s += '.';
+    s += overload;
+  }
+  return s;
+}
+
+std::span<const OpEntry> operators() noexcept { return kEntries; }
+
+const OpEntry* find(std::string_view name, std::string_view overload) noexcept {
+  for (const OpEntry& e : kEntries) {
+    if (e.name == name && e.overload == overload) return &e;
+  }
+  return nullptr;
+}
+
+const OpEntry* find(const OpSignature& sig) noexcept { return find(sig.op, sig.overload); }
+
+size_t index_of(const OpEntry& e) noexcept {
+  for (size_t i = 0; i < kEntries.size(); ++i) {
+    if (&kEntries[i] == &e) return i;
+  }
+  return kOperatorCount;
+}
+
+std::string incomplete(const OpEntry& e) {
+  const std::string who = e.name.empty() ? std::string("an entry") : e.qualified();
+  if (!e.name.starts_with("aten::") || e.name.size() <= 6) return who + ": the name must be aten::<op>";
+  if (!e.schema.starts_with(e.qualified() + "(")) return who + ": the schema must start with " + e.qualified() + "(";
+  const size_t n = schema_arguments(e.schema);
+  if (e.args.size() != n) {
+    return who + ": " + std::to_string(e.args.size()) + " arguments declared, the schema has " + std::to_string(n);
+  }
+  for (size_t i = 0; i < e.args.size(); ++i) {
+    const ArgDecl& a = e.args[i];
+    if (a.name.empty()) return who + ": argument " + std::to_string(i) + " has no name";
+    if (e.schema.find(" " + std::string(a.name)) == std::string_view::npos) {
+      return who + ": argument " + std::to_string(i) + " (" + std::string(a.name) + ") is not in the schema";
+    }
+    if (a.range == InputRange::kIndex &&
+        (a.index_arg < 0 || static_cast<size_t>(a.index_arg) >= e.args.size() || a.index_dim < 0)) {
+      return who + ": argument " + std::to_string(i) + " is an index without the dimension that bounds it";
+    }
+  }
+  if (e.outputs.empty()) return who + ": no outputs declared";
+  for (const OutputDecl& o : e.outputs) {
+    if (o.name.empty()) return who + ": an output has no name";
+  }
+  if (!(e.flops_per_element > 0)) return who + ": no FLOPs per element (Note [Op cost model])";
+  if (e.semantics.find("Output") == std::string_view::npos) {
+    return who + ": the semantics text must say what each output is (\"Output 0: ...\")";
+  }
+  if (e.template_families.empty() && e.no_templates_reason.empty()) {
+    return who + ": no template family, and no reason why there is none";
+  }
+  if (!e.inplace.empty() && !e.inplace.starts_with("aten::")) return who + ": the in-place variant must be aten::<op>";
+  if (!e.out_variant.empty() && !e.out_variant.ends_with(".out")) return who + ": the out= variant must be <op>.out";
+  return "";
+}
+
+std::vector<TensorMeta> expected_outputs(const OpSignature& sig) {
+  std::vector<TensorMeta> out;
+  const OpEntry* e = find(sig);
+  const TensorMeta* x = tensor_at(sig, 0);
+  if (e == nullptr || x == nullptr) return out;
+  for (const OutputDecl& o : e->outputs) {
+    TensorMeta m;
+    m.dtype = x->dtype;
+    m.device = x->device;
+    switch (o.rule) {
+      case OutputRule::kLikeInput0:
+        m.sizes = x->sizes;
+        break;
+      case OutputRule::kBroadcast: {
+        for (size_t i = 0; i < sig.args.size(); ++i) {
+          const TensorMeta* t = tensor_at(sig, i);
+          if (t == nullptr) continue;
+          if (t->sizes.size() > m.sizes.size()) m.sizes.insert(m.sizes.begin(), t->sizes.size() - m.sizes.size(), 1);
+          for (size_t d = 0; d < t->sizes.size(); ++d) {
+            int64_t& s = m.sizes[m.sizes.size() - t->sizes.size() + d];
+            if (s == 1) s = t->sizes[d];
+          }
+        }
+        break;
+      }
+      case OutputRule::kNormRowStats: {
+        const auto* shape = sig.args.size() > 1 ? std::get_if<std::vector<int64_t>>(&sig.args[1].value) : nullptr;
+        const size_t normalized = shape != nullptr ? std::min(shape->size(), x->sizes.size()) : 1;
+        m.sizes.assign(x->sizes.begin(), x->sizes.end() - static_cast<std::ptrdiff_t>(normalized));
+        m.sizes.insert(m.sizes.end(), normalized, 1);
+        if (is_16bit(x->dtype)) m.dtype = DType::kFloat32;
+        break;
+      }
+      case OutputRule::kGroupStats: {
+        const int64_t* n = int_at(sig, 3);
+        const int64_t* g = int_at(sig, 6);
+        if (n == nullptr || g == nullptr) return {};
+        m.sizes = {*n, *g};
+        break;
+      }
+    }
+    m.strides = contiguous_strides(m.sizes);
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+namespace {
+
+double tensor_bytes(const TensorMeta& t) { return static_cast<double>(t.numel()) * dtype_size_bytes(t.dtype); }
+
+// Inputs once, and the largest tensor argument's element count for the FLOPs.
+OpCost input_cost(const OpSignature& sig) {
+  OpCost c;
+  double largest = 0;
+  for (const Arg& a : sig.args) {
+    if (const auto* t = std::get_if<TensorMeta>(&a.value)) {
+      c.bytes += tensor_bytes(*t);
+      largest = std::max(largest, static_cast<double>(t->numel()));
+    } else if (const auto* ts = std::get_if<std::vector<TensorMeta>>(&a.value)) {
+      for (const TensorMeta& item : *ts) {
+        c.bytes += tensor_bytes(item);
+        largest = std::max(largest, static_cast<double>(item.numel()));
+      }
+    }
+  }
+  const OpEntry* e = find(sig);
+  c.flops = e != nullptr ? e->flops_per_element * largest : 0;
+  return c;
+}
+
+}  // namespace
+
+OpCost op_cost(const OpSignature& sig, std::span<const ResolvedOutput> outputs) {
+  OpCost c = input_cost(sig);
+  for (const ResolvedOutput& o : outputs) {
+    double n = 1;
+    for (int64_t s : o.sizes) n *= static_cast<double>(s);
+    c.bytes += n * dtype_size_bytes(o.dtype);
+  }
+  return c;
+}
+
+OpCost op_cost(const OpSignature& sig) {
+  OpCost c = input_cost(sig);
+  for (const TensorMeta& o : expected_outputs(sig)) c.bytes += tensor_bytes(o);
+  return c;
+}
+
+}  // namespace kforge::catalog

@@ -1,0 +1,155 @@
+// The operator catalog: every operator kforge replaces, declared once. Torch-free, part of the
+// vocabulary, so every component reads the same facts:
+//
+//   const catalog::OpEntry* op = catalog::find(sig);           // nullptr: not a catalog operator
+//   for (const catalog::OpEntry& e : catalog::operators()) ...  // in catalog order
+//   OpCost c = catalog::op_cost(sig);                          // bytes and FLOPs, for the roofline
+//
+// Who reads what:
+//   the hook            KFORGE_CATALOG_OPERATORS (below) for its typed interceptors, and the names
+//                       for registration, KFORGE_OPS and the observation slots
+//   the worker          each argument's role (the float64 reference's fixes) and input range (trial
+//                       data), the cost model (achieved bandwidth, Note [Plausible timing])
+//   the daemon          the cost model (the roofline floor, the scheduler's headroom)
+//   the LLM proposer    the schema line and the semantics text
+//   the templates       which families serve the operator (template_library's order)
+//   kforge ops          all of it
+// Adding an operator: one KFORGE_OP line below and one entry in op_catalog.cc (the test
+// tests/runtime/op_catalog_test.cc fails until both are complete), a template family (or the
+// reason there is none) and its tests.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "runtime/kernel_spec.h"
+#include "runtime/op_signature.h"
+
+// Every catalog operator as torch's generated C++ API names it (ATen/ops/<base>_ops.h,
+// at::_ops::<base> or at::_ops::<base>_<overload>): OP(base) for the default overload,
+// OP_OVERLOAD(base, overload) otherwise. The hook instantiates a typed interceptor from each; the
+// build generates the hook's includes from these lines (interposer/hook/CMakeLists.txt), so keep
+// one per line. The order is the catalog's order.
+#define KFORGE_CATALOG_OPERATORS(OP, OP_OVERLOAD) \
+  OP(_softmax)                                    \
+  OP(_log_softmax)                                \
+  OP(native_layer_norm)                           \
+  OP(native_group_norm)                           \
+  OP(gelu)                                        \
+  OP(silu)                                        \
+  OP_OVERLOAD(add, Tensor)
+
+namespace kforge::catalog {
+
+namespace detail {
+#define KFORGE_CATALOG_COUNT_OP(base) +1
+#define KFORGE_CATALOG_COUNT_OP_OVERLOAD(base, overload) +1
+inline constexpr size_t kCount = 0 KFORGE_CATALOG_OPERATORS(KFORGE_CATALOG_COUNT_OP, KFORGE_CATALOG_COUNT_OP_OVERLOAD);
+#undef KFORGE_CATALOG_COUNT_OP
+#undef KFORGE_CATALOG_COUNT_OP_OVERLOAD
+}  // namespace detail
+
+// How many operators the catalog declares (compile time: the hook sizes tables by it).
+inline constexpr size_t kOperatorCount = detail::kCount;
+
+// What an argument is to the operator.
+enum class ArgRole : uint8_t {
+  kData,         // a tensor the operator computes on
+  kParameter,    // a tensor of learned values (weight, bias), or None
+  kDim,          // a dimension index (negative counts from the end)
+  kShape,        // sizes (normalized_shape)
+  kCount,        // a size or count given as a number (N, C, HxW, group)
+  kEpsilon,      // a small float added for stability
+  kScalar,       // a number the formula uses (alpha)
+  kMode,         // a string choosing the formula (gelu's approximate)
+  kResultType,   // changes the result's dtype (half_to_float, dtype): the float64 reference sets it
+                 // to keep float64 (false, or float64)
+};
+std::string_view arg_role_name(ArgRole r) noexcept;   // "data", "parameter", ...
+
+// The values trial inputs of a tensor argument are drawn from (search_daemon/worker/trial_data.h).
+enum class InputRange : uint8_t {
+  kAny,           // every distribution as it is: normal, uniform, large, offset, zeros, observed
+  kPositive,      // > 0: a variance, a scale (drawn as |x| + 1e-3, no NaN or Inf injected)
+  kNonNegative,   // >= 0 (|x|)
+  kProbability,   // in [0, 1]
+  kIndex,         // integers in [0, bound), bound = the size of another argument's dimension
+};
+std::string_view input_range_name(InputRange r) noexcept;   // "any", "positive", ...
+
+struct ArgDecl {
+  std::string_view name;   // as in the schema
+  ArgRole role = ArgRole::kData;
+  InputRange range = InputRange::kAny;
+  // kIndex: the bound is tensor argument index_arg's dimension index_dim.
+  int index_arg = -1;
+  int index_dim = -1;
+};
+
+// How an output's sizes and dtype follow from the arguments (the cost model's bytes; the exact
+// strides are the semantics text's to say, and the worker checks them against PyTorch's kernel).
+enum class OutputRule : uint8_t {
+  kLikeInput0,      // argument 0's sizes and dtype
+  kBroadcast,       // the broadcast of the tensor arguments' sizes, argument 0's dtype
+  kNormRowStats,    // argument 0's leading sizes, then 1 per normalized dimension (argument 1's length)
+  kGroupStats,      // [N, group]: the int arguments 3 and 6 (native_group_norm)
+};
+
+struct OutputDecl {
+  std::string_view name;
+  OutputRule rule = OutputRule::kLikeInput0;
+};
+
+struct OpEntry {
+  std::string_view name;          // "aten::add", as OpSignature::op
+  std::string_view overload;      // "Tensor"; "" for the default overload
+  std::string_view schema;        // PyTorch's schema line (torch 2.11)
+  std::span<const ArgDecl> args;  // one per schema argument, in order
+  std::span<const OutputDecl> outputs;
+  // Note [Op cost model] in op_catalog.cc: floating-point operations per element of the largest
+  // tensor argument.
+  double flops_per_element = 0;
+  // What it computes and each output's dtype, sizes and strides as torch 2.11 returns them on CPU
+  // and CUDA (Note [Operator semantics] in op_catalog.cc): what the LLM is told.
+  std::string_view semantics;
+  std::string_view inplace;       // its in-place variant ("aten::add_.Tensor"), or ""
+  std::string_view out_variant;   // its out= variant ("aten::add.out"), or ""
+  // The template families that serve it (search_daemon/proposers/templates), CUDA before CPU; or
+  // none, and no_templates_reason says why.
+  std::span<const std::string_view> template_families;
+  std::string_view no_templates_reason;
+
+  // "aten::add.Tensor": the dispatcher's spelling.
+  std::string qualified() const;
+};
+
+// Every catalog operator, in KFORGE_CATALOG_OPERATORS order.
+std::span<const OpEntry> operators() noexcept;
+const OpEntry* find(std::string_view name, std::string_view overload) noexcept;
+const OpEntry* find(const OpSignature& sig) noexcept;
+// Its position in operators(), or kOperatorCount.
+size_t index_of(const OpEntry& e) noexcept;
+
+// Why `e` is incomplete ("aten::x: argument 2 has no name"), or "" when it is complete.
+std::string incomplete(const OpEntry& e);
+
+// The sizes and dtype of each output of a call of `sig` (OutputRule); empty for an operator that
+// is not in the catalog or arguments that do not fit its schema.
+std::vector<TensorMeta> expected_outputs(const OpSignature& sig);
+
+// ---- the cost model ------------------------------------------------------------------------------
+
+struct OpCost {
+  double bytes = 0;   // fewest bytes: every tensor argument read once, every output written once
+  double flops = 0;   // 0: no FLOP model (not a catalog operator)
+};
+// With the outputs the plan makes (the worker).
+OpCost op_cost(const OpSignature& sig, std::span<const ResolvedOutput> outputs);
+// With the outputs the catalog expects (the daemon, before any plan exists).
+OpCost op_cost(const OpSignature& sig);
+
+}  // namespace kforge::catalog

@@ -26,7 +26,7 @@
 #include <type_traits>
 #include <utility>
 
-#include "runtime/daemon_endpoint.h"
+#include "runtime/transport.h"
 
 namespace kforge {
 namespace {
@@ -475,7 +475,7 @@ StatusOr<std::unique_ptr<DaemonClient>> DaemonClient::start(Options options) {
     // A daemon -> hook message is small; a peer announcing more is cut off before we allocate.
     conn->dealer.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(wire::kMaxMessageBytes));
     if (!options.curve_server_key.empty()) {
-      KFORGE_RETURN_IF_ERROR(make_curve_client(conn->dealer.handle(), options.curve_server_key));
+      KFORGE_RETURN_IF_ERROR(transport::make_curve_client(conn->dealer, options.curve_server_key));
     }
     state->endpoint = options.endpoint;
     if (zmq_socket_monitor(conn->dealer.handle(), kMonitorEndpoint,
@@ -511,22 +511,6 @@ StatusOr<std::unique_ptr<DaemonClient>> DaemonClient::start(Options options) {
   } catch (const std::exception& e) {
     return internal_error(std::string("cannot start the daemon client: ") + e.what());
   }
-}
-
-Status make_curve_client(void* socket, std::string_view server_key) {
-  KFORGE_RETURN_IF_ERROR(check_curve_key(server_key, "the daemon's CURVE public key"));
-  char public_key[41];
-  char secret_key[41];
-  if (zmq_curve_keypair(public_key, secret_key) != 0) {
-    return unavailable(std::string("cannot make a CURVE key pair (is this libzmq built with CURVE?): ") +
-                       zmq_strerror(zmq_errno()));
-  }
-  const bool ok = zmq_setsockopt(socket, ZMQ_CURVE_SERVERKEY, server_key.data(), server_key.size()) == 0 &&
-                  zmq_setsockopt(socket, ZMQ_CURVE_PUBLICKEY, public_key, 40) == 0 &&
-                  zmq_setsockopt(socket, ZMQ_CURVE_SECRETKEY, secret_key, 40) == 0;
-  ::explicit_bzero(secret_key, sizeof secret_key);
-  if (!ok) return invalid_argument(std::string("the daemon's CURVE public key was refused: ") + zmq_strerror(zmq_errno()));
-  return Status();
 }
 
 DaemonClient::~DaemonClient() { stop(); }

@@ -48,7 +48,7 @@ class DaemonClient {
   struct Options {
     // "ipc://..." or "tcp://127.0.0.1:port". A host name would be resolved inside start().
     std::string endpoint;
-    // tcp:// only: the daemon's CURVE public key (z85, 40 characters; runtime/daemon_endpoint.h).
+    // tcp:// only: the daemon's CURVE public key (z85, 40 characters; runtime/transport.h).
     // The client makes a throwaway key pair of its own; the traffic is encrypted and only the
     // holder of the daemon's secret key can answer. A handshake that fails is logged once.
     std::string curve_server_key;
@@ -89,10 +89,5 @@ class DaemonClient {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
-
-// Makes `socket` (a raw ZeroMQ socket, before it connects) a CURVE client of the daemon whose
-// public key is `server_key` (z85, checked), with a throwaway key pair of its own whose secret is
-// wiped from memory here. What DaemonClient does for tcp://, and `kforge status` with --server-key.
-Status make_curve_client(void* socket, std::string_view server_key);
 
 }  // namespace kforge

@@ -4,16 +4,14 @@
 #include <nlohmann/json.hpp>
 #include <sys/file.h>
 #include <unistd.h>
-#include <zmq.h>
 
 #include <cerrno>
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
 
-#include "interposer/daemon_client.h"
 #include "runtime/control_message.h"
-#include "runtime/daemon_endpoint.h"
+#include "runtime/transport.h"
 #include "runtime/unique_fd.h"
 
 namespace kforge {
@@ -36,39 +34,6 @@ std::string human_ns(double ns) {
   if (ns < 1e3) return fixed(ns, 0) + " ns";
   if (ns < 1e6) return fixed(ns / 1e3, 1) + " us";
   return fixed(ns / 1e6, 2) + " ms";
-}
-
-// One JSON request, one JSON reply, or an empty optional after the timeout.
-// `server_key`: the daemon's CURVE public key for a tcp:// endpoint (empty for ipc://).
-std::optional<std::string> ask(const std::string& endpoint, const std::string& server_key, const std::string& request,
-                               int timeout_ms, std::string& why) {
-  void* ctx = zmq_ctx_new();
-  void* s = zmq_socket(ctx, ZMQ_DEALER);
-  const int linger = 0;
-  zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
-  std::optional<std::string> reply;
-  const Status keyed = server_key.empty() ? Status() : make_curve_client(s, server_key);
-  if (!keyed.ok()) {
-    why = keyed.message();
-  } else if (zmq_connect(s, endpoint.c_str()) != 0) {
-    why = std::string("cannot connect: ") + zmq_strerror(zmq_errno());
-  } else if (zmq_send(s, request.data(), request.size(), 0) < 0) {
-    why = std::string("cannot send: ") + zmq_strerror(zmq_errno());
-  } else {
-    zmq_pollitem_t item{s, 0, ZMQ_POLLIN, 0};
-    if (zmq_poll(&item, 1, timeout_ms) > 0) {
-      zmq_msg_t m;
-      zmq_msg_init(&m);
-      if (zmq_msg_recv(&m, s, 0) >= 0) reply = std::string(static_cast<const char*>(zmq_msg_data(&m)), zmq_msg_size(&m));
-      zmq_msg_close(&m);
-    } else {
-      why = "no answer within " + std::to_string(timeout_ms) + " ms" +
-            (server_key.empty() ? "" : "; if kforged runs there, check that the server key is its public key");
-    }
-  }
-  zmq_close(s);
-  zmq_ctx_term(ctx);
-  return reply;
 }
 
 // When an ipc:// daemon did not answer: whether one holds the endpoint's lock (kforged keeps an
@@ -207,7 +172,8 @@ int run_status_command(const std::vector<std::string>& args, std::ostream& out, 
   if (!limit && !as_json) limit = kTableLimit;
   std::string why;
   std::optional<std::string> reply =
-      ask(endpoint, *key, control::encode_request(control::ControlRequest{control::Request::kStatus, limit}), timeout_ms, why);
+      transport::request_reply(endpoint, *key, control::encode_request(control::ControlRequest{control::Request::kStatus, limit}),
+                               timeout_ms, why);
   if (!reply) {
     // Busy is not absent: a daemon flooded with messages holds its lock but answers late.
     if (const int32_t pid = daemon_holding_lock(endpoint); pid != 0) {

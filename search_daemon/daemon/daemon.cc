@@ -30,6 +30,7 @@
 #include "runtime/version.h"
 #include "runtime/wire.h"
 #include "search_daemon/daemon/client_messages.h"
+#include "search_daemon/daemon/daemon_socket.h"
 #include "search_daemon/daemon/daemon_status.h"
 #include "search_daemon/daemon/journal.h"
 #include "search_daemon/daemon/log_limiter.h"
@@ -67,17 +68,6 @@ bool same_directory(const std::string& a, const std::string& b) {
   return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
-std::string ipc_path(const std::string& endpoint) {
-  return endpoint.rfind("ipc://", 0) == 0 ? endpoint.substr(6) : "";
-}
-
-std::string read_text_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 }  // namespace
 
 struct Daemon::Impl {
@@ -85,13 +75,9 @@ struct Daemon::Impl {
   std::vector<search::Proposer*> proposers;
   Daemon* self = nullptr;
 
-  void* zctx = nullptr;
-  void* router = nullptr;
-  void* pub = nullptr;
+  std::unique_ptr<DaemonSocket> socket;   // the ROUTER, the PUB and the endpoint's lock
   UniqueFd wake_fd;      // eventfd: session events queued, or a stop request
   UniqueFd signal_fd;    // SIGTERM, SIGINT
-  UniqueFd lock_fd;      // one daemon per endpoint directory
-  std::string curve_public_key;   // with daemon.curve_secret_key_file: what clients need
   std::atomic<bool> stopping{false};
 
   std::unique_ptr<eval::EvaluatorPool> pool;
@@ -138,7 +124,6 @@ struct Daemon::Impl {
     write_log_line(config.log_format, level, message);
   }
 
-  Status bind_sockets();
   Status start_http();
   void resume_journals();
   void schedule();
@@ -151,75 +136,6 @@ struct Daemon::Impl {
   void publish_event(const std::string& topic, const json& body);
   std::string status_locked(std::optional<uint32_t> limit) const;
 };
-
-Status Daemon::Impl::bind_sockets() {
-  for (const std::string& e : {config.endpoint, config.events_endpoint}) {
-    if (!ipc_path(e).empty()) {
-      KFORGE_RETURN_IF_ERROR(secure_ipc_directory(e));
-    }
-  }
-  // One daemon per socket directory: a second one would take the first's ipc socket over.
-  if (const std::string path = ipc_path(config.endpoint); !path.empty()) {
-    const std::string lock_path = path + ".lock";
-    lock_fd = UniqueFd(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
-    if (!lock_fd.valid()) return unavailable("cannot open " + lock_path + ": " + std::strerror(errno));
-    if (::flock(lock_fd.get(), LOCK_EX | LOCK_NB) != 0) {
-      const std::string other = read_text_file(lock_path);
-      return unavailable("another kforged serves " + config.endpoint + (other.empty() ? "" : " (pid " + other + ")"));
-    }
-    const std::string pid = std::to_string(::getpid());
-    if (::ftruncate(lock_fd.get(), 0) != 0 || ::pwrite(lock_fd.get(), pid.data(), pid.size(), 0) < 0) {
-      return unavailable("cannot write " + lock_path);
-    }
-  }
-  zctx = zmq_ctx_new();
-  router = zmq_socket(zctx, ZMQ_ROUTER);
-  pub = zmq_socket(zctx, ZMQ_PUB);
-  if (router == nullptr || pub == nullptr) return unavailable("cannot create ZeroMQ sockets");
-  const int linger = 0;
-  zmq_setsockopt(router, ZMQ_LINGER, &linger, sizeof linger);
-  zmq_setsockopt(pub, ZMQ_LINGER, &linger, sizeof linger);
-  const int64_t max_msg = 80ll << 20;   // a CapturedInputs message: 64 MiB of tensors and framing
-  zmq_setsockopt(router, ZMQ_MAXMSGSIZE, &max_msg, sizeof max_msg);
-  // A hook that is gone must not make the daemon queue replies for it forever.
-  const int mandatory = 0;
-  zmq_setsockopt(router, ZMQ_ROUTER_MANDATORY, &mandatory, sizeof mandatory);
-  const int hwm = 1000;
-  zmq_setsockopt(router, ZMQ_SNDHWM, &hwm, sizeof hwm);
-  if (!config.curve_secret_key_file.empty()) {
-    const std::string& file = config.curve_secret_key_file;
-    struct stat st {};
-    if (::stat(file.c_str(), &st) != 0) return invalid_argument(file + ": " + std::strerror(errno));
-    if ((st.st_mode & 077) != 0) {
-      char mode[8];
-      std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
-      return invalid_argument(file + " has mode " + mode + ": a CURVE secret key must be readable by its owner only (chmod 600 " +
-                              file + ")");
-    }
-    std::string key = read_text_file(file);
-    while (!key.empty() && (key.back() == '\n' || key.back() == ' ')) key.pop_back();
-    if (key.size() != 40) return invalid_argument(file + ": expected a 40-character z85 CURVE secret key");
-    char public_key[41] = {};
-    if (zmq_curve_public(public_key, key.c_str()) != 0) {
-      return invalid_argument(file + ": not a valid CURVE secret key: " + zmq_strerror(zmq_errno()));
-    }
-    curve_public_key.assign(public_key, 40);
-    const int server = 1;
-    for (void* s : {router, pub}) {
-      zmq_setsockopt(s, ZMQ_CURVE_SERVER, &server, sizeof server);
-      if (zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, key.data(), key.size()) != 0) {
-        return invalid_argument(config.curve_secret_key_file + ": not a valid CURVE secret key: " + zmq_strerror(zmq_errno()));
-      }
-    }
-  }
-  if (zmq_bind(router, config.endpoint.c_str()) != 0) {
-    return unavailable("cannot bind " + config.endpoint + ": " + zmq_strerror(zmq_errno()));
-  }
-  if (zmq_bind(pub, config.events_endpoint.c_str()) != 0) {
-    return unavailable("cannot bind " + config.events_endpoint + ": " + zmq_strerror(zmq_errno()));
-  }
-  return Status();
-}
 
 Status Daemon::Impl::start_http() {
   if (config.http.empty()) return Status();
@@ -359,17 +275,13 @@ void Daemon::Impl::check_liveness() {
   for (const std::string& line : limiter.flush(now)) log("info", line);
 }
 
-void Daemon::Impl::send_to(const std::string& peer, const std::string& bytes) {
-  if (zmq_send(router, peer.data(), peer.size(), ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) return;
-  (void)zmq_send(router, bytes.data(), bytes.size(), ZMQ_DONTWAIT);
-}
+void Daemon::Impl::send_to(const std::string& peer, const std::string& bytes) { socket->send_to(peer, bytes); }
 
 void Daemon::Impl::publish_event(const std::string& topic, const json& body) {
   json j = body;
   j["event"] = topic;
   j["ts"] = iso_now();
-  const std::string text = topic + " " + j.dump();
-  (void)zmq_send(pub, text.data(), text.size(), ZMQ_DONTWAIT);
+  socket->publish(topic, j.dump(-1, ' ', false, json::error_handler_t::replace));
 }
 
 // Reads at most kMaxMessagesPerTurn frames, so that a flood of messages never keeps the loop from
@@ -377,45 +289,16 @@ void Daemon::Impl::publish_event(const std::string& topic, const json& body) {
 void Daemon::Impl::handle_router() {
   constexpr int kMaxMessagesPerTurn = 256;
   for (int turn = 0; turn < kMaxMessagesPerTurn; ++turn) {
-    zmq_msg_t id, body;
-    zmq_msg_init(&id);
-    if (zmq_msg_recv(&id, router, ZMQ_DONTWAIT) < 0) {
-      zmq_msg_close(&id);
-      return;
-    }
-    const std::string peer(static_cast<const char*>(zmq_msg_data(&id)), zmq_msg_size(&id));
-    const bool more = zmq_msg_more(&id);
-    zmq_msg_close(&id);
-    if (!more) continue;
-    zmq_msg_init(&body);
-    if (zmq_msg_recv(&body, router, 0) < 0) {
-      zmq_msg_close(&body);
-      continue;
-    }
-    // Who sent it, as the transport says (Note [Bounded state] in hot_signatures.h).
-    const char* address = zmq_msg_gets(&body, "Peer-Address");
-    const PeerCredentials creds = peer_credentials_from_address(address != nullptr ? address : "");
-    bool extra = zmq_msg_more(&body);
-    // One message per frame: a multi-part message is drained and refused.
-    const bool multipart = extra;
-    while (extra) {
-      zmq_msg_t part;
-      zmq_msg_init(&part);
-      (void)zmq_msg_recv(&part, router, 0);
-      extra = zmq_msg_more(&part);
-      zmq_msg_close(&part);
-    }
+    std::optional<DaemonSocket::Frame> f = socket->receive();
+    if (!f) return;
     ClientMessages::Effects effects;
     {
       std::lock_guard<std::mutex> lock(mu);
-      effects = messages->handle(peer, creds,
-                                 std::string_view(static_cast<const char*>(zmq_msg_data(&body)), zmq_msg_size(&body)),
-                                 multipart);
+      effects = messages->handle(f->peer, f->creds, f->bytes(), f->multipart);
       if (effects.processes_changed) share_serving_gpus_locked();
       if (effects.signatures_changed) schedule_due = true;
     }
-    zmq_msg_close(&body);
-    if (effects.reply) send_to(peer, *effects.reply);
+    if (effects.reply) send_to(f->peer, *effects.reply);
   }
 }
 
@@ -566,38 +449,10 @@ Daemon::~Daemon() {
   sessions.clear();   // joins
   if (impl_->http) impl_->http->stop();
   if (impl_->http_thread.joinable()) impl_->http_thread.join();
-  if (impl_->router != nullptr) zmq_close(impl_->router);
-  if (impl_->pub != nullptr) zmq_close(impl_->pub);
-  if (impl_->zctx != nullptr) zmq_ctx_term(impl_->zctx);
+  impl_->socket.reset();
 }
 
 void Daemon::log(const std::string& level, const std::string& message) const { impl_->log(level, message); }
-
-StatusOr<std::string> generate_curve_key_file(const std::string& path) {
-  char public_key[41] = {};
-  char secret_key[41] = {};
-  if (zmq_curve_keypair(public_key, secret_key) != 0) {
-    return unavailable(std::string("cannot make a CURVE key pair (is this libzmq built with CURVE?): ") +
-                       zmq_strerror(zmq_errno()));
-  }
-  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
-  if (!fd.valid()) {
-    const int e = errno;
-    ::explicit_bzero(secret_key, sizeof secret_key);
-    return e == EEXIST ? invalid_argument(path + " exists; refusing to overwrite a key (remove it first)")
-                       : unavailable("cannot create " + path + ": " + std::strerror(e));
-  }
-  const std::string line = std::string(secret_key, 40) + "\n";
-  ::explicit_bzero(secret_key, sizeof secret_key);
-  const bool written = ::write(fd.get(), line.data(), line.size()) == static_cast<ssize_t>(line.size()) &&
-                       ::fsync(fd.get()) == 0;
-  if (!written) {
-    const int e = errno;
-    ::unlink(path.c_str());
-    return unavailable("cannot write " + path + ": " + std::strerror(e));
-  }
-  return std::string(public_key, 40);
-}
 
 void write_log_line(const std::string& log_format, const std::string& level, const std::string& message) {
   if (log_format == "json") {
@@ -638,7 +493,9 @@ Status Daemon::start() {
   // reach only the I/O loop's signalfd.
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   d.signal_fd = UniqueFd(::signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK));
-  KFORGE_RETURN_IF_ERROR(d.bind_sockets());
+  StatusOr<std::unique_ptr<DaemonSocket>> socket = DaemonSocket::bind(d.config);
+  if (!socket.ok()) return socket.status();
+  d.socket = std::move(*socket);
   eval::PoolOptions po;
   po.devices = d.config.devices;
   po.cpu_slots = d.config.cpu_slots;
@@ -657,15 +514,16 @@ Status Daemon::start() {
   KFORGE_RETURN_IF_ERROR(d.start_http());
   d.resume_journals();
   d.log("info", "listening on " + d.config.endpoint + " (events on " + d.config.events_endpoint + ")" +
-                    (d.curve_public_key.empty() ? std::string()
-                                                : "; CURVE on, clients set KFORGE_DAEMON_SERVER_KEY=" + d.curve_public_key));
+                    (d.socket->curve_public_key().empty()
+                         ? std::string()
+                         : "; CURVE on, clients set KFORGE_DAEMON_SERVER_KEY=" + d.socket->curve_public_key()));
   return Status();
 }
 
 int Daemon::run() {
   Impl& d = *impl_;
   while (!d.stopping.load()) {
-    zmq_pollitem_t items[3] = {{d.router, 0, ZMQ_POLLIN, 0},
+    zmq_pollitem_t items[3] = {{d.socket->router_handle(), 0, ZMQ_POLLIN, 0},
                                {nullptr, d.wake_fd.get(), ZMQ_POLLIN, 0},
                                {nullptr, d.signal_fd.get(), ZMQ_POLLIN, 0}};
     // The timeout only re-checks budgets and thresholds that time alone changes (a search's wall

@@ -50,10 +50,6 @@ namespace kforge::daemon {
 // before and after the Daemon exists.
 void write_log_line(const std::string& log_format, const std::string& level, const std::string& message);
 
-// `kforged --curve-keygen FILE`: a new CURVE key pair; the secret key goes to FILE (created 0600,
-// never overwritten), the public key (what clients set as KFORGE_DAEMON_SERVER_KEY) is returned.
-StatusOr<std::string> generate_curve_key_file(const std::string& path);
-
 class Daemon {
  public:
   Daemon(DaemonConfig config, std::vector<search::Proposer*> proposers);

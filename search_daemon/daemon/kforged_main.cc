@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cache/cache_dir.h"
+#include "runtime/transport.h"
 #include "search_daemon/daemon/daemon.h"
 #include "search_daemon/daemon/daemon_config.h"
 #include "search_daemon/daemon/proposer_set.h"
@@ -53,7 +54,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "kforged: --curve-keygen takes one argument, the secret key file to create\n");
       return 2;
     }
-    kforge::StatusOr<std::string> public_key = kforge::daemon::generate_curve_key_file(args[1]);
+    kforge::StatusOr<std::string> public_key = kforge::transport::generate_curve_key_file(args[1]);
     if (!public_key.ok()) {
       std::fprintf(stderr, "kforged: %s\n", public_key.status().message().c_str());
       return 1;

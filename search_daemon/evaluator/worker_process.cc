@@ -5,7 +5,7 @@
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
-#include <zmq.h>
+#include <zmq.hpp>
 
 #include <cerrno>
 #include <chrono>
@@ -41,16 +41,16 @@ int ms_until(Clock::time_point deadline) {
 
 }  // namespace
 
-// The ZeroMQ side of one worker: a context, a PAIR socket bound in a private directory.
+// The ZeroMQ side of one worker: a context, a PAIR socket bound in a private directory (removed
+// with it).
 struct WorkerProcess::Channel {
-  void* context = nullptr;
-  void* socket = nullptr;
   std::string dir;
   std::string endpoint;
+  zmq::context_t context;
+  zmq::socket_t socket{context, zmq::socket_type::pair};
 
   ~Channel() {
-    if (socket != nullptr) zmq_close(socket);
-    if (context != nullptr) zmq_ctx_term(context);
+    socket.close();
     if (!dir.empty()) {
       std::error_code ec;
       std::filesystem::remove_all(dir, ec);
@@ -59,12 +59,25 @@ struct WorkerProcess::Channel {
 
   // One message without waiting; false when none could be read (the caller polls again).
   bool receive(std::string& bytes) {
-    zmq_msg_t msg;
-    zmq_msg_init(&msg);
-    const int got = zmq_msg_recv(&msg, socket, ZMQ_DONTWAIT);
-    if (got >= 0) bytes.assign(static_cast<const char*>(zmq_msg_data(&msg)), zmq_msg_size(&msg));
-    zmq_msg_close(&msg);
-    return got >= 0;
+    zmq::message_t msg;
+    try {
+      if (!socket.recv(msg, zmq::recv_flags::dontwait)) return false;
+    } catch (const zmq::error_t&) {
+      return false;
+    }
+    bytes = msg.to_string();
+    return true;
+  }
+
+  // Sends (waiting at most the send timeout for the worker); false with `why`.
+  bool send(const std::string& bytes, std::string& why) {
+    try {
+      if (socket.send(zmq::buffer(bytes.data(), bytes.size()), zmq::send_flags::none)) return true;
+      why = "the worker did not take it within 30 s";
+    } catch (const zmq::error_t& e) {
+      why = e.what();
+    }
+    return false;
   }
 
   static StatusOr<std::unique_ptr<Channel>> open() {
@@ -76,18 +89,13 @@ struct WorkerProcess::Channel {
     if (::mkdtemp(tmpl.data()) == nullptr) return unavailable(errno_text(("mkdtemp " + tmpl).c_str()));
     c->dir = tmpl;
     c->endpoint = "ipc://" + c->dir + "/worker.sock";
-    c->context = zmq_ctx_new();
-    if (c->context == nullptr) return unavailable(errno_text("zmq_ctx_new"));
-    c->socket = zmq_socket(c->context, ZMQ_PAIR);
-    if (c->socket == nullptr) return unavailable(errno_text("zmq_socket"));
-    const int linger = 0;
-    zmq_setsockopt(c->socket, ZMQ_LINGER, &linger, sizeof linger);
-    const int64_t max_msg = static_cast<int64_t>(kMaxEvalMessageBytes);
-    zmq_setsockopt(c->socket, ZMQ_MAXMSGSIZE, &max_msg, sizeof max_msg);
-    const int send_timeout_ms = 30000;
-    zmq_setsockopt(c->socket, ZMQ_SNDTIMEO, &send_timeout_ms, sizeof send_timeout_ms);
-    if (zmq_bind(c->socket, c->endpoint.c_str()) != 0) {
-      return unavailable("cannot bind " + c->endpoint + ": " + zmq_strerror(zmq_errno()));
+    try {
+      c->socket.set(zmq::sockopt::linger, 0);
+      c->socket.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(kMaxEvalMessageBytes));
+      c->socket.set(zmq::sockopt::sndtimeo, 30000);
+      c->socket.bind(c->endpoint);
+    } catch (const zmq::error_t& e) {
+      return unavailable("cannot bind " + c->endpoint + ": " + e.what());
     }
     return c;
   }
@@ -181,7 +189,7 @@ Status WorkerProcess::start() {
   // Wait for WorkerReady, or the worker's end.
   const Clock::time_point deadline = Clock::now() + std::chrono::milliseconds(options_.start_budget_ms);
   for (;;) {
-    zmq_pollitem_t items[2] = {{channel_->socket, 0, ZMQ_POLLIN, 0}, {nullptr, alive_fd_, ZMQ_POLLIN, 0}};
+    zmq_pollitem_t items[2] = {{channel_->socket.handle(), 0, ZMQ_POLLIN, 0}, {nullptr, alive_fd_, ZMQ_POLLIN, 0}};
     const int n = zmq_poll(items, 2, ms_until(deadline));
     if (n < 0 && zmq_errno() == EINTR) continue;
     if (n < 0) {
@@ -227,8 +235,7 @@ EvalResult WorkerProcess::evaluate(const EvalJob& job) {
   const pid_t worker_pid = pid_;
 
   const std::string bytes = encode(EvalMessage(job));
-  if (zmq_send(channel_->socket, bytes.data(), bytes.size(), 0) < 0) {
-    const std::string err = zmq_strerror(zmq_errno());
+  if (std::string err; !channel_->send(bytes, err)) {
     stop(true);
     return failure(job, EvalStatus::kWorkerError, "cannot send the job to the worker: " + err, "start");
   }
@@ -237,7 +244,7 @@ EvalResult WorkerProcess::evaluate(const EvalJob& job) {
   uint32_t budget = options_.start_budget_ms;
   Clock::time_point deadline = Clock::now() + std::chrono::milliseconds(budget);
   for (;;) {
-    zmq_pollitem_t items[2] = {{channel_->socket, 0, ZMQ_POLLIN, 0}, {nullptr, alive_fd_, ZMQ_POLLIN, 0}};
+    zmq_pollitem_t items[2] = {{channel_->socket.handle(), 0, ZMQ_POLLIN, 0}, {nullptr, alive_fd_, ZMQ_POLLIN, 0}};
     const int n = zmq_poll(items, 2, ms_until(deadline));
     if (n < 0 && zmq_errno() == EINTR) continue;
     if (n < 0) {

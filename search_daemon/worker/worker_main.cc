@@ -9,8 +9,9 @@
 #include <c10/core/InferenceMode.h>
 #include <fcntl.h>
 #include <unistd.h>
-#include <zmq.h>
+#include <zmq.hpp>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -66,44 +67,41 @@ bool parse(int argc, char** argv, Args& a, std::string& why) {
 // The ZeroMQ side: one PAIR socket connected to the supervisor.
 class Channel {
  public:
-  ~Channel() {
-    if (socket_ != nullptr) zmq_close(socket_);
-    if (context_ != nullptr) zmq_ctx_term(context_);
-  }
   Status open(const std::string& endpoint) {
-    context_ = zmq_ctx_new();
-    if (context_ == nullptr) return unavailable("zmq_ctx_new failed");
-    socket_ = zmq_socket(context_, ZMQ_PAIR);
-    if (socket_ == nullptr) return unavailable("zmq_socket failed");
-    const int linger = 0;
-    zmq_setsockopt(socket_, ZMQ_LINGER, &linger, sizeof linger);
-    const int64_t max_msg = static_cast<int64_t>(kMaxEvalMessageBytes);
-    zmq_setsockopt(socket_, ZMQ_MAXMSGSIZE, &max_msg, sizeof max_msg);
-    if (zmq_connect(socket_, endpoint.c_str()) != 0) {
-      return unavailable("cannot connect to " + endpoint + ": " + zmq_strerror(zmq_errno()));
+    try {
+      socket_.set(zmq::sockopt::linger, 0);
+      socket_.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(kMaxEvalMessageBytes));
+      socket_.connect(endpoint);
+    } catch (const zmq::error_t& e) {
+      return unavailable("cannot connect to " + endpoint + ": " + e.what());
     }
     return Status();
   }
   bool send(const EvalMessage& m) {
     const std::string bytes = encode(m);
-    return zmq_send(socket_, bytes.data(), bytes.size(), 0) >= 0;
+    try {
+      return socket_.send(zmq::buffer(bytes.data(), bytes.size()), zmq::send_flags::none).has_value();
+    } catch (const zmq::error_t&) {
+      return false;
+    }
   }
   // Blocks for the next message; false when the socket is gone.
   bool receive(std::string& out) {
-    zmq_msg_t msg;
-    zmq_msg_init(&msg);
-    int got;
-    do {
-      got = zmq_msg_recv(&msg, socket_, 0);
-    } while (got < 0 && zmq_errno() == EINTR);
-    if (got >= 0) out.assign(static_cast<const char*>(zmq_msg_data(&msg)), zmq_msg_size(&msg));
-    zmq_msg_close(&msg);
-    return got >= 0;
+    zmq::message_t msg;
+    for (;;) {
+      try {
+        if (!socket_.recv(msg, zmq::recv_flags::none)) return false;
+        out = msg.to_string();
+        return true;
+      } catch (const zmq::error_t& e) {
+        if (e.num() != EINTR) return false;
+      }
+    }
   }
 
  private:
-  void* context_ = nullptr;
-  void* socket_ = nullptr;
+  zmq::context_t context_;
+  zmq::socket_t socket_{context_, zmq::socket_type::pair};
 };
 
 int worker_main(int argc, char** argv) {

@@ -13,6 +13,7 @@
 #include <random>
 #include <vector>
 
+#include "runtime/launch_args.h"
 #include "runtime/shared_library.h"
 
 namespace kforge {
@@ -29,15 +30,6 @@ AlignedBuffer aligned_buffer(size_t bytes) {
   return AlignedBuffer(std::aligned_alloc(64, rounded == 0 ? 64 : rounded));
 }
 
-// One kernel parameter's value, stored where params[i] can point at it (cuLaunchKernel style).
-union ParamSlot {
-  void* ptr;
-  int64_t i64;
-  int32_t i32;
-  double f64;
-  float f32;
-  bool b;
-};
 
 }  // namespace
 
@@ -137,44 +129,21 @@ Status run_cpu_plan(const CpuModule& module, const KernelSpec& spec, const Resol
 
     std::vector<ParamSlot> slots(launch.args.size());
     std::vector<void*> params(launch.args.size());
-    for (size_t ai = 0; ai < launch.args.size(); ++ai) {
-      const ResolvedArg& a = launch.args[ai];
-      ParamSlot& s = slots[ai];
-      s.i64 = 0;
-      switch (a.kind) {
-        case ArgBinding::Kind::kInput:
-          if (a.index >= buffers.inputs.size() || buffers.inputs[a.index] == nullptr) {
-            return invalid_argument(where + ", arg " + std::to_string(ai) + ": no tensor for input " + std::to_string(a.index));
-          }
-          s.ptr = buffers.inputs[a.index];
-          break;
-        case ArgBinding::Kind::kOutput:
-          if (a.index >= buffers.outputs.size() || buffers.outputs[a.index] == nullptr) {
-            return invalid_argument(where + ", arg " + std::to_string(ai) + ": no buffer for output " + std::to_string(a.index));
-          }
-          s.ptr = buffers.outputs[a.index];
-          break;
-        case ArgBinding::Kind::kScratch:
-          if (a.index >= scratch.size()) {
-            return invalid_argument(where + ", arg " + std::to_string(ai) + ": no scratch buffer " + std::to_string(a.index));
-          }
-          s.ptr = scratch[a.index];
-          break;
-        case ArgBinding::Kind::kSize:
-        case ArgBinding::Kind::kScalar:
-          switch (a.type) {
-            case ValueType::kInt64: s.i64 = a.int_value; break;
-            case ValueType::kInt32: s.i32 = static_cast<int32_t>(a.int_value); break;
-            case ValueType::kFloat64: s.f64 = a.real_value; break;
-            case ValueType::kFloat32: s.f32 = static_cast<float>(a.real_value); break;
-            case ValueType::kBool: s.b = a.int_value != 0; break;
-            case ValueType::kPointer:
-              return invalid_argument(where + ", arg " + std::to_string(ai) + ": a value argument cannot be a pointer");
-          }
-          break;
-      }
-      params[ai] = &s;
-    }
+    KFORGE_RETURN_IF_ERROR(bind_launch_args(
+        launch, slots, params,
+        [&](ArgBinding::Kind kind, uint32_t i) -> uint64_t {
+          const auto& list = kind == ArgBinding::Kind::kInput    ? buffers.inputs
+                             : kind == ArgBinding::Kind::kOutput ? buffers.outputs
+                                                                 : scratch;
+          return i < list.size() ? reinterpret_cast<uint64_t>(list[i]) : 0;
+        },
+        // As before: a scratch buffer that exists may be null (0 bytes).
+        [&] { return where; }, [&](uint32_t i) { return i < scratch.size(); },
+        [](ArgBinding::Kind kind) {
+          return kind == ArgBinding::Kind::kInput    ? "no tensor for input"
+                 : kind == ArgBinding::Kind::kOutput ? "no buffer for output"
+                                                     : "no scratch buffer";
+        }));
 
     const uint64_t gx = launch.grid[0], gy = launch.grid[1], gz = launch.grid[2];
     const uint64_t blocks = gx * gy * gz;

@@ -1,20 +1,13 @@
 #include "runtime/cuda_launcher.h"
 
+#include "runtime/launch_args.h"
+
 namespace kforge {
 
 namespace {
 
 constexpr uint32_t kDefaultDynamicSmem = 48 * 1024;
 
-// One kernel parameter's value; params[i] points at it (cuLaunchKernel copies the values).
-union ParamSlot {
-  CUdeviceptr ptr;
-  int64_t i64;
-  int32_t i32;
-  double f64;
-  float f32;
-  bool b;
-};
 
 }  // namespace
 
@@ -66,43 +59,20 @@ Status CudaKernel::launch(const ResolvedLaunchPlan& plan, const CudaBuffers& buf
     auto where = [&] { return "launch " + std::to_string(li) + " (" + names_[l.entry_index] + ")"; };
     slots.assign(l.args.size(), ParamSlot{});
     params.assign(l.args.size(), nullptr);
-    for (size_t ai = 0; ai < l.args.size(); ++ai) {
-      const ResolvedArg& a = l.args[ai];
-      ParamSlot& s = slots[ai];
-      auto missing = [&](const char* what) {
-        return invalid_argument(where() + ", arg " + std::to_string(ai) + ": no device pointer for " + what + " " +
-                                std::to_string(a.index));
-      };
-      switch (a.kind) {
-        case ArgBinding::Kind::kInput:
-          if (a.index >= buffers.inputs.size() || buffers.inputs[a.index] == 0) return missing("input");
-          s.ptr = buffers.inputs[a.index];
-          break;
-        case ArgBinding::Kind::kOutput:
-          if (buffers.outputs[a.index] == 0) return missing("output");
-          s.ptr = buffers.outputs[a.index];
-          break;
-        case ArgBinding::Kind::kScratch:
-          if (a.index >= buffers.scratch.size() || (buffers.scratch[a.index] == 0 && plan.scratch[a.index].bytes > 0)) {
-            return missing("scratch");
-          }
-          s.ptr = buffers.scratch[a.index];
-          break;
-        case ArgBinding::Kind::kSize:
-        case ArgBinding::Kind::kScalar:
-          switch (a.type) {
-            case ValueType::kInt64: s.i64 = a.int_value; break;
-            case ValueType::kInt32: s.i32 = static_cast<int32_t>(a.int_value); break;
-            case ValueType::kFloat64: s.f64 = a.real_value; break;
-            case ValueType::kFloat32: s.f32 = static_cast<float>(a.real_value); break;
-            case ValueType::kBool: s.b = a.int_value != 0; break;
-            case ValueType::kPointer:
-              return invalid_argument(where() + ", arg " + std::to_string(ai) + ": a value argument cannot be a pointer");
-          }
-          break;
-      }
-      params[ai] = &s;
-    }
+    KFORGE_RETURN_IF_ERROR(bind_launch_args(
+        l, slots, params,
+        [&](ArgBinding::Kind kind, uint32_t i) -> uint64_t {
+          const auto& list = kind == ArgBinding::Kind::kInput    ? buffers.inputs
+                             : kind == ArgBinding::Kind::kOutput ? buffers.outputs
+                                                                 : buffers.scratch;
+          return i < list.size() ? static_cast<uint64_t>(list[i]) : 0;
+        },
+        where, [&](uint32_t i) { return i < buffers.scratch.size() && i < plan.scratch.size() && plan.scratch[i].bytes <= 0; },
+        [](ArgBinding::Kind kind) {
+          return kind == ArgBinding::Kind::kInput    ? "no device pointer for input"
+                 : kind == ArgBinding::Kind::kOutput ? "no device pointer for output"
+                                                     : "no device pointer for scratch";
+        }));
     CUfunction fn = functions_[l.entry_index];
     if (l.shared_mem_bytes > kDefaultDynamicSmem) {
       // Opting in is per function and sticky; doing it once per size keeps launches cheap.

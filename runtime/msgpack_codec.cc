@@ -162,4 +162,25 @@ void Packer::pack_f64(double v) {
   buf_->write(out, sizeof out);
 }
 
+Status open_record(const Reader& r, size_t fields) {
+  KFORGE_ASSIGN_OR_RETURN(size_t n, r.array_size());
+  if (n < fields) return r.error("expected " + std::to_string(fields) + " fields, got " + std::to_string(n));
+  return Status();
+}
+
+Status read_f64(const Reader& r, double* out) {
+  KFORGE_ASSIGN_OR_RETURN(*out, r.f64());
+  return Status();
+}
+
+Status read_bool(const Reader& r, bool* out) {
+  KFORGE_ASSIGN_OR_RETURN(*out, r.boolean());
+  return Status();
+}
+
+Status read_str(const Reader& r, size_t max_len, std::string* out) {
+  KFORGE_ASSIGN_OR_RETURN(*out, r.str(max_len));
+  return Status();
+}
+
 }  // namespace kforge::codec

@@ -9,6 +9,7 @@
 #include <msgpack.hpp>
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <string_view>
 
@@ -85,6 +86,33 @@ class Packer : public msgpack::packer<msgpack::sbuffer> {
  private:
   msgpack::sbuffer* buf_;
 };
+
+// ---- record helpers: what every decoder of positional records (wire messages, the eval protocol)
+// reads fields with; each error names the field's path.
+
+// A record is a positional array of at least `fields` elements; more are a newer peer's additions
+// (forward compatibility within a version), ignored by the reader.
+Status open_record(const Reader& r, size_t fields);
+template <class T>
+Status read_uint(const Reader& r, T* out, uint64_t max = std::numeric_limits<T>::max()) {
+  KFORGE_ASSIGN_OR_RETURN(uint64_t v, r.u64());
+  if (v > max) return r.error("value " + std::to_string(v) + " exceeds " + std::to_string(max));
+  *out = static_cast<T>(v);
+  return Status();
+}
+Status read_f64(const Reader& r, double* out);
+Status read_bool(const Reader& r, bool* out);
+Status read_str(const Reader& r, size_t max_len, std::string* out);
+// A field that holds another type's canonical bytes, decoded by that type's own decoder; its
+// errors are prefixed with this field's path.
+template <class T>
+Status read_embedded(const Reader& r, size_t max, T* out) {
+  KFORGE_ASSIGN_OR_RETURN(std::string bytes, r.bin(max));
+  StatusOr<T> v = T::decode(bytes);
+  if (!v.ok()) return r.error(v.status().message());
+  *out = std::move(*v);
+  return Status();
+}
 
 // Nested forms of the vocabulary types, for messages and manifests that embed them. The bytes
 // are exactly those of the type's own encode(), so an embedded signature hashes the same.

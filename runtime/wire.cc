@@ -31,7 +31,11 @@ namespace kforge::wire {
 
 namespace {
 
+using codec::open_record;
 using codec::Packer;
+using codec::read_f64;
+using codec::read_str;
+using codec::read_uint;
 using codec::Reader;
 
 constexpr size_t kMaxDepth = 16;                 // envelope..tensor sizes is 10 levels
@@ -163,40 +167,15 @@ Reader field(const Reader& record, size_t i, std::string_view name) {
   return Reader(record.at(i).object(), record.path() + "." + std::string(name));
 }
 
-// A record is a positional array; elements past `fields` are a newer peer's additions and are
-// ignored (forward compatibility within a version, see wire.h).
-Status open_record(const Reader& r, size_t fields) {
-  KFORGE_ASSIGN_OR_RETURN(size_t n, r.array_size());
-  if (n < fields) {
-    return r.error("expected " + std::to_string(fields) + " fields, got " + std::to_string(n));
-  }
-  return Status();
-}
-
 Status read_pid(const Reader& r, int32_t* out) {
   KFORGE_ASSIGN_OR_RETURN(int64_t v, r.i64_in(1, std::numeric_limits<int32_t>::max()));
   *out = static_cast<int32_t>(v);
   return Status();
 }
 
-Status read_u64(const Reader& r, uint64_t* out) {
-  KFORGE_ASSIGN_OR_RETURN(*out, r.u64());
-  return Status();
-}
-
 Status read_arg_index(const Reader& r, uint32_t* out) {
   KFORGE_ASSIGN_OR_RETURN(int64_t v, r.i64_in(0, kMaxArgIndex));
   *out = static_cast<uint32_t>(v);
-  return Status();
-}
-
-Status read_f64(const Reader& r, double* out) {
-  KFORGE_ASSIGN_OR_RETURN(*out, r.f64());
-  return Status();
-}
-
-Status read_string(const Reader& r, size_t max_len, std::string* out) {
-  KFORGE_ASSIGN_OR_RETURN(*out, r.str(max_len));
   return Status();
 }
 
@@ -265,14 +244,14 @@ Status read_device(const Reader& r, DeviceInfo* d) {
   KFORGE_ASSIGN_OR_RETURN(int64_t index, field(r, 0, "index").i64_in(0, kMaxDeviceIndex));
   d->index = static_cast<int32_t>(index);
   KFORGE_RETURN_IF_ERROR(read_backend(field(r, 1, "backend"), &d->backend));
-  KFORGE_RETURN_IF_ERROR(read_string(field(r, 2, "arch"), kMaxStringBytes, &d->arch));
-  KFORGE_RETURN_IF_ERROR(read_string(field(r, 3, "model"), kMaxStringBytes, &d->model));
-  KFORGE_RETURN_IF_ERROR(read_u64(field(r, 4, "total_memory_bytes"), &d->total_memory_bytes));
+  KFORGE_RETURN_IF_ERROR(read_str(field(r, 2, "arch"), kMaxStringBytes, &d->arch));
+  KFORGE_RETURN_IF_ERROR(read_str(field(r, 3, "model"), kMaxStringBytes, &d->model));
+  KFORGE_RETURN_IF_ERROR(read_uint(field(r, 4, "total_memory_bytes"), &d->total_memory_bytes));
   // Appended after version 1's first release: absent (an older hook) means "".
   KFORGE_ASSIGN_OR_RETURN(size_t fields, r.array_size());
   if (fields < 6) return Status();
   Reader uuid = field(r, 5, "uuid");
-  KFORGE_RETURN_IF_ERROR(read_string(uuid, kMaxGpuUuidChars, &d->uuid));
+  KFORGE_RETURN_IF_ERROR(read_str(uuid, kMaxGpuUuidChars, &d->uuid));
   if (d->uuid.empty()) return Status();
   if (d->backend == Backend::kCpu) return uuid.error("the CPU has no GPU UUID (expected \"\")");
   return read_gpu_uuid(uuid, &d->uuid);
@@ -282,10 +261,10 @@ StatusOr<WireMessage> read_hello(const Reader& b) {
   KFORGE_RETURN_IF_ERROR(open_record(b, 6));
   Hello m;
   KFORGE_RETURN_IF_ERROR(read_pid(field(b, 0, "pid"), &m.pid));
-  KFORGE_RETURN_IF_ERROR(read_string(field(b, 1, "kforge_version"), kMaxStringBytes, &m.kforge_version));
-  KFORGE_RETURN_IF_ERROR(read_string(field(b, 2, "torch_version"), kMaxStringBytes, &m.torch_version));
-  KFORGE_RETURN_IF_ERROR(read_string(field(b, 3, "process_name"), kMaxStringBytes, &m.process_name));
-  KFORGE_RETURN_IF_ERROR(read_string(field(b, 4, "cache_dir"), kMaxPathBytes, &m.cache_dir));
+  KFORGE_RETURN_IF_ERROR(read_str(field(b, 1, "kforge_version"), kMaxStringBytes, &m.kforge_version));
+  KFORGE_RETURN_IF_ERROR(read_str(field(b, 2, "torch_version"), kMaxStringBytes, &m.torch_version));
+  KFORGE_RETURN_IF_ERROR(read_str(field(b, 3, "process_name"), kMaxStringBytes, &m.process_name));
+  KFORGE_RETURN_IF_ERROR(read_str(field(b, 4, "cache_dir"), kMaxPathBytes, &m.cache_dir));
   KFORGE_RETURN_IF_ERROR(read_list(field(b, 5, "devices"), kMaxDevices, &m.devices, read_device));
   return WireMessage(std::move(m));
 }
@@ -303,8 +282,8 @@ Status read_stats(const Reader& r, size_t signature_args, InputStats* s) {
   KFORGE_RETURN_IF_ERROR(read_f64(field(r, 2, "max"), &s->max));
   KFORGE_RETURN_IF_ERROR(read_f64(field(r, 3, "mean"), &s->mean));
   KFORGE_RETURN_IF_ERROR(read_f64(field(r, 4, "stddev"), &s->stddev));
-  KFORGE_RETURN_IF_ERROR(read_u64(field(r, 5, "nan_count"), &s->nan_count));
-  KFORGE_RETURN_IF_ERROR(read_u64(field(r, 6, "inf_count"), &s->inf_count));
+  KFORGE_RETURN_IF_ERROR(read_uint(field(r, 5, "nan_count"), &s->nan_count));
+  KFORGE_RETURN_IF_ERROR(read_uint(field(r, 6, "inf_count"), &s->inf_count));
   Reader zf = field(r, 7, "zero_fraction");
   KFORGE_RETURN_IF_ERROR(read_f64(zf, &s->zero_fraction));
   if (!(s->zero_fraction >= 0.0 && s->zero_fraction <= 1.0)) {   // NaN fails too
@@ -316,13 +295,13 @@ Status read_stats(const Reader& r, size_t signature_args, InputStats* s) {
 Status read_hot_entry(const Reader& r, HotEntry* e) {
   KFORGE_RETURN_IF_ERROR(open_record(r, 5));
   KFORGE_ASSIGN_OR_RETURN(e->signature, codec::read_op_signature(field(r, 0, "signature")));
-  KFORGE_RETURN_IF_ERROR(read_u64(field(r, 1, "calls"), &e->calls));
+  KFORGE_RETURN_IF_ERROR(read_uint(field(r, 1, "calls"), &e->calls));
   Reader sampled = field(r, 2, "sampled_calls");
-  KFORGE_RETURN_IF_ERROR(read_u64(sampled, &e->sampled_calls));
+  KFORGE_RETURN_IF_ERROR(read_uint(sampled, &e->sampled_calls));
   if (e->sampled_calls > e->calls) {
     return sampled.error(std::to_string(e->sampled_calls) + " exceeds calls (" + std::to_string(e->calls) + ")");
   }
-  KFORGE_RETURN_IF_ERROR(read_u64(field(r, 3, "sampled_total_ns"), &e->sampled_total_ns));
+  KFORGE_RETURN_IF_ERROR(read_uint(field(r, 3, "sampled_total_ns"), &e->sampled_total_ns));
   const size_t nargs = e->signature.args.size();
   return read_list(field(r, 4, "input_stats"), kMaxStatsPerEntry, &e->input_stats,
                    [nargs](const Reader& s, InputStats* out) { return read_stats(s, nargs, out); });
@@ -332,8 +311,8 @@ StatusOr<WireMessage> read_hot_report(const Reader& b) {
   KFORGE_RETURN_IF_ERROR(open_record(b, 4));
   HotReport m;
   KFORGE_RETURN_IF_ERROR(read_pid(field(b, 0, "pid"), &m.pid));
-  KFORGE_RETURN_IF_ERROR(read_u64(field(b, 1, "sequence"), &m.sequence));
-  KFORGE_RETURN_IF_ERROR(read_u64(field(b, 2, "reports_dropped"), &m.reports_dropped));
+  KFORGE_RETURN_IF_ERROR(read_uint(field(b, 1, "sequence"), &m.sequence));
+  KFORGE_RETURN_IF_ERROR(read_uint(field(b, 2, "reports_dropped"), &m.reports_dropped));
   KFORGE_RETURN_IF_ERROR(read_list(field(b, 3, "entries"), kMaxReportEntries, &m.entries, read_hot_entry));
   // Appended after version 1's first release: absent (an older hook) means none.
   KFORGE_ASSIGN_OR_RETURN(size_t fields, b.array_size());
@@ -392,7 +371,7 @@ StatusOr<WireMessage> read_goodbye(const Reader& b) {
   KFORGE_RETURN_IF_ERROR(open_record(b, 2));
   Goodbye m;
   KFORGE_RETURN_IF_ERROR(read_pid(field(b, 0, "pid"), &m.pid));
-  KFORGE_RETURN_IF_ERROR(read_string(field(b, 1, "reason"), kMaxStringBytes, &m.reason));
+  KFORGE_RETURN_IF_ERROR(read_str(field(b, 1, "reason"), kMaxStringBytes, &m.reason));
   return WireMessage(std::move(m));
 }
 
@@ -413,7 +392,7 @@ StatusOr<WireMessage> read_revoke(const Reader& b) {
   Revoke m;
   KFORGE_RETURN_IF_ERROR(read_id(field(b, 0, "signature_id"), &m.signature_id));
   KFORGE_RETURN_IF_ERROR(read_entry_key(field(b, 1, "entry_key"), &m.entry_key));
-  KFORGE_RETURN_IF_ERROR(read_string(field(b, 2, "reason"), kMaxStringBytes, &m.reason));
+  KFORGE_RETURN_IF_ERROR(read_str(field(b, 2, "reason"), kMaxStringBytes, &m.reason));
   return WireMessage(std::move(m));
 }
 

@@ -17,52 +17,18 @@ namespace kforge::eval {
 
 namespace {
 
+using codec::open_record;
 using codec::Packer;
+using codec::read_bool;
+using codec::read_embedded;
+using codec::read_f64;
+using codec::read_str;
+using codec::read_uint;
 using codec::Reader;
 
 constexpr size_t kMaxEvalArray = 4096;
 constexpr size_t kMaxEvalDepth = 8;
 constexpr size_t kMaxText = 1u << 20;
-
-Status open_record(const Reader& r, size_t fields) {
-  KFORGE_ASSIGN_OR_RETURN(size_t n, r.array_size());
-  if (n < fields) return r.error("expected " + std::to_string(fields) + " fields, got " + std::to_string(n));
-  return Status();
-}
-
-template <class T>
-Status read_uint(const Reader& r, T* out, uint64_t max = std::numeric_limits<T>::max()) {
-  KFORGE_ASSIGN_OR_RETURN(uint64_t v, r.u64());
-  if (v > max) return r.error("value " + std::to_string(v) + " exceeds " + std::to_string(max));
-  *out = static_cast<T>(v);
-  return Status();
-}
-
-Status read_f64(const Reader& r, double* out) {
-  KFORGE_ASSIGN_OR_RETURN(*out, r.f64());
-  return Status();
-}
-
-Status read_bool(const Reader& r, bool* out) {
-  KFORGE_ASSIGN_OR_RETURN(*out, r.boolean());
-  return Status();
-}
-
-Status read_str(const Reader& r, size_t max, std::string* out) {
-  KFORGE_ASSIGN_OR_RETURN(*out, r.str(max));
-  return Status();
-}
-
-// A field that holds another type's canonical bytes, decoded by that type's own decoder; its
-// errors are prefixed with this field's path.
-template <class T>
-Status read_embedded(const Reader& r, size_t max, T* out) {
-  KFORGE_ASSIGN_OR_RETURN(std::string bytes, r.bin(max));
-  StatusOr<T> v = T::decode(bytes);
-  if (!v.ok()) return r.error(v.status().message());
-  *out = std::move(*v);
-  return Status();
-}
 
 // ---- bodies -------------------------------------------------------------------------------------
 

@@ -24,10 +24,11 @@
 #include <vector>
 
 #include "runtime/cpu_kernel_abi.h"
+#include "runtime/file_io.h"
 #include "runtime/nvrtc.h"
+#include "runtime/unique_fd.h"
 #include "search_daemon/worker/cpu_kernel_abi_text.h"
 #include "search_daemon/worker/cpu_symbol_policy.h"
-#include "runtime/unique_fd.h"
 
 extern char** environ;
 
@@ -72,9 +73,11 @@ constexpr std::array<const char*, 4> kFixedCpuFlags = {"-std=c++17", "-O2", "-fP
 
 std::string errno_text(int err) { return std::strerror(err); }
 
-Status io_error(const std::string& what, const std::string& path, int err) {
-  return unavailable(what + " " + path + ": " + errno_text(err));
-}
+using file_io::fsync_dir;
+using file_io::io_error;
+using file_io::put_u32;
+using file_io::put_u64;
+using file_io::write_all;
 
 // A fresh private directory under $TMPDIR (else /tmp), removed with everything in it.
 class ScratchDir {
@@ -102,58 +105,6 @@ class ScratchDir {
   explicit ScratchDir(std::string path) : path_(std::move(path)) {}
   std::string path_;
 };
-
-Status write_all(int fd, std::string_view bytes, const std::string& path) {
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return io_error("cannot write", path, errno);
-    done += static_cast<size_t>(n);
-  }
-  return Status();
-}
-
-Status write_new_file(const std::string& path, std::string_view bytes) {
-  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
-  if (!fd.valid()) return io_error("cannot create", path, errno);
-  return write_all(fd.get(), bytes, path);
-}
-
-// A whole regular file of at most max_bytes; symbolic links refused. not_found when absent.
-StatusOr<std::string> read_regular_file(const std::string& path, uint64_t max_bytes) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
-  if (!fd.valid()) {
-    if (errno == ENOENT) return not_found(path + ": missing");
-    if (errno == ELOOP) return invalid_argument(path + ": is a symbolic link");
-    return io_error("cannot open", path, errno);
-  }
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) return io_error("cannot stat", path, errno);
-  if (!S_ISREG(st.st_mode)) return invalid_argument(path + ": not a regular file");
-  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
-    return invalid_argument(path + ": " + std::to_string(st.st_size) + " bytes, over the limit of " +
-                            std::to_string(max_bytes));
-  }
-  std::string bytes(static_cast<size_t>(st.st_size), '\0');
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = ::read(fd.get(), bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return io_error("cannot read", path, errno);
-    if (n == 0) break;
-    done += static_cast<size_t>(n);
-  }
-  bytes.resize(done);
-  return bytes;
-}
-
-Status fsync_dir(const std::string& dir) {
-  UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!fd.valid()) return io_error("cannot open directory", dir, errno);
-  if (::fsync(fd.get()) != 0) return io_error("cannot fsync directory", dir, errno);
-  return Status();
-}
 
 // mkdir that tolerates an existing directory but not a symbolic link (the cache holds code that
 // runs in users' processes) nor someone else's directory.
@@ -205,12 +156,6 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 
 // ---- the cache key and the frame ---------------------------------------------------------------------
 
-void put_u32(std::string& out, uint32_t v) {
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
-void put_u64(std::string& out, uint64_t v) {
-  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
 void put_field(std::string& out, std::string_view field) {
   put_u64(out, field.size());
   out.append(field);
@@ -605,10 +550,9 @@ std::string refusal_text(const std::vector<std::string>& bad) {
 
 // ---- CpuCompiler -----------------------------------------------------------------------------------
 
-StatusOr<CpuCompiler> CpuCompiler::detect() {
-  const char* env = std::getenv("KFORGE_CXX");
+StatusOr<CpuCompiler> CpuCompiler::detect(const std::string& command) {
   CpuCompiler c;
-  c.command = env != nullptr && *env != '\0' ? env : "c++";
+  c.command = command.empty() ? "c++" : command;
   StatusOr<ProcessResult> r = run_process({c.command, "--version"}, "", kDetectBudgetMs);
   if (!r.ok()) return unavailable("no C++ compiler: " + r.status().message());
   const std::string first_line = r->output.substr(0, r->output.find('\n'));
@@ -683,7 +627,7 @@ StatusOr<BuildOutput> CandidateBuilder::build(const KernelSpec& spec, uint32_t b
 
   const std::string fanout = cache_dir_ + "/" + out.key.substr(0, 2);
   const std::string entry_path = fanout + "/" + out.key + ".art";
-  StatusOr<std::string> file = read_regular_file(entry_path, kMaxArtifactFileBytes);
+  StatusOr<std::string> file = file_io::read_file(entry_path, kMaxArtifactFileBytes);
   if (file.ok()) {
     if (std::optional<CacheRecord> rec = decode_frame(*file, out.key)) {
       out.compiled = rec->compiled;
@@ -719,8 +663,8 @@ StatusOr<BuildOutput> CandidateBuilder::build(const KernelSpec& spec, uint32_t b
   } else {
     KFORGE_ASSIGN_OR_RETURN(ScratchDir dir, ScratchDir::create());
     KFORGE_RETURN_IF_ERROR(ensure_private_dir(dir.path() + "/runtime"));
-    KFORGE_RETURN_IF_ERROR(write_new_file(dir.path() + "/runtime/cpu_kernel_abi.h", kCpuKernelAbiHeaderText));
-    KFORGE_RETURN_IF_ERROR(write_new_file(dir.path() + "/kernel.cc", spec.source));
+    KFORGE_RETURN_IF_ERROR(file_io::write_new_file(dir.path() + "/runtime/cpu_kernel_abi.h", kCpuKernelAbiHeaderText));
+    KFORGE_RETURN_IF_ERROR(file_io::write_new_file(dir.path() + "/kernel.cc", spec.source));
     std::vector<std::string> args = {cpu_.command};
     args.insert(args.end(), kFixedCpuFlags.begin(), kFixedCpuFlags.end());
     args.push_back("-I" + dir.path());
@@ -738,7 +682,7 @@ StatusOr<BuildOutput> CandidateBuilder::build(const KernelSpec& spec, uint32_t b
                  "kforge: the compiler was killed by signal " + std::to_string(run->signal);
       cacheable = false;
     } else if (run->exit_code == 0) {
-      StatusOr<std::string> so = read_regular_file(dir.path() + "/kernel.so", kMaxArtifactFileBytes);
+      StatusOr<std::string> so = file_io::read_file(dir.path() + "/kernel.so", kMaxArtifactFileBytes);
       if (!so.ok()) {
         rec.log += "\nkforge: the compiler exited 0 but left no usable kernel.so: " + so.status().message();
       } else if (StatusOr<std::vector<std::string>> bad = forbidden_imports(*so); !bad.ok()) {

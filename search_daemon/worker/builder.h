@@ -1,7 +1,7 @@
 // CandidateBuilder: turns a KernelSpec's source into the binary the backends load, through a
 // build cache keyed by content, so that re-evaluating a known candidate costs no compile.
 //
-//   StatusOr<CandidateBuilder> b = CandidateBuilder::for_cpu(build_cache_dir, CpuCompiler::detect());
+//   StatusOr<CandidateBuilder> b = CandidateBuilder::for_cpu(build_cache_dir, CpuCompiler::detect("c++"));
 //   StatusOr<BuildOutput> out = b->build(spec, /*budget_ms=*/60000);
 //   if (!out.ok()) ...                       // the builder itself failed (cache dir unusable, ...)
 //   else if (!out->compiled) ...             // an ordinary result: the compiler refused the source;
@@ -46,7 +46,8 @@ struct CpuCompiler {
   std::string command;    // what is run: "c++", or $KFORGE_CXX
   std::string identity;   // first line of `command --version` ("c++ (Debian 12.2.0-14) 12.2.0")
   // Finds the compiler ($KFORGE_CXX, else c++ on PATH) and asks it its version.
-  static StatusOr<CpuCompiler> detect();
+  // `command` (the worker's KFORGE_CXX; "": c++) and its --version line.
+  static StatusOr<CpuCompiler> detect(const std::string& command);
 };
 
 struct BuildOutput {

@@ -98,9 +98,6 @@ constexpr CUpti_ActivityKind kKinds[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, 
 }  // namespace
 
 StatusOr<std::unique_ptr<CuptiKernelTimer>> CuptiKernelTimer::start() {
-  if (const char* off = std::getenv("KFORGE_WORKER_NO_CUPTI"); off != nullptr && *off != '\0' && *off != '0') {
-    return unavailable("CUPTI off (KFORGE_WORKER_NO_CUPTI)");
-  }
   if (g_instance.exchange(true)) return unavailable("a CUPTI timer already runs in this process");
   std::unique_ptr<CuptiKernelTimer> t(new CuptiKernelTimer());
   t->api_ = std::make_unique<Api>();

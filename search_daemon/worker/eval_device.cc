@@ -46,7 +46,8 @@ int64_t cpu_last_level_cache_bytes() {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<EvalDevice>> EvalDevice::open(const std::string& device, const std::string& torch_version) {
+StatusOr<std::unique_ptr<EvalDevice>> EvalDevice::open(const std::string& device, const std::string& torch_version,
+                                                      bool cupti) {
   std::unique_ptr<EvalDevice> d(new EvalDevice());
   d->name_ = device;
   if (device == "cpu") {
@@ -60,7 +61,7 @@ StatusOr<std::unique_ptr<EvalDevice>> EvalDevice::open(const std::string& device
       return invalid_argument("--device " + device + ": expected cpu or cuda:<ordinal>");
     }
     d->cuda_ = true;
-    KFORGE_RETURN_IF_ERROR(d->init_cuda(std::stoi(index), torch_version));
+    KFORGE_RETURN_IF_ERROR(d->init_cuda(std::stoi(index), torch_version, cupti));
   } else {
     return invalid_argument("--device " + device + ": expected cpu or cuda:<ordinal>");
   }
@@ -79,7 +80,7 @@ EvalDevice::~EvalDevice() {
   }
 }
 
-Status EvalDevice::init_cuda(int ordinal, const std::string& torch_version) {
+Status EvalDevice::init_cuda(int ordinal, const std::string& torch_version, bool use_cupti) {
   KFORGE_ASSIGN_OR_RETURN(driver_, CudaDriver::load());
   const CudaDriver& cu = *driver_;
   int count = 0;
@@ -122,7 +123,9 @@ Status EvalDevice::init_cuda(int ordinal, const std::string& torch_version) {
   KFORGE_ASSIGN_OR_RETURN(environment_,
                           cuda_device_environment(cu, ordinal, torch_version, v.major * 1000 + v.minor * 10));
   flush_buffer_ = at::empty({std::max<int64_t>(2 * int64_t{l2}, int64_t{64} << 20)}, options(at::kByte));
-  StatusOr<std::unique_ptr<CuptiKernelTimer>> cupti = CuptiKernelTimer::start();
+  StatusOr<std::unique_ptr<CuptiKernelTimer>> cupti =
+      use_cupti ? CuptiKernelTimer::start()
+                : StatusOr<std::unique_ptr<CuptiKernelTimer>>(unavailable("CUPTI off (KFORGE_WORKER_NO_CUPTI)"));
   if (cupti.ok()) {
     cupti_ = std::move(*cupti);
   } else {

@@ -2,7 +2,7 @@
 // the measurer need it: where tensors live, how to wait for work, how to time it, how to empty the
 // caches between timed runs, and what the device's limits and ceilings are.
 //
-//   StatusOr<std::unique_ptr<EvalDevice>> d = EvalDevice::open("cuda:0", torch_version);
+//   StatusOr<std::unique_ptr<EvalDevice>> d = EvalDevice::open("cuda:0", torch_version, /*cupti=*/true);
 //   at::Tensor x = at::empty({n}, d->options(at::kFloat));
 //   EvalDevice::Interval t = d->start_interval();
 //   ...;                                     // enqueue work on d->cuda_stream()
@@ -44,7 +44,9 @@ namespace kforge::eval {
 class EvalDevice {
  public:
   // "cpu" or "cuda:<ordinal>". Initializes torch's CUDA state for the device.
-  static StatusOr<std::unique_ptr<EvalDevice>> open(const std::string& device, const std::string& torch_version);
+  // `cupti`: time CUDA work with CUPTI's kernel durations where it can (WorkerConfig::cupti).
+  static StatusOr<std::unique_ptr<EvalDevice>> open(const std::string& device, const std::string& torch_version,
+                                                    bool cupti);
   ~EvalDevice();
 
   bool is_cuda() const noexcept { return cuda_; }
@@ -106,7 +108,7 @@ class EvalDevice {
 
  private:
   EvalDevice() = default;
-  Status init_cuda(int ordinal, const std::string& torch_version);
+  Status init_cuda(int ordinal, const std::string& torch_version, bool cupti);
   void measure_bandwidth();
   void measure_call_floor();
   CUevent take_event();

@@ -23,6 +23,7 @@
 #include "search_daemon/worker/builder.h"
 #include "search_daemon/worker/eval_device.h"
 #include "search_daemon/worker/job_runner.h"
+#include "search_daemon/worker/worker_config.h"
 
 namespace kforge::eval {
 namespace {
@@ -115,16 +116,18 @@ int worker_main(int argc, char** argv) {
   // The worker computes, never trains: no autograd bookkeeping around the reference kernels.
   c10::InferenceMode inference;
 
-  // KFORGE_WORKER_CPU_THREADS: torch's intra-op threads for CPU work (PyTorch's kernels and the CPU
-  // candidates alike, both on torch's pool). Unset: torch's default (every core). The daemon sets
-  // it (workers.cpu_threads) where the cores are shared with other work: an OpenMP region waits for
-  // its slowest thread, and a thread that loses its core for a time slice makes a timing worthless.
-  if (const char* t = std::getenv("KFORGE_WORKER_CPU_THREADS"); t != nullptr && *t != '\0') {
-    const int n = std::atoi(t);
-    if (n < 1 || n > 4096) return fail(std::string("KFORGE_WORKER_CPU_THREADS=") + t + ": expected 1..4096");
-    at::set_num_threads(n);
-  }
-  StatusOr<std::unique_ptr<EvalDevice>> device = EvalDevice::open(args.device, args.torch_version);
+  // Every variable the worker reads, once (worker_config.h). cpu_threads: torch's intra-op threads
+  // for CPU work (PyTorch's kernels and the CPU candidates alike, both on torch's pool). The daemon
+  // sets it with the cores it pins the worker to (Note [Pinned CPU workers]): an OpenMP region
+  // waits for its slowest thread, and a thread that loses its core for a time slice makes a
+  // timing worthless.
+  StatusOr<WorkerConfig> config = WorkerConfig::from_env([](const char* name) -> std::optional<std::string> {
+    const char* v = std::getenv(name);
+    return v != nullptr ? std::optional<std::string>(v) : std::nullopt;
+  });
+  if (!config.ok()) return fail(config.status().message());
+  if (config->cpu_threads > 0) at::set_num_threads(static_cast<int>(config->cpu_threads));
+  StatusOr<std::unique_ptr<EvalDevice>> device = EvalDevice::open(args.device, args.torch_version, config->cupti);
   if (!device.ok()) return fail("cannot use " + args.device + ": " + device.status().message());
   EvalDevice& dev = **device;
 
@@ -140,13 +143,12 @@ int worker_main(int argc, char** argv) {
            (dev.cupti_note().empty() ? "" : " (" + dev.cupti_note() + ")") +
            (dev.uuid().empty() ? "; no GPU UUID (" + dev.uuid_note() + "): serving processes on it go unnoticed" : "");
   } else {
-    StatusOr<CpuCompiler> cxx = CpuCompiler::detect();
+    StatusOr<CpuCompiler> cxx = CpuCompiler::detect(config->cxx);
     if (!cxx.ok()) return fail("no C++ compiler for CPU candidates: " + cxx.status().message());
     compiler_identity = cxx->identity;
-    const char* cpus = std::getenv("KFORGE_WORKER_CPUS");
     note = "CPU candidates compiled by " + cxx->command + " (" + cxx->identity + "); " +
            std::to_string(at::get_num_threads()) + " torch threads" +
-           (cpus != nullptr && *cpus != '\0' ? std::string(" pinned to cores ") + cpus : std::string(", not pinned"));
+           (!config->cpus.empty() ? " pinned to cores " + config->cpus : std::string(", not pinned"));
     builder = CandidateBuilder::for_cpu(args.build_cache, *cxx);
   }
   if (!builder.ok()) return fail("cannot use the build cache " + args.build_cache + ": " + builder.status().message());

@@ -24,6 +24,7 @@
 
 #include "cache/bundle.h"
 #include "cache/store.h"
+#include "tests/support/temp_dir.h"
 
 using namespace kforge;
 using Catch::Matchers::Contains;
@@ -31,19 +32,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "kforge-bundle-test-XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
+using TempDir = kforge::test_support::TempDir;
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -302,7 +291,7 @@ PayloadEntry payload_entry(const Store& store, const EntryKey& key) {
 
 // A staging cache with entries, a production cache, and a place for bundles.
 struct Caches {
-  TempDir dir;
+  TempDir dir{"kforge-bundle-test"};
   Store staging = open_store(dir / "staging");
   Store production = open_store(dir / "production");
   std::string bundle = dir / "kernels.kfb";
@@ -812,7 +801,7 @@ TEST_CASE("Bundle: parse_bundle_bytes checks a bundle in memory without a store"
 // ---- key files ----------------------------------------------------------------------------------
 
 TEST_CASE("Keys: a saved key pair loads back identical and the secret file is mode 0600") {
-  TempDir dir;
+  TempDir dir{"kforge-bundle-test"};
   SigningKey key = new_key();
   REQUIRE(key.save(dir / "staging.key").ok());
   REQUIRE(key.public_key.save(dir / "staging.pub").ok());
@@ -838,7 +827,7 @@ TEST_CASE("Keys: a saved key pair loads back identical and the secret file is mo
 }
 
 TEST_CASE("Keys: saving never overwrites an existing key file") {
-  TempDir dir;
+  TempDir dir{"kforge-bundle-test"};
   SigningKey a = new_key(), b = new_key();
   REQUIRE(a.save(dir / "k").ok());
   REQUIRE(a.public_key.save(dir / "k.pub").ok());
@@ -854,7 +843,7 @@ TEST_CASE("Keys: saving never overwrites an existing key file") {
 }
 
 TEST_CASE("Keys: a secret key readable by group or others is refused, and the secret never leaks") {
-  TempDir dir;
+  TempDir dir{"kforge-bundle-test"};
   SigningKey key = new_key();
   REQUIRE(key.save(dir / "k").ok());
   const std::string file = read_file(dir / "k");
@@ -873,7 +862,7 @@ TEST_CASE("Keys: a secret key readable by group or others is refused, and the se
 }
 
 TEST_CASE("Keys: damaged or malformed key files are refused without echoing their content") {
-  TempDir dir;
+  TempDir dir{"kforge-bundle-test"};
   SigningKey key = new_key();
   REQUIRE(key.save(dir / "k").ok());
   std::string file = read_file(dir / "k");

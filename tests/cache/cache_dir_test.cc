@@ -9,6 +9,7 @@
 #include <map>
 
 #include "cache/cache_dir.h"
+#include "tests/support/temp_dir.h"
 
 using namespace kforge;
 namespace fs = std::filesystem;
@@ -23,15 +24,7 @@ EnvLookup table(std::map<std::string, std::string> vars) {
   };
 }
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "kforge-cache-test-XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
+using TempDir = kforge::test_support::TempDir;
 
 }  // namespace
 
@@ -64,7 +57,7 @@ TEST_CASE("CacheDir: a relative KFORGE_CACHE_DIR is a configuration error, not a
 }
 
 TEST_CASE("CacheDir: open creates the directory and its parents, the directory itself 0700") {
-  TempDir t;
+  TempDir t{"kforge-cache-test"};
   fs::path p = t.path / "deep" / "er" / "kforge";
   auto d = CacheDir::open(p.string());
   REQUIRE(d.ok());
@@ -75,7 +68,7 @@ TEST_CASE("CacheDir: open creates the directory and its parents, the directory i
 }
 
 TEST_CASE("CacheDir: a symbolic link is refused even if it points to a good directory") {
-  TempDir t;
+  TempDir t{"kforge-cache-test"};
   fs::create_directory(t.path / "real");
   fs::permissions(t.path / "real", fs::perms::owner_all, fs::perm_options::replace);
   fs::create_directory_symlink(t.path / "real", t.path / "link");
@@ -85,7 +78,7 @@ TEST_CASE("CacheDir: a symbolic link is refused even if it points to a good dire
 }
 
 TEST_CASE("CacheDir: a group- or world-writable directory is refused with the fix") {
-  TempDir t;
+  TempDir t{"kforge-cache-test"};
   fs::path p = t.path / "open";
   fs::create_directory(p);
   fs::permissions(p, fs::perms::all, fs::perm_options::replace);
@@ -96,7 +89,7 @@ TEST_CASE("CacheDir: a group- or world-writable directory is refused with the fi
 }
 
 TEST_CASE("CacheDir: a regular file at the path is refused") {
-  TempDir t;
+  TempDir t{"kforge-cache-test"};
   fs::path p = t.path / "file";
   { FILE* f = std::fopen(p.c_str(), "w"); REQUIRE(f); std::fclose(f); }
   auto d = CacheDir::open(p.string());
@@ -105,7 +98,7 @@ TEST_CASE("CacheDir: a regular file at the path is refused") {
 }
 
 TEST_CASE("CacheDir: a directory owned by another user is refused") {
-  TempDir t;
+  TempDir t{"kforge-cache-test"};
   fs::path p = t.path / "theirs";
   fs::create_directory(p);
   fs::permissions(p, fs::perms::owner_all, fs::perm_options::replace);

@@ -15,25 +15,14 @@
 #include <vector>
 
 #include "cache/store.h"
+#include "tests/support/temp_dir.h"
 
 using namespace kforge;
 namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "kforge-corrupt-test-XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string cache() const { return (path / "cache").string(); }
-};
+using TempDir = kforge::test_support::TempDir;
 
 Store open_store(const std::string& root, StoreOptions opts = {}) {
   auto s = Store::open(root, opts);
@@ -91,22 +80,22 @@ std::string describe(const std::vector<CacheProblem>& problems) {
 
 // One published entry and the paths of its files (the layout store.h documents).
 struct Fixture {
-  TempDir dir;
+  TempDir dir{"kforge-corrupt-test"};
   CacheEntry entry = small_entry(16);
   EntryKey key;
   std::string manifest, state, used, blob, version;
   BlobRef blob_ref;
 
   Fixture() {
-    Store s = open_store(dir.cache());
+    Store s = open_store(dir / "cache");
     key = s.publish(entry).value();
     const std::string h = key.hex();
-    manifest = dir.cache() + "/manifests/" + h.substr(0, 2) + "/" + h + ".kfm";
-    state = dir.cache() + "/state/" + h.substr(0, 2) + "/" + h + ".state";
-    used = dir.cache() + "/used/" + h.substr(0, 2) + "/" + h;
+    manifest = dir / "cache" + "/manifests/" + h.substr(0, 2) + "/" + h + ".kfm";
+    state = dir / "cache" + "/state/" + h.substr(0, 2) + "/" + h + ".state";
+    used = dir / "cache" + "/used/" + h.substr(0, 2) + "/" + h;
     blob_ref = s.load(key).value().blobs.at(0);
-    blob = dir.cache() + "/blobs/" + blob_ref.sha256_hex.substr(0, 2) + "/" + blob_ref.sha256_hex;
-    version = dir.cache() + "/VERSION";
+    blob = dir / "cache" + "/blobs/" + blob_ref.sha256_hex.substr(0, 2) + "/" + blob_ref.sha256_hex;
+    version = dir / "cache" + "/VERSION";
     REQUIRE(fs::exists(manifest));
     REQUIRE(fs::exists(state));
     REQUIRE(fs::exists(used));
@@ -117,7 +106,7 @@ struct Fixture {
   // problem naming the file for verify_all. A fresh Store each time: lookup reports once per Store.
   void expect_bad_manifest(const std::string& damage) {
     INFO(damage);
-    Store s = open_store(dir.cache());
+    Store s = open_store(dir / "cache");
     std::vector<CacheProblem> reported;
     s.set_problem_callback([&](const CacheProblem& p) { reported.push_back(p); });
     auto e = s.load(key);
@@ -138,7 +127,7 @@ struct Fixture {
   // reason names the state file.
   void expect_bad_state(const std::string& damage) {
     INFO(damage);
-    Store s = open_store(dir.cache());
+    Store s = open_store(dir / "cache");
     auto hit = s.lookup(entry.signature, entry.environment);
     REQUIRE(hit.ok());
     REQUIRE(hit->has_value());
@@ -151,7 +140,7 @@ struct Fixture {
 
   void expect_bad_blob(const std::string& damage) {
     INFO(damage);
-    Store s = open_store(dir.cache());
+    Store s = open_store(dir / "cache");
     auto hit = s.lookup(entry.signature, entry.environment);
     REQUIRE(hit.ok());
     REQUIRE(hit->has_value());  // the manifest is intact; its blob is what is wrong
@@ -177,7 +166,7 @@ TEST_CASE("Corruption: a flipped bit at any position of a manifest is detected")
     f.expect_bad_manifest("bit " + std::to_string(pos % 8) + " of byte " + std::to_string(pos) + " flipped");
   }
   write_bytes(f.manifest, good);
-  Store s = open_store(f.dir.cache());
+  Store s = open_store(f.dir / "cache");
   CHECK(s.verify_all().value().empty());
   CHECK(s.lookup(f.entry.signature, f.entry.environment).value().has_value());
 }
@@ -212,7 +201,7 @@ TEST_CASE("Corruption: a manifest changed anywhere and re-checksummed never load
                        reinterpret_cast<const unsigned char*>(bad.data()) + kHeader, bad.size() - kHeader);
     write_bytes(f.manifest, bad);
     INFO("byte " << pos);
-    auto e = open_store(f.dir.cache()).load(f.key);
+    auto e = open_store(f.dir / "cache").load(f.key);
     if (e.ok()) {
       CHECK(e->key == f.key);
       CHECK(e->signature == f.entry.signature);
@@ -236,7 +225,7 @@ TEST_CASE("Corruption: the truncation message gives the sizes") {
   Fixture f;
   const std::string good = slurp(f.manifest);
   write_bytes(f.manifest, good.substr(0, good.size() - 10));
-  auto e = open_store(f.dir.cache()).load(f.key);
+  auto e = open_store(f.dir / "cache").load(f.key);
   REQUIRE_FALSE(e.ok());
   CHECK_THAT(e.status().message(), Catch::Contains("truncated (" + std::to_string(good.size() - 10) + " of " +
                                                    std::to_string(good.size()) + " bytes)"));
@@ -244,11 +233,11 @@ TEST_CASE("Corruption: the truncation message gives the sizes") {
 
 TEST_CASE("Corruption: a manifest under another entry's name is refused, not served for that key") {
   Fixture f;
-  Store s = open_store(f.dir.cache());
+  Store s = open_store(f.dir / "cache");
   const CacheEntry other = small_entry(32);
   const EntryKey other_key = s.publish(other).value();
   const std::string h = other_key.hex();
-  const std::string other_manifest = f.dir.cache() + "/manifests/" + h.substr(0, 2) + "/" + h + ".kfm";
+  const std::string other_manifest = f.dir / "cache" + "/manifests/" + h.substr(0, 2) + "/" + h + ".kfm";
   fs::copy_file(f.manifest, other_manifest, fs::copy_options::overwrite_existing);
   auto e = s.load(other_key);
   REQUIRE_FALSE(e.ok());
@@ -262,7 +251,7 @@ TEST_CASE("Corruption: a manifest under another entry's name is refused, not ser
 TEST_CASE("Corruption: a deleted manifest is a miss, and its leftovers are reported under its name") {
   Fixture f;
   fs::remove(f.manifest);
-  Store s = open_store(f.dir.cache());
+  Store s = open_store(f.dir / "cache");
   CHECK(s.load(f.key).status().code() == StatusCode::kNotFound);
   auto hit = s.lookup(f.entry.signature, f.entry.environment);
   REQUIRE(hit.ok());
@@ -271,7 +260,7 @@ TEST_CASE("Corruption: a deleted manifest is a miss, and its leftovers are repor
   // manifest comes last); past it they are reported, under the name of the missing manifest.
   StoreOptions no_grace;
   no_grace.gc_grace_ms = 0;
-  auto problems = open_store(f.dir.cache(), no_grace).verify_all();
+  auto problems = open_store(f.dir / "cache", no_grace).verify_all();
   REQUIRE(problems.ok());
   CHECK(names_file(*problems, f.manifest));
   CHECK_THAT(describe(*problems), Catch::Contains("manifest missing"));
@@ -295,12 +284,12 @@ TEST_CASE("Corruption: a blob flipped at any position, truncated, extended or de
   fs::remove(f.blob);
   f.expect_bad_blob("deleted");
   write_bytes(f.blob, good);
-  CHECK(open_store(f.dir.cache()).verify_all().value().empty());
+  CHECK(open_store(f.dir / "cache").verify_all().value().empty());
 }
 
 TEST_CASE("Corruption: a damaged state file makes the entry unusable and never re-enables a quarantine") {
   Fixture f;
-  REQUIRE(open_store(f.dir.cache()).set_state(f.key, EntryState::kQuarantined, "shadow mismatch").ok());
+  REQUIRE(open_store(f.dir / "cache").set_state(f.key, EntryState::kQuarantined, "shadow mismatch").ok());
   const std::string good = slurp(f.state);
   for (size_t pos = 0; pos < good.size(); ++pos) {
     std::string bad = good;
@@ -316,7 +305,7 @@ TEST_CASE("Corruption: a damaged state file makes the entry unusable and never r
   f.expect_bad_state("deleted");
   // Restored, the quarantine is back and nothing else is wrong.
   write_bytes(f.state, good);
-  Store s = open_store(f.dir.cache());
+  Store s = open_store(f.dir / "cache");
   auto e = s.load(f.key);
   REQUIRE(e.ok());
   CHECK(e->status.state == EntryState::kQuarantined);
@@ -325,10 +314,10 @@ TEST_CASE("Corruption: a damaged state file makes the entry unusable and never r
 
 TEST_CASE("Corruption: another entry's state file does not apply to this one") {
   Fixture f;
-  Store s = open_store(f.dir.cache());
+  Store s = open_store(f.dir / "cache");
   const EntryKey other = s.publish(small_entry(48)).value();
   const std::string h = other.hex();
-  const std::string other_state = f.dir.cache() + "/state/" + h.substr(0, 2) + "/" + h + ".state";
+  const std::string other_state = f.dir / "cache" + "/state/" + h.substr(0, 2) + "/" + h + ".state";
   REQUIRE(s.set_state(f.key, EntryState::kQuarantined, "bad").ok());
   fs::copy_file(other_state, f.state, fs::copy_options::overwrite_existing);  // an active record
   auto e = s.load(f.key);
@@ -342,7 +331,7 @@ TEST_CASE("Corruption: a damaged or deleted use record is reported and costs onl
   Fixture f;
   SECTION("deleted") {
     fs::remove(f.used);
-    Store s = open_store(f.dir.cache());
+    Store s = open_store(f.dir / "cache");
     auto hit = s.lookup(f.entry.signature, f.entry.environment);
     REQUIRE(hit.ok());
     REQUIRE(hit->has_value());
@@ -354,7 +343,7 @@ TEST_CASE("Corruption: a damaged or deleted use record is reported and costs onl
   }
   SECTION("given content") {
     write_bytes(f.used, "garbage");
-    Store s = open_store(f.dir.cache());
+    Store s = open_store(f.dir / "cache");
     auto hit = s.lookup(f.entry.signature, f.entry.environment);
     REQUIRE(hit.ok());
     REQUIRE(hit->has_value());
@@ -365,7 +354,7 @@ TEST_CASE("Corruption: a damaged or deleted use record is reported and costs onl
   SECTION("replaced by a directory") {
     fs::remove(f.used);
     fs::create_directory(f.used);
-    CHECK(names_file(open_store(f.dir.cache()).verify_all().value(), f.used));
+    CHECK(names_file(open_store(f.dir / "cache").verify_all().value(), f.used));
   }
 }
 
@@ -376,7 +365,7 @@ TEST_CASE("Corruption: a damaged or deleted VERSION stops every read and is name
   // verify_all only: every other call fails naming VERSION.
   auto expect_detected = [&](const std::string& damage) {
     INFO(damage);
-    auto s = Store::open(f.dir.cache());
+    auto s = Store::open(f.dir / "cache");
     if (!s.ok()) {
       CHECK_THAT(s.status().message(), Catch::Contains(f.version) && Catch::Contains("kforge-cache 1"));
       return;
@@ -408,7 +397,7 @@ TEST_CASE("Corruption: a damaged or deleted VERSION stops every read and is name
   fs::remove(f.version);
   expect_detected("deleted");
   write_bytes(f.version, good);
-  CHECK(open_store(f.dir.cache()).verify_all().value().empty());
+  CHECK(open_store(f.dir / "cache").verify_all().value().empty());
 }
 
 TEST_CASE("Corruption: lookup reports a corrupt entry once per key per Store") {
@@ -417,7 +406,7 @@ TEST_CASE("Corruption: lookup reports a corrupt entry once per key per Store") {
   bad[bad.size() - 1] ^= 1;
   write_bytes(f.manifest, bad);
   int calls = 0;
-  Store s = open_store(f.dir.cache());
+  Store s = open_store(f.dir / "cache");
   s.set_problem_callback([&](const CacheProblem& p) {
     ++calls;
     CHECK(p.path == f.manifest);
@@ -432,7 +421,7 @@ TEST_CASE("Corruption: lookup reports a corrupt entry once per key per Store") {
   Store copy = s;  // copies share the reported set
   CHECK_FALSE(copy.lookup(f.entry.signature, f.entry.environment).value().has_value());
   CHECK(calls == 1);
-  Store other = open_store(f.dir.cache());
+  Store other = open_store(f.dir / "cache");
   other.set_problem_callback([&](const CacheProblem&) { ++calls; });
   CHECK_FALSE(other.lookup(f.entry.signature, f.entry.environment).value().has_value());
   CHECK(calls == 2);
@@ -441,15 +430,15 @@ TEST_CASE("Corruption: lookup reports a corrupt entry once per key per Store") {
 TEST_CASE("Corruption: unknown files are reported by name and left in place") {
   Fixture f;
   const std::vector<std::string> strays = {
-      f.dir.cache() + "/notes.txt",
-      f.dir.cache() + "/manifests/zz",
-      f.dir.cache() + "/manifests/" + f.key.hex().substr(0, 2) + "/backup.kfm",
-      f.dir.cache() + "/blobs/00/not-a-hash",
-      f.dir.cache() + "/state/" + f.key.hex().substr(0, 2) + "/" + f.key.hex() + ".state.orig",
+      f.dir / "cache" + "/notes.txt",
+      f.dir / "cache" + "/manifests/zz",
+      f.dir / "cache" + "/manifests/" + f.key.hex().substr(0, 2) + "/backup.kfm",
+      f.dir / "cache" + "/blobs/00/not-a-hash",
+      f.dir / "cache" + "/state/" + f.key.hex().substr(0, 2) + "/" + f.key.hex() + ".state.orig",
   };
-  fs::create_directories(f.dir.cache() + "/blobs/00");
+  fs::create_directories(f.dir / "cache" + "/blobs/00");
   for (const std::string& p : strays) write_bytes(p, "?");
-  Store s = open_store(f.dir.cache());
+  Store s = open_store(f.dir / "cache");
   auto problems = s.verify_all();
   REQUIRE(problems.ok());
   CHECK(problems->size() == strays.size());
@@ -462,8 +451,8 @@ TEST_CASE("Corruption: unknown files are reported by name and left in place") {
 }
 
 TEST_CASE("trial markers: a cache that hooked processes used verifies clean, and every damaged marker is named") {
-  TempDir t;
-  Store s = open_store(t.cache());
+  TempDir t{"kforge-corrupt-test"};
+  Store s = open_store(t / "cache");
   auto a = s.publish(small_entry(1));
   auto b = s.publish(small_entry(2));
   REQUIRE(a.ok());
@@ -471,7 +460,7 @@ TEST_CASE("trial markers: a cache that hooked processes used verifies clean, and
   // A trial in progress and one whose process died: both what the hook leaves, both healthy.
   REQUIRE(s.write_trial_marker(*a, 4242).ok());
   REQUIRE(s.write_trial_marker(*b, 99999999).ok());
-  CHECK(slurp(t.cache() + "/trial/" + a->hex()) == "4242\n");
+  CHECK(slurp(t / "cache" + "/trial/" + a->hex()) == "4242\n");
   auto problems = s.verify_all();
   REQUIRE(problems.ok());
   CHECK(problems->empty());
@@ -480,7 +469,7 @@ TEST_CASE("trial markers: a cache that hooked processes used verifies clean, and
   REQUIRE(markers->size() == 2);
 
   // What an attacker (or a broken disk) could do to trial/.
-  const std::string dir = t.cache() + "/trial/";
+  const std::string dir = t / "cache" + "/trial/";
   write_bytes(dir + b->hex(), "not a pid");
   write_bytes(dir + "0123456789abcdef0123456789abcdeg", "1\n");   // not a key
   fs::create_directory(dir + "0123456789abcdef0123456789abcdef");  // a directory where a marker goes

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "cache/store.h"
+#include "tests/support/temp_dir.h"
 
 using namespace kforge;
 namespace fs = std::filesystem;
@@ -31,19 +32,7 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "kforge-stress-test-XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string cache() const { return (path / "cache").string(); }
-};
+using TempDir = kforge::test_support::TempDir;
 
 // Entry (writer, index) at `version`: the signature carries writer and index, the kernel source
 // carries the version, and the blobs follow from all three.
@@ -162,8 +151,8 @@ TEST_CASE("Stress: 8 writers x 500 entries while 2 readers load everything they 
   constexpr int kWriters = 8;
   constexpr int kPerWriter = 500;
   constexpr int kSharedWriter = 99;  // every writer also republishes this one key now and then
-  TempDir t;
-  open_store(t.cache());  // creates the layout, as the first user of a cache would
+  TempDir t{"kforge-stress-test"};
+  open_store(t / "cache");  // creates the layout, as the first user of a cache would
 
   int stop[2];
   REQUIRE(::pipe(stop) == 0);
@@ -175,7 +164,7 @@ TEST_CASE("Stress: 8 writers x 500 entries while 2 readers load everything they 
   for (int r = 0; r < 2; ++r) {
     readers.push_back(spawn([&]() -> int {
       ::close(stop[1]);
-      Store s = open_store(t.cache());
+      Store s = open_store(t / "cache");
       long loads = 0, passes = 0;
       for (bool last = false;;) {
         struct pollfd p = {stop[0], POLLIN, 0};
@@ -206,7 +195,7 @@ TEST_CASE("Stress: 8 writers x 500 entries while 2 readers load everything they 
   for (int w = 0; w < kWriters; ++w) {
     writers.push_back(spawn([&, w]() -> int {
       ::close(stop[1]);
-      Store s = open_store(t.cache());
+      Store s = open_store(t / "cache");
       for (int i = 0; i < kPerWriter; ++i) {
         auto k = s.publish(stress_entry(w, i, i));
         if (!k.ok()) {
@@ -228,7 +217,7 @@ TEST_CASE("Stress: 8 writers x 500 entries while 2 readers load everything they 
   CHECK(writers_ok);
   CHECK(readers_ok);
 
-  Store s = open_store(t.cache());
+  Store s = open_store(t / "cache");
   auto keys = s.list();
   REQUIRE(keys.ok());
   CHECK(keys->size() == kWriters * kPerWriter + 1);
@@ -257,8 +246,8 @@ TEST_CASE("Stress: 8 writers x 500 entries while 2 readers load everything they 
 
 TEST_CASE("Stress: writers killed with SIGKILL at random points leave no partial entry and block nobody") {
   constexpr int kKills = 60;
-  TempDir t;
-  Store s = open_store(t.cache());
+  TempDir t{"kforge-stress-test"};
+  Store s = open_store(t / "cache");
 
   // How long one durable publish takes here, before any crash.
   std::vector<double> before;
@@ -283,7 +272,7 @@ TEST_CASE("Stress: writers killed with SIGKILL at random points leave no partial
       ::close(ready[0]);
       char c = 'r';
       if (::write(ready[1], &c, 1) != 1) return 3;
-      Store w = open_store(t.cache());
+      Store w = open_store(t / "cache");
       for (int64_t i = 0;; ++i) {
         // New keys, and a republish of this round's first key: both paths get interrupted.
         if (!w.publish(stress_entry(round, i, 0)).ok()) return 2;
@@ -342,14 +331,14 @@ TEST_CASE("Stress: writers killed with SIGKILL at random points leave no partial
   // side files of entries whose manifest never appeared: never a visible entry.
   StoreOptions no_grace;
   no_grace.gc_grace_ms = 0;
-  auto aged = Store::open(t.cache(), no_grace);
+  auto aged = Store::open(t / "cache", no_grace);
   REQUIRE(aged.ok());
   problems = aged->verify_all();
   REQUIRE(problems.ok());
   const std::set<EntryKey> visible(keys->begin(), keys->end());
   size_t leftovers = 0;
   for (const CacheProblem& p : *problems) {
-    const bool tmp = p.path.rfind(t.cache() + "/tmp/", 0) == 0;
+    const bool tmp = p.path.rfind(t / "cache" + "/tmp/", 0) == 0;
     const bool unpublished = p.key && !visible.count(*p.key) && p.what.find("manifest missing") != std::string::npos;
     if (!tmp && !unpublished) FAIL_CHECK(p.path << ": " << p.what);
     ++leftovers;

@@ -20,25 +20,14 @@
 #include <vector>
 
 #include "cache/store.h"
+#include "tests/support/temp_dir.h"
 
 using namespace kforge;
 namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "kforge-store-test-XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string cache() const { return (path / "cache").string(); }
-};
+using TempDir = kforge::test_support::TempDir;
 
 Store open_store(const std::string& root, StoreOptions opts = {}) {
   auto s = Store::open(root, opts);
@@ -129,29 +118,29 @@ std::string state_path(const Store& s, const EntryKey& k) {
 }  // namespace
 
 TEST_CASE("Store: a fresh cache gets VERSION and the layout directories") {
-  TempDir t;
-  Store s = open_store(t.cache());
-  CHECK(slurp(t.cache() + "/VERSION") == "kforge-cache 1\n");
-  for (const char* d : {"manifests", "blobs", "state", "used", "tmp"}) CHECK(fs::is_directory(t.cache() + "/" + d));
+  TempDir t{"kforge-store-test"};
+  Store s = open_store(t / "cache");
+  CHECK(slurp(t / "cache" + "/VERSION") == "kforge-cache 1\n");
+  for (const char* d : {"manifests", "blobs", "state", "used", "tmp"}) CHECK(fs::is_directory(t / "cache" + "/" + d));
   auto problems = s.verify_all();
   REQUIRE(problems.ok());
   CHECK(problems->empty());
-  CHECK(Store::open(t.cache()).ok());  // reopening an existing cache
+  CHECK(Store::open(t / "cache").ok());  // reopening an existing cache
 }
 
 TEST_CASE("Store: a VERSION of another format is refused, naming both versions") {
-  TempDir t;
-  { Store s = open_store(t.cache()); }
-  std::ofstream(t.cache() + "/VERSION", std::ios::trunc) << "kforge-cache 2\n";
-  auto s = Store::open(t.cache());
+  TempDir t{"kforge-store-test"};
+  { Store s = open_store(t / "cache"); }
+  std::ofstream(t / "cache" + "/VERSION", std::ios::trunc) << "kforge-cache 2\n";
+  auto s = Store::open(t / "cache");
   REQUIRE_FALSE(s.ok());
   CHECK_THAT(s.status().message(),
              Catch::Contains("kforge-cache 2") && Catch::Contains("kforge-cache 1") && Catch::Contains("VERSION"));
 }
 
 TEST_CASE("Store: publish then lookup returns exactly what was published") {
-  TempDir t;
-  Store s = open_store(t.cache());
+  TempDir t{"kforge-store-test"};
+  Store s = open_store(t / "cache");
   const CacheEntry in = make_entry(4096);
   auto key = s.publish(in);
   REQUIRE(key.ok());
@@ -185,7 +174,7 @@ TEST_CASE("Store: publish then lookup returns exactly what was published") {
   CHECK(out.manifest_bytes == fs::file_size(manifest_path(s, *key)));
 
   // load() by key and a second Store on the same directory see the same entry.
-  auto loaded = open_store(t.cache()).load(*key);
+  auto loaded = open_store(t / "cache").load(*key);
   REQUIRE(loaded.ok());
   CHECK(loaded->spec == in.spec);
   auto keys = s.list();
@@ -197,8 +186,8 @@ TEST_CASE("Store: publish then lookup returns exactly what was published") {
 }
 
 TEST_CASE("Store: an entry without blobs and with empty provenance round-trips") {
-  TempDir t;
-  Store s = open_store(t.cache());
+  TempDir t{"kforge-store-test"};
+  Store s = open_store(t / "cache");
   CacheEntry in = make_entry(7);
   in.blobs.clear();
   in.provenance = {};
@@ -214,8 +203,8 @@ TEST_CASE("Store: an entry without blobs and with empty provenance round-trips")
 }
 
 TEST_CASE("Store: a difference in any field of the environment is a miss") {
-  TempDir t;
-  Store s = open_store(t.cache());
+  TempDir t{"kforge-store-test"};
+  Store s = open_store(t / "cache");
   const CacheEntry in = make_entry(1024);
   REQUIRE(s.publish(in).ok());
   std::vector<std::pair<const char*, std::function<void(Environment&)>>> changes = {
@@ -248,8 +237,8 @@ TEST_CASE("Store: a difference in any field of the environment is a miss") {
 }
 
 TEST_CASE("Store: republishing a key replaces the entry") {
-  TempDir t;
-  Store s = open_store(t.cache());
+  TempDir t{"kforge-store-test"};
+  Store s = open_store(t / "cache");
   const CacheEntry v1 = make_entry(512, "v1");
   const CacheEntry v2 = make_entry(512, "v2");
   auto k1 = s.publish(v1);
@@ -270,17 +259,17 @@ TEST_CASE("Store: republishing a key replaces the entry") {
 }
 
 TEST_CASE("Store: disable, quarantine and enable persist across Store instances") {
-  TempDir t;
+  TempDir t{"kforge-store-test"};
   EntryKey key;
   {
-    Store s = open_store(t.cache());
+    Store s = open_store(t / "cache");
     auto k = s.publish(make_entry(64));
     REQUIRE(k.ok());
     key = *k;
     REQUIRE(s.set_state(key, EntryState::kDisabled, "slower than torch on this host").ok());
   }
   {
-    Store s = open_store(t.cache());
+    Store s = open_store(t / "cache");
     auto e = s.load(key);
     REQUIRE(e.ok());
     CHECK(e->status.state == EntryState::kDisabled);
@@ -290,14 +279,14 @@ TEST_CASE("Store: disable, quarantine and enable persist across Store instances"
     REQUIRE(s.set_state(key, EntryState::kQuarantined, "shadow mismatch at element 17").ok());
   }
   {
-    Store s = open_store(t.cache());
+    Store s = open_store(t / "cache");
     auto e = s.load(key);
     REQUIRE(e.ok());
     CHECK(e->status.state == EntryState::kQuarantined);
     CHECK(e->status.reason == "shadow mismatch at element 17");
     REQUIRE(s.set_state(key, EntryState::kActive, "reviewed by me").ok());
   }
-  Store s = open_store(t.cache());
+  Store s = open_store(t / "cache");
   auto e = s.load(key);
   REQUIRE(e.ok());
   CHECK(e->status.state == EntryState::kActive);
@@ -306,31 +295,31 @@ TEST_CASE("Store: disable, quarantine and enable persist across Store instances"
 }
 
 TEST_CASE("Store: pin and unpin persist and are independent of the state") {
-  TempDir t;
+  TempDir t{"kforge-store-test"};
   EntryKey key;
   {
-    Store s = open_store(t.cache());
+    Store s = open_store(t / "cache");
     key = s.publish(make_entry(64)).value();
     REQUIRE(s.set_state(key, EntryState::kQuarantined, "bad").ok());
     REQUIRE(s.set_pinned(key, true).ok());
   }
   {
-    Store s = open_store(t.cache());
+    Store s = open_store(t / "cache");
     auto e = s.load(key);
     REQUIRE(e.ok());
     CHECK(e->status.pinned);
     CHECK(e->status.state == EntryState::kQuarantined);  // pinning does not re-enable
     REQUIRE(s.set_pinned(key, false).ok());
   }
-  auto e = open_store(t.cache()).load(key);
+  auto e = open_store(t / "cache").load(key);
   REQUIRE(e.ok());
   CHECK_FALSE(e->status.pinned);
   CHECK(e->status.state == EntryState::kQuarantined);
 }
 
 TEST_CASE("Store: state changes on an unknown key are not-found") {
-  TempDir t;
-  Store s = open_store(t.cache());
+  TempDir t{"kforge-store-test"};
+  Store s = open_store(t / "cache");
   const EntryKey nobody = entry_key(add_signature(1), test_env());
   CHECK(s.set_state(nobody, EntryState::kDisabled, "x").code() == StatusCode::kNotFound);
   CHECK(s.set_pinned(nobody, true).code() == StatusCode::kNotFound);
@@ -344,8 +333,8 @@ TEST_CASE("Store: state changes on an unknown key are not-found") {
 }
 
 TEST_CASE("Store: a quarantined key stays quarantined when it is published again") {
-  TempDir t;
-  Store s = open_store(t.cache());
+  TempDir t{"kforge-store-test"};
+  Store s = open_store(t / "cache");
   const CacheEntry v1 = make_entry(256, "v1");
   const EntryKey key = s.publish(v1).value();
   REQUIRE(s.set_state(key, EntryState::kQuarantined, "shadow mismatch").ok());
@@ -360,8 +349,8 @@ TEST_CASE("Store: a quarantined key stays quarantined when it is published again
 }
 
 TEST_CASE("Store: touch records the last use") {
-  TempDir t;
-  Store s = open_store(t.cache());
+  TempDir t{"kforge-store-test"};
+  Store s = open_store(t / "cache");
   const EntryKey key = s.publish(make_entry(32)).value();
   CHECK(s.load(key)->status.last_use_unix_ms == 0);
   const int64_t before = now_ms();
@@ -376,8 +365,8 @@ TEST_CASE("Store: touch records the last use") {
 }
 
 TEST_CASE("Store: resolve_prefix finds a key from a unique prefix, like git") {
-  TempDir t;
-  Store s = open_store(t.cache());
+  TempDir t{"kforge-store-test"};
+  Store s = open_store(t / "cache");
   // Find two signatures whose keys share their first four hex digits (a birthday search over
   // computed keys: deterministic, and certain well before 5000 tries).
   std::map<std::string, int64_t> seen;
@@ -445,8 +434,8 @@ TEST_CASE("Store: resolve_prefix finds a key from a unique prefix, like git") {
 }
 
 TEST_CASE("Store: remove makes the entry disappear with its state and use record") {
-  TempDir t;
-  Store s = open_store(t.cache());
+  TempDir t{"kforge-store-test"};
+  Store s = open_store(t / "cache");
   const CacheEntry in = make_entry(128);
   const EntryKey key = s.publish(in).value();
   const EntryKey other = s.publish(make_entry(129)).value();
@@ -471,8 +460,8 @@ TEST_CASE("Store: remove makes the entry disappear with its state and use record
 }
 
 TEST_CASE("Store: publish refuses entries it could not load back, and writes nothing for them") {
-  TempDir t;
-  Store s = open_store(t.cache());
+  TempDir t{"kforge-store-test"};
+  Store s = open_store(t / "cache");
   CacheEntry dup = make_entry(8);
   dup.blobs.push_back({"so", "again"});
   auto r = s.publish(dup);
@@ -492,13 +481,13 @@ TEST_CASE("Store: publish refuses entries it could not load back, and writes not
   CHECK_THAT(r.status().message(), Catch::Contains("kernel spec") && Catch::Contains("launches[0].entry"));
 
   CHECK(s.list().value().empty());
-  CHECK(fs::is_empty(t.cache() + "/blobs"));
-  CHECK(fs::is_empty(t.cache() + "/tmp"));
+  CHECK(fs::is_empty(t / "cache" + "/blobs"));
+  CHECK(fs::is_empty(t / "cache" + "/tmp"));
 }
 
 TEST_CASE("Store: two entries with the same blob content share one blob file") {
-  TempDir t;
-  Store s = open_store(t.cache());
+  TempDir t{"kforge-store-test"};
+  Store s = open_store(t / "cache");
   CacheEntry a = make_entry(10, "same");
   CacheEntry b = make_entry(11, "same");
   b.blobs = a.blobs;
@@ -506,12 +495,12 @@ TEST_CASE("Store: two entries with the same blob content share one blob file") {
   const EntryKey kb = s.publish(b).value();
   CHECK(s.load(ka)->blobs[0].sha256_hex == s.load(kb)->blobs[0].sha256_hex);
   size_t blob_files = 0;
-  for (const auto& f : fs::recursive_directory_iterator(t.cache() + "/blobs")) blob_files += f.is_regular_file();
+  for (const auto& f : fs::recursive_directory_iterator(t / "cache" + "/blobs")) blob_files += f.is_regular_file();
   CHECK(blob_files == 2);  // "so" and "src.ll", once each
   // Removing one entry and collecting garbage keeps the blobs the other still uses.
   StoreOptions no_grace;
   no_grace.gc_grace_ms = 0;
-  Store g = open_store(t.cache(), no_grace);
+  Store g = open_store(t / "cache", no_grace);
   REQUIRE(g.remove(ka).ok());
   auto report = g.gc(UINT64_MAX);
   REQUIRE(report.ok());
@@ -521,10 +510,10 @@ TEST_CASE("Store: two entries with the same blob content share one blob file") {
 }
 
 TEST_CASE("Store: gc removes least recently used unpinned entries until the cache fits the cap") {
-  TempDir t;
+  TempDir t{"kforge-store-test"};
   StoreOptions opts;
   opts.gc_grace_ms = 0;  // so that blobs of removed entries go at once
-  Store s = open_store(t.cache(), opts);
+  Store s = open_store(t / "cache", opts);
   std::vector<EntryKey> k;
   for (int64_t i = 0; i < 5; ++i) k.push_back(s.publish(make_entry(100 + i, "e" + std::to_string(i))).value());
   const int64_t now = now_ms();
@@ -591,11 +580,11 @@ TEST_CASE("Store: gc removes least recently used unpinned entries until the cach
 }
 
 TEST_CASE("Store: gc leaves young unreferenced blobs and tmp files alone, and removes old ones") {
-  TempDir t;
-  Store s = open_store(t.cache());  // default grace: one hour
+  TempDir t{"kforge-store-test"};
+  Store s = open_store(t / "cache");  // default grace: one hour
   const EntryKey key = s.publish(make_entry(5)).value();
   REQUIRE(s.remove(key).ok());
-  const std::string tmp = t.cache() + "/tmp/manifest.99999.00000000deadbeef";
+  const std::string tmp = t / "cache" + "/tmp/manifest.99999.00000000deadbeef";
   std::ofstream(tmp) << "partial";
   auto r = s.gc(0);
   REQUIRE(r.ok());
@@ -606,7 +595,7 @@ TEST_CASE("Store: gc leaves young unreferenced blobs and tmp files alone, and re
 
   StoreOptions no_grace;
   no_grace.gc_grace_ms = 0;
-  Store g = open_store(t.cache(), no_grace);
+  Store g = open_store(t / "cache", no_grace);
   auto problems = g.verify_all();
   REQUIRE(problems.ok());
   REQUIRE(problems->size() == 1);
@@ -620,9 +609,9 @@ TEST_CASE("Store: gc leaves young unreferenced blobs and tmp files alone, and re
 }
 
 TEST_CASE("Store: export bytes re-imported elsewhere reproduce the manifest and blobs byte for byte") {
-  TempDir t;
-  Store a = open_store(t.cache() + "-a");
-  Store b = open_store(t.cache() + "-b");
+  TempDir t{"kforge-store-test"};
+  Store a = open_store(t / "cache" + "-a");
+  Store b = open_store(t / "cache" + "-b");
   const CacheEntry in = make_entry(77);
   const EntryKey key = a.publish(in).value();
   auto manifest = a.read_manifest_bytes(key);

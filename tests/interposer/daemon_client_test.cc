@@ -29,6 +29,7 @@
 
 #include "interposer/daemon_client.h"
 #include "runtime/wire.h"
+#include "tests/support/temp_dir.h"
 
 using namespace kforge;
 using namespace kforge::wire;
@@ -157,24 +158,7 @@ Revoke revoke() {
 // ---- the daemon's side ----------------------------------------------------------------------------
 
 // A directory of its own for ipc:// endpoints, so parallel test runs never share one.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "kforge-client-XXXXXX").string();
-    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
-    path_ = pattern;
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  std::string endpoint(const std::string& name) const { return "ipc://" + (path_ / name).string(); }
-
- private:
-  std::filesystem::path path_;
-};
+using TempDir = kforge::test_support::TempDir;
 
 // kforged's ROUTER, with a context of its own: kill() returns only once ZeroMQ has let go of the
 // endpoint, so a new daemon can bind it at once (as a restarted kforged would).
@@ -304,9 +288,9 @@ uint64_t accounted(const DaemonClient::Counters& c) {
 }  // namespace
 
 TEST_CASE("offered messages reach the daemon unchanged and in order, after the Hello and before the Goodbye") {
-  TempDir dir;
-  FakeDaemon daemon(dir.endpoint("daemon.sock"));
-  auto client = start_client(options_for(dir.endpoint("daemon.sock")));
+  TempDir dir{"kforge-client"};
+  FakeDaemon daemon(("ipc://" + (dir / "daemon.sock")));
+  auto client = start_client(options_for(("ipc://" + (dir / "daemon.sock"))));
 
   // The Hello opens the connection: it is the handshake that says the client can send.
   CHECK(daemon.receive() == WireMessage(hello()));
@@ -331,10 +315,10 @@ TEST_CASE("offered messages reach the daemon unchanged and in order, after the H
 }
 
 TEST_CASE("KernelReady and Revoke from the daemon reach on_message, on the connection the hook opened") {
-  TempDir dir;
-  FakeDaemon daemon(dir.endpoint("daemon.sock"));
+  TempDir dir{"kforge-client"};
+  FakeDaemon daemon(("ipc://" + (dir / "daemon.sock")));
   Inbox inbox;
-  DaemonClient::Options options = options_for(dir.endpoint("daemon.sock"));
+  DaemonClient::Options options = options_for(("ipc://" + (dir / "daemon.sock")));
   options.on_message = inbox.callback();
   auto client = start_client(std::move(options));
   REQUIRE(daemon.receive() == WireMessage(hello()));
@@ -351,10 +335,10 @@ TEST_CASE("KernelReady and Revoke from the daemon reach on_message, on the conne
 }
 
 TEST_CASE("malformed messages from the daemon are counted and never delivered, and the client keeps working") {
-  TempDir dir;
-  FakeDaemon daemon(dir.endpoint("daemon.sock"));
+  TempDir dir{"kforge-client"};
+  FakeDaemon daemon(("ipc://" + (dir / "daemon.sock")));
   Inbox inbox;
-  DaemonClient::Options options = options_for(dir.endpoint("daemon.sock"));
+  DaemonClient::Options options = options_for(("ipc://" + (dir / "daemon.sock")));
   options.on_message = inbox.callback();
   auto client = start_client(std::move(options));
   REQUIRE(daemon.receive() == WireMessage(hello()));
@@ -383,11 +367,11 @@ TEST_CASE("malformed messages from the daemon are counted and never delivered, a
 }
 
 TEST_CASE("an exception thrown by on_message is swallowed and later messages are still delivered") {
-  TempDir dir;
-  FakeDaemon daemon(dir.endpoint("daemon.sock"));
+  TempDir dir{"kforge-client"};
+  FakeDaemon daemon(("ipc://" + (dir / "daemon.sock")));
   Inbox inbox;
   auto record = inbox.callback();
-  DaemonClient::Options options = options_for(dir.endpoint("daemon.sock"));
+  DaemonClient::Options options = options_for(("ipc://" + (dir / "daemon.sock")));
   options.on_message = [&, calls = 0](const WireMessage& m) mutable {
     record(m);
     if (++calls == 1) throw std::runtime_error("bug in the hook's handler");
@@ -403,8 +387,8 @@ TEST_CASE("an exception thrown by on_message is swallowed and later messages are
 }
 
 TEST_CASE("with no daemon, 10000 offers return at once and never block, every drop is counted, and stop() keeps its bound") {
-  TempDir dir;
-  DaemonClient::Options options = options_for(dir.endpoint("nobody-serves-this.sock"));
+  TempDir dir{"kforge-client"};
+  DaemonClient::Options options = options_for(("ipc://" + (dir / "nobody-serves-this.sock")));
   auto client = start_client(options);
 
   // Built beforehand: only offer() itself is timed, and a HotReport moves without allocating.
@@ -459,10 +443,10 @@ TEST_CASE("with no daemon, 10000 offers return at once and never block, every dr
 }
 
 TEST_CASE("a full queue refuses what does not fit and counts it, then sends what it holds") {
-  TempDir dir;
-  FakeDaemon daemon(dir.endpoint("daemon.sock"));
+  TempDir dir{"kforge-client"};
+  FakeDaemon daemon(("ipc://" + (dir / "daemon.sock")));
   auto gate = std::make_shared<Gate>();
-  DaemonClient::Options options = options_for(dir.endpoint("daemon.sock"));
+  DaemonClient::Options options = options_for(("ipc://" + (dir / "daemon.sock")));
   options.queue_capacity = 8;
   options.on_message = Gate::callback(gate);
   auto client = start_client(std::move(options));
@@ -486,8 +470,8 @@ TEST_CASE("a full queue refuses what does not fit and counts it, then sends what
 }
 
 TEST_CASE("a daemon that is killed and restarted on the same endpoint gets the Hello again, then new messages") {
-  TempDir dir;
-  const std::string endpoint = dir.endpoint("daemon.sock");
+  TempDir dir{"kforge-client"};
+  const std::string endpoint = ("ipc://" + (dir / "daemon.sock"));
   auto first = std::make_unique<FakeDaemon>(endpoint);
   auto client = start_client(options_for(endpoint));
   REQUIRE(first->receive() == WireMessage(hello()));
@@ -508,10 +492,10 @@ TEST_CASE("a daemon that is killed and restarted on the same endpoint gets the H
 }
 
 TEST_CASE("stop() with a full queue and a daemon that reads nothing returns within the bound, every message accounted for") {
-  TempDir dir;
-  FakeDaemon daemon(dir.endpoint("daemon.sock"), /*receive_hwm=*/1);
+  TempDir dir{"kforge-client"};
+  FakeDaemon daemon(("ipc://" + (dir / "daemon.sock")), /*receive_hwm=*/1);
   auto gate = std::make_shared<Gate>();
-  DaemonClient::Options options = options_for(dir.endpoint("daemon.sock"));
+  DaemonClient::Options options = options_for(("ipc://" + (dir / "daemon.sock")));
   options.queue_capacity = 64;
   options.send_hwm = 4;
   // Room to encode what fits in a third of it even under a sanitizer, so the thread exits (is not
@@ -542,10 +526,10 @@ TEST_CASE("stop() with a full queue and a daemon that reads nothing returns with
 }
 
 TEST_CASE("stop() returns within the bound even when on_message never returns") {
-  TempDir dir;
-  FakeDaemon daemon(dir.endpoint("daemon.sock"));
+  TempDir dir{"kforge-client"};
+  FakeDaemon daemon(("ipc://" + (dir / "daemon.sock")));
   auto gate = std::make_shared<Gate>();
-  DaemonClient::Options options = options_for(dir.endpoint("daemon.sock"));
+  DaemonClient::Options options = options_for(("ipc://" + (dir / "daemon.sock")));
   options.stop_timeout_ms = 100;
   options.on_message = Gate::callback(gate);
   auto client = start_client(options);
@@ -565,9 +549,9 @@ TEST_CASE("stop() returns within the bound even when on_message never returns") 
 }
 
 TEST_CASE("offer() from several threads at once: per-thread order is kept and every message is delivered or counted") {
-  TempDir dir;
-  FakeDaemon daemon(dir.endpoint("daemon.sock"));
-  DaemonClient::Options options = options_for(dir.endpoint("daemon.sock"));
+  TempDir dir{"kforge-client"};
+  FakeDaemon daemon(("ipc://" + (dir / "daemon.sock")));
+  DaemonClient::Options options = options_for(("ipc://" + (dir / "daemon.sock")));
   options.queue_capacity = 16;
   options.send_hwm = 100000;   // so drops come from the queue alone
   auto client = start_client(options);
@@ -624,9 +608,9 @@ TEST_CASE("offer() from several threads at once: per-thread order is kept and ev
 }
 
 TEST_CASE("a fork()ed child can destroy its copy of the client, and the parent's client keeps working") {
-  TempDir dir;
-  FakeDaemon daemon(dir.endpoint("daemon.sock"));
-  auto client = start_client(options_for(dir.endpoint("daemon.sock")));
+  TempDir dir{"kforge-client"};
+  FakeDaemon daemon(("ipc://" + (dir / "daemon.sock")));
+  auto client = start_client(options_for(("ipc://" + (dir / "daemon.sock"))));
   REQUIRE(daemon.receive() == WireMessage(hello()));
 
   const pid_t child = ::fork();
@@ -647,7 +631,7 @@ TEST_CASE("a fork()ed child can destroy its copy of the client, and the parent's
 }
 
 TEST_CASE("start() rejects malformed endpoints and options, but an endpoint nobody serves is fine") {
-  TempDir dir;
+  TempDir dir{"kforge-client"};
   const auto start_with = [](DaemonClient::Options o) { return DaemonClient::start(std::move(o)); };
   const auto with_endpoint = [](std::string endpoint) {
     DaemonClient::Options o;
@@ -661,16 +645,16 @@ TEST_CASE("start() rejects malformed endpoints and options, but an endpoint nobo
     CHECK(c.status().code() == StatusCode::kInvalidArgument);
   }
 
-  DaemonClient::Options o = with_endpoint(dir.endpoint("daemon.sock"));
+  DaemonClient::Options o = with_endpoint(("ipc://" + (dir / "daemon.sock")));
   o.queue_capacity = 1;
   CHECK(start_with(o).status().code() == StatusCode::kInvalidArgument);
-  o = with_endpoint(dir.endpoint("daemon.sock"));
+  o = with_endpoint(("ipc://" + (dir / "daemon.sock")));
   o.send_hwm = 0;
   CHECK(start_with(o).status().code() == StatusCode::kInvalidArgument);
-  o = with_endpoint(dir.endpoint("daemon.sock"));
+  o = with_endpoint(("ipc://" + (dir / "daemon.sock")));
   o.stop_timeout_ms = -1;
   CHECK(start_with(o).status().code() == StatusCode::kInvalidArgument);
 
-  CHECK(start_with(with_endpoint(dir.endpoint("nobody/here.sock"))).ok());
+  CHECK(start_with(with_endpoint(("ipc://" + (dir / "nobody/here.sock")))).ok());
   CHECK(start_with(with_endpoint("tcp://127.0.0.1:1")).ok());
 }

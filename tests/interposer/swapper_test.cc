@@ -21,6 +21,7 @@
 #include "interposer/hook/replacement_table.h"
 #include "interposer/hook/swapper.h"
 #include "runtime/environment.h"
+#include "tests/support/temp_dir.h"
 
 using namespace kforge;
 using kforge::hook::CudaModules;
@@ -30,18 +31,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "kforge-swapper-test-XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using TempDir = kforge::test_support::TempDir;
 
 // What cuda_device_environment gives for a device (the hook's view: no NVRTC, so 0).
 Environment device_env() {
@@ -213,7 +203,7 @@ TEST_CASE("CudaModules: a slot per device ordinal, empty until the loader fills 
 // A CUDA entry for an arch no device here has (on a host without a driver: no device at all) is
 // never loaded: no table slot, no stats entry, no trial marker; the process just observes.
 TEST_CASE("Swapper: a CUDA entry no device here can run is not loaded and not marked for trial") {
-  TempDir dir;
+  TempDir dir{"kforge-swapper-test"};
   const std::string cache = (dir.path / "cache").string();
   TensorMeta t;
   t.dtype = DType::kFloat32;
@@ -288,7 +278,7 @@ std::string capture_stderr(const fs::path& file, F&& f) {
 }  // namespace
 
 TEST_CASE("Swapper: a corrupt cache entry is skipped with one line naming it, once per process") {
-  TempDir dir;
+  TempDir dir{"kforge-swapper-test"};
   const std::string cache = (dir.path / "cache").string();
   TensorMeta t;
   t.sizes = {4, 3};

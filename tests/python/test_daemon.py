@@ -261,15 +261,20 @@ def test_a_daemon_killed_mid_search_changes_nothing_for_the_model_and_resumes_fr
         d.proc.kill()   # SIGKILL: no clean shutdown, the workers die with it (PR_SET_PDEATHSIG)
         d.proc.wait(timeout=30)
         killed_at = time.monotonic()
-        # The model keeps running, no slower than before the kill.
-        deadline = killed_at + 8
-        while time.monotonic() < deadline and model.poll() is None:
-            time.sleep(0.25)
-        assert model.poll() is None, "the model process died with the daemon"
-        steps = [tuple(map(float, l.split())) for l in ticks.read_text().splitlines() if l.strip()]
+        # The model keeps running, no slower than before the kill: wait, with a deadline, for 20
+        # steps that began a second after it (a handshake on the model's own ticks, not a fixed
+        # window).
+        def read_steps():
+            rows = [l.split() for l in ticks.read_text().splitlines()]
+            return [(float(r[0]), float(r[1])) for r in rows if len(r) == 2]
+        deadline = killed_at + 120
+        while len([1 for s, _ in read_steps() if s > killed_at + 1]) < 20:
+            assert model.poll() is None, "the model process died with the daemon"
+            assert time.monotonic() < deadline, "the model stalled after the daemon was killed"
+            time.sleep(0.1)   # the poll interval of a deadline-bound wait
+        steps = read_steps()
         before_kill = sorted(t for s, t in steps if s < killed_at)[-200:]
         after_kill = [t for s, t in steps if s > killed_at + 1]
-        assert len(after_kill) >= 5, "the model stalled after the daemon was killed"
         med = lambda v: sorted(v)[len(v) // 2]
         assert med(after_kill) <= 1.5 * med(before_kill) + 0.002, (med(before_kill), med(after_kill))
 

@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "runtime/cpu_backend.h"
+#include "tests/support/temp_dir.h"
 
 using namespace kforge;
 namespace fs = std::filesystem;
@@ -52,15 +53,7 @@ extern "C" void normalize(const kforge_cpu_block* b, void* const* p) {
 }
 )";
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "kforge-cpu-backend-XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
+using TempDir = kforge::test_support::TempDir;
 
 std::string compile_shared_object(const TempDir& t, const std::string& source) {
   fs::path src = t.path / "k.cc", so = t.path / "k.so";
@@ -110,7 +103,7 @@ KernelSpec softmax_spec(const std::string& source) {
 }  // namespace
 
 TEST_CASE("CPU backend: a two-launch softmax with scratch, shared memory and a scalar matches the host") {
-  TempDir t;
+  TempDir t{"kforge-cpu-backend"};
   const std::string image = compile_shared_object(t, kSoftmaxSource);
   auto module = CpuModule::load_image(image, "softmax_rows");
   REQUIRE(module.ok());
@@ -144,7 +137,7 @@ TEST_CASE("CPU backend: a two-launch softmax with scratch, shared memory and a s
 TEST_CASE("CPU backend: two different images loaded one after the other are two modules") {
   // Regression: with the memfd closed after dlopen, the second image got the same fd number, and
   // glibc returned the first module for the same "/proc/self/fd/N" name.
-  TempDir t;
+  TempDir t{"kforge-cpu-backend"};
   auto a = CpuModule::load_image(compile_shared_object(t, "extern \"C\" int which() { return 1; }"), "a");
   REQUIRE(a.ok());
   auto b = CpuModule::load_image(compile_shared_object(t, "extern \"C\" int which() { return 2; }"), "b");
@@ -169,7 +162,7 @@ TEST_CASE("CPU backend: bad images, missing symbols and missing buffers are erro
   REQUIRE_FALSE(truncated.ok());
   CHECK_THAT(truncated.status().message(), Catch::Contains("dlopen failed"));
 
-  TempDir t;
+  TempDir t{"kforge-cpu-backend"};
   auto module = CpuModule::load_image(compile_shared_object(t, kSoftmaxSource), "softmax_rows");
   REQUIRE(module.ok());
   auto missing = module->entry("no_such_kernel");
@@ -205,7 +198,7 @@ extern "C" void order(const kforge_cpu_block* b, void* const* p) {
   ((unsigned char*)b->shared_mem)[0] = 0x11;   // what the next block on this thread would see
 }
 )";
-  TempDir t;
+  TempDir t{"kforge-cpu-backend"};
   auto module = CpuModule::load_image(compile_shared_object(t, kOrder), "order");
   REQUIRE(module.ok());
   KernelSpec spec;

@@ -19,6 +19,7 @@
 #include "runtime/cuda_driver.h"
 #include "runtime/environment.h"
 #include "tests/support/publish_test_entry.h"
+#include "tests/support/temp_dir.h"
 
 using namespace kforge;
 using namespace kforge::test_support;
@@ -26,15 +27,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "kforge-publish-test-XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
+using TempDir = kforge::test_support::TempDir;
 
 std::string slurp(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -178,7 +171,7 @@ TEST_CASE("output text parses into OutputSpec", "[publish_test_entry]") {
 }
 
 TEST_CASE("the tool publishes a CPU entry that reads back intact and computes softmax", "[publish_test_entry]") {
-  TempDir t;
+  TempDir t{"kforge-publish-test"};
   const fs::path so = compile_kernel(t);
   const OpSignature sig = softmax_signature(8, 100);
   ToolRun run = run_tool(t, cpu_args(t, so, sig));
@@ -233,7 +226,7 @@ TEST_CASE("the tool publishes a CPU entry that reads back intact and computes so
 }
 
 TEST_CASE("the tool refuses what the hook could never use, and publishes nothing", "[publish_test_entry]") {
-  TempDir t;
+  TempDir t{"kforge-publish-test"};
   const fs::path so = compile_kernel(t);
   const OpSignature sig = softmax_signature(8, 100);
   auto expect_failure = [&](std::vector<std::string> args, int rc, const std::string& message) {

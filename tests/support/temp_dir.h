@@ -1,7 +1,9 @@
 // TempDir: a fresh private directory for one test, removed with everything in it at scope exit.
+// Every test that needs a scratch directory uses this one.
 //
 //   TempDir t("kforge-worker-test");
 //   write(t.path / "cache" / "x");
+//   Store::open(t / "cache");                  // the path of a name inside, as a string
 #pragma once
 
 #include <stdlib.h>
@@ -9,6 +11,7 @@
 #include <filesystem>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace kforge::test_support {
 
@@ -25,6 +28,7 @@ struct TempDir {
     std::error_code ec;
     std::filesystem::remove_all(path, ec);
   }
+  std::string operator/(std::string_view name) const { return (path / name).string(); }
 };
 
 }  // namespace kforge::test_support

@@ -11,21 +11,14 @@
 
 #include "cache/store.h"
 #include "tools/cli.h"
+#include "tests/support/temp_dir.h"
 
 using namespace kforge;
 namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "kforge-cli-test-XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
+using TempDir = kforge::test_support::TempDir;
 
 struct Run {
   int rc;
@@ -79,7 +72,7 @@ CacheEntry entry(int64_t rows, double speedup) {
 }  // namespace
 
 TEST_CASE("kforge cache: ls, show, verify, state changes, rm on a real cache") {
-  TempDir t;
+  TempDir t{"kforge-cli-test"};
   fs::path cache = t.path / "cache";
   auto store = Store::open((fs::create_directories(cache), fs::permissions(cache, fs::perms::owner_all,
                                                                             fs::perm_options::replace),
@@ -132,7 +125,7 @@ TEST_CASE("kforge cache: ls, show, verify, state changes, rm on a real cache") {
 }
 
 TEST_CASE("kforge cache verify names each bad file and exits 1") {
-  TempDir t;
+  TempDir t{"kforge-cli-test"};
   fs::path cache = t.path / "c";
   fs::create_directories(cache);
   fs::permissions(cache, fs::perms::owner_all, fs::perm_options::replace);
@@ -159,7 +152,7 @@ TEST_CASE("kforge cache verify names each bad file and exits 1") {
 }
 
 TEST_CASE("kforge cache: signed export and import round trip, a foreign key is refused") {
-  TempDir t;
+  TempDir t{"kforge-cli-test"};
   fs::path src = t.path / "src", dst = t.path / "dst", other = t.path / "other";
   for (const fs::path& p : {src, dst, other}) {
     fs::create_directories(p);
@@ -190,7 +183,7 @@ TEST_CASE("kforge cache: signed export and import round trip, a foreign key is r
 }
 
 TEST_CASE("kforge cache: usage errors name the problem") {
-  TempDir t;
+  TempDir t{"kforge-cli-test"};
   CHECK(run_kforge(t.path, {"cache", "frob"}).rc == 2);
   CHECK_THAT(run_kforge(t.path, {"cache", "frob"}).err, Catch::Contains("unknown subcommand 'frob'"));
   CHECK(run_kforge(t.path, {"cache", "gc"}).rc == 2);

@@ -20,52 +20,15 @@
 #include "runtime/cpu_backend.h"
 #include "runtime/nvrtc.h"
 #include "search_daemon/worker/builder.h"
+#include "tests/support/temp_dir.h"
 
 using namespace kforge;
 namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "kforge-builder-test-XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using TempDir = kforge::test_support::TempDir;
 
-// Sets (or unsets) an environment variable for one scope and restores it afterwards.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    if (value != nullptr) {
-      setenv(name, value, 1);
-    } else {
-      unsetenv(name);
-    }
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-  ~ScopedEnv() {
-    if (old_) {
-      setenv(name_.c_str(), old_->c_str(), 1);
-    } else {
-      unsetenv(name_.c_str());
-    }
-  }
-
- private:
-  std::string name_;
-  std::optional<std::string> old_;
-};
 
 // y[i] = SCALE * x[i] for one block of `n` elements. SCALE defaults to 2; a -D can change it.
 constexpr const char* kScaleSource = R"(
@@ -93,7 +56,7 @@ KernelSpec cpu_spec(std::string source, std::vector<std::string> options = {}) {
 }
 
 CpuCompiler host_compiler() {
-  StatusOr<CpuCompiler> c = CpuCompiler::detect();
+  StatusOr<CpuCompiler> c = CpuCompiler::detect("c++");
   INFO(c.status().to_string());
   REQUIRE(c.ok());
   return *c;
@@ -155,17 +118,18 @@ bool is_lower_hex(const std::string& s) {
 
 // ---- the compiler ------------------------------------------------------------------------------------
 
-TEST_CASE("builder: the compiler is $KFORGE_CXX, else c++, identified by the first line of --version") {
+TEST_CASE("builder: the compiler is the one named (the worker's KFORGE_CXX), else c++, identified by the first line of --version") {
   {
-    ScopedEnv env("KFORGE_CXX", nullptr);
     CpuCompiler c = host_compiler();
     CHECK(c.command == "c++");
     CHECK(!c.identity.empty());
     CHECK(c.identity.find('\n') == std::string::npos);
+    StatusOr<CpuCompiler> by_default = CpuCompiler::detect("");
+    REQUIRE(by_default.ok());
+    CHECK(by_default->command == "c++");
   }
   {
-    ScopedEnv env("KFORGE_CXX", "/nonexistent/kforge-no-such-c++");
-    StatusOr<CpuCompiler> c = CpuCompiler::detect();
+    StatusOr<CpuCompiler> c = CpuCompiler::detect("/nonexistent/kforge-no-such-c++");
     REQUIRE(!c.ok());
     CHECK(c.status().code() == StatusCode::kUnavailable);
     CHECK_THAT(c.status().message(), Catch::StartsWith("no C++ compiler: "));
@@ -176,7 +140,7 @@ TEST_CASE("builder: the compiler is $KFORGE_CXX, else c++, identified by the fir
 // ---- CPU builds ----------------------------------------------------------------------------------------
 
 TEST_CASE("builder: a good CPU kernel builds into a shared object that loads and runs") {
-  TempDir t;
+  TempDir t{"kforge-builder-test"};
   CandidateBuilder b = cpu_builder(t.path / "cache", host_compiler());
   CHECK_THAT(b.target_identity(), Catch::StartsWith("cpu "));
 
@@ -197,7 +161,7 @@ TEST_CASE("builder: a good CPU kernel builds into a shared object that loads and
 }
 
 TEST_CASE("builder: a second build of the same spec is a cache hit with the same bytes and no compiler run") {
-  TempDir t;
+  TempDir t{"kforge-builder-test"};
   const CpuCompiler cxx = host_compiler();
   BuildOutput first = build_ok(cpu_builder(t.path / "cache", cxx), cpu_spec(kScaleSource));
   REQUIRE(first.compiled);
@@ -229,7 +193,7 @@ TEST_CASE("builder: a second build of the same spec is a cache hit with the same
 }
 
 TEST_CASE("builder: a syntax error is an ordinary result carrying the compiler's message, and is cached") {
-  TempDir t;
+  TempDir t{"kforge-builder-test"};
   const CpuCompiler cxx = host_compiler();
   const KernelSpec broken = cpu_spec("extern \"C\" void scale( { kforge_undeclared_name; }\n");
   BuildOutput out = build_ok(cpu_builder(t.path / "cache", cxx), broken);
@@ -246,7 +210,7 @@ TEST_CASE("builder: a syntax error is an ordinary result carrying the compiler's
 }
 
 TEST_CASE("builder: allowed compile options reach the compiler, after the fixed flags") {
-  TempDir t;
+  TempDir t{"kforge-builder-test"};
   BuildOutput out = build_ok(cpu_builder(t.path / "cache", host_compiler()),
                              cpu_spec(kScaleSource, {"-O3", "-mtune=generic", "-funroll-loops", "-fno-math-errno",
                                                      "-DSCALE=3", "-USOMETHING", "-std=gnu++20"}));
@@ -273,7 +237,7 @@ TEST_CASE("builder: a compile option outside the allow-list is refused by name a
       std::vector<std::string>{"-march=native"},          // depends on the host, not on the key
       std::vector<std::string>{"-std=c++17; rm -rf /"},
       std::vector<std::string>{""});
-  TempDir t;
+  TempDir t{"kforge-builder-test"};
   // A compiler that cannot run: a refusal that reached it would be an error, not a result.
   CandidateBuilder b = cpu_builder(t.path / "cache", unrunnable_twin(host_compiler()));
   BuildOutput out = build_ok(b, cpu_spec(kScaleSource, options));
@@ -283,7 +247,7 @@ TEST_CASE("builder: a compile option outside the allow-list is refused by name a
 }
 
 TEST_CASE("builder: a compiler that outlives its budget is killed and the build says so, uncached") {
-  TempDir t;
+  TempDir t{"kforge-builder-test"};
   const fs::path hang = write_script(t.path, "hang", "exec sleep 30");
   CandidateBuilder b = cpu_builder(t.path / "cache", {hang.string(), "a compiler that hangs"});
 
@@ -301,7 +265,7 @@ TEST_CASE("builder: a compiler that outlives its budget is killed and the build 
 TEST_CASE("builder: the watchdog kills the compiler's whole process group, not just the driver") {
   // The "driver" exits at once but leaves a tool running that holds its output pipe open: the
   // build must still end at the budget, and the tool must be gone afterwards.
-  TempDir t;
+  TempDir t{"kforge-builder-test"};
   const fs::path pid_file = t.path / "tool.pid";
   const fs::path driver = write_script(t.path, "driver", "sleep 30 &\necho $! > '" + pid_file.string() + "'\nexit 0");
   CandidateBuilder b = cpu_builder(t.path / "cache", {driver.string(), "a driver that leaves a tool behind"});
@@ -349,7 +313,7 @@ extern "C" void scale(const kforge_cpu_block*, void* const* p) { *(void**)p[0] =
 #include "runtime/cpu_kernel_abi.h"
 extern "C" int pthread_create(pthread_t*, const pthread_attr_t*, void* (*)(void*), void*) __attribute__((weak));
 extern "C" void scale(const kforge_cpu_block*, void* const* p) { *(void**)p[0] = (void*)&pthread_create; })"});
-  TempDir t;
+  TempDir t{"kforge-builder-test"};
   const CpuCompiler cxx = host_compiler();
   BuildOutput out = build_ok(cpu_builder(t.path / "cache", cxx), cpu_spec(c.source));
   INFO(out.log);
@@ -364,7 +328,7 @@ extern "C" void scale(const kforge_cpu_block*, void* const* p) { *(void**)p[0] =
 }
 
 TEST_CASE("builder: a damaged cache file is never served: the build runs again and replaces it") {
-  TempDir t;
+  TempDir t{"kforge-builder-test"};
   const CpuCompiler cxx = host_compiler();
   const fs::path cache = t.path / "cache";
   CandidateBuilder b = cpu_builder(cache, cxx);
@@ -411,7 +375,7 @@ TEST_CASE("builder: a damaged cache file is never served: the build runs again a
 }
 
 TEST_CASE("builder: a cache directory that is a symbolic link is refused") {
-  TempDir t;
+  TempDir t{"kforge-builder-test"};
   fs::create_directory(t.path / "real");
   fs::create_directory_symlink(t.path / "real", t.path / "link");
   StatusOr<CandidateBuilder> b = CandidateBuilder::for_cpu((t.path / "link").string(), {"c++", "c++ (test)"});
@@ -420,7 +384,7 @@ TEST_CASE("builder: a cache directory that is a symbolic link is refused") {
 }
 
 TEST_CASE("builder: a missing cache directory is created with its parents") {
-  TempDir t;
+  TempDir t{"kforge-builder-test"};
   StatusOr<CandidateBuilder> b = CandidateBuilder::for_cpu((t.path / "a" / "b" / "cache").string(), {"c++", "c++ (test)"});
   INFO(b.status().to_string());
   REQUIRE(b.ok());
@@ -428,7 +392,7 @@ TEST_CASE("builder: a missing cache directory is created with its parents") {
 }
 
 TEST_CASE("builder: a CPU builder does not build CUDA kernels") {
-  TempDir t;
+  TempDir t{"kforge-builder-test"};
   KernelSpec s = cpu_spec(kScaleSource);
   s.backend = Backend::kCuda;
   s.language = SourceLanguage::kCuda;
@@ -445,7 +409,7 @@ TEST_CASE("builder: a CUDA kernel builds with NVRTC for the exact architecture, 
     WARN("no NVRTC on this host: " << nvrtc.status().to_string());
     return;
   }
-  TempDir t;
+  TempDir t{"kforge-builder-test"};
   StatusOr<CandidateBuilder> b = CandidateBuilder::for_cuda((t.path / "cache").string(), *nvrtc, 9, 0);
   REQUIRE(b.ok());
   CHECK_THAT(b->target_identity(), Catch::StartsWith("cuda sm_90 nvrtc "));

@@ -92,17 +92,7 @@ kf_group_norm(const kf_t* __restrict__ x,
 )kf";
 
 const char* const kCpuGroupNorm = R"kf(
-// KF_ROWS (n, g) rows per block, KF_LANES independent accumulators; statistics in double.
-static inline void kf_welford_merge(double& n, double& mean, double& m2, double bn, double bmean, double bm2) {
-  const double t = n + bn;
-  if (t == 0) return;
-  const double e = bmean - mean;
-  const double fb = bn / t;
-  mean += e * fb;
-  m2 += bm2 + e * e * n * fb;
-  n = t;
-}
-
+// KF_ROWS (n, g) rows per block, KF_LANES independent accumulators; statistics in double (kf_row_stats).
 extern "C" void kf_group_norm(const kforge_cpu_block* blk, void* const* p) {
   int a = 0;
   const float* __restrict__ x = KF_PTR(const float, a++);
@@ -123,52 +113,11 @@ extern "C" void kf_group_norm(const kforge_cpu_block* blk, void* const* p) {
   const double eps = KF_F64(a++);
   const int64_t r0 = (int64_t)blk->block_idx[0] * KF_ROWS;
   const int64_t r1 = r0 + KF_ROWS < rows ? r0 + KF_ROWS : rows;
-  const int64_t body = d - d % KF_LANES;
   for (int64_t r = r0; r < r1; ++r) {
     const float* xr = x + r * d;
     float* yr = y + r * d;
     double mean, var;
-#if KF_WELFORD
-    double nl[KF_LANES], ml[KF_LANES], ql[KF_LANES];
-    for (int l = 0; l < KF_LANES; ++l) nl[l] = 0, ml[l] = 0, ql[l] = 0;
-    for (int64_t c = 0; c < body; c += KF_LANES) {
-      for (int l = 0; l < KF_LANES; ++l) {
-        nl[l] += 1;
-        const double e = (double)xr[c + l] - ml[l];
-        ml[l] += e / nl[l];
-        ql[l] += e * ((double)xr[c + l] - ml[l]);
-      }
-    }
-    for (int64_t c = body; c < d; ++c) kf_welford_merge(nl[0], ml[0], ql[0], 1.0, (double)xr[c], 0.0);
-    double n = 0, m2 = 0;
-    mean = 0;
-    for (int l = 0; l < KF_LANES; ++l) kf_welford_merge(n, mean, m2, nl[l], ml[l], ql[l]);
-    var = m2 / (double)d;
-#else
-    double sl[KF_LANES];
-    for (int l = 0; l < KF_LANES; ++l) sl[l] = 0;
-    for (int64_t c = 0; c < body; c += KF_LANES) {
-      for (int l = 0; l < KF_LANES; ++l) sl[l] += (double)xr[c + l];
-    }
-    for (int64_t c = body; c < d; ++c) sl[0] += (double)xr[c];
-    double s = 0;
-    for (int l = 0; l < KF_LANES; ++l) s += sl[l];
-    mean = s / (double)d;
-    for (int l = 0; l < KF_LANES; ++l) sl[l] = 0;
-    for (int64_t c = 0; c < body; c += KF_LANES) {
-      for (int l = 0; l < KF_LANES; ++l) {
-        const double e = (double)xr[c + l] - mean;
-        sl[l] += e * e;
-      }
-    }
-    for (int64_t c = body; c < d; ++c) {
-      const double e = (double)xr[c] - mean;
-      sl[0] += e * e;
-    }
-    double q = 0;
-    for (int l = 0; l < KF_LANES; ++l) q += sl[l];
-    var = q / (double)d;
-#endif
+    kf_row_stats(xr, d, &mean, &var);
     const double rstd = 1.0 / sqrt(var + eps);
     const int64_t c0 = (r % groups) * cpg;
     for (int64_t k = 0; k < cpg; ++k) {
@@ -322,7 +271,7 @@ class GroupNormCpu final : public FamilyBase {
                           define("KF_LANES", v[kCpuLanes])}) {
       options.push_back(std::move(o));
     }
-    KernelSpec s = one_launch_spec(Backend::kCpu, std::string(kCpuPrelude) + kCpuGroupNorm, "kf_group_norm", options);
+    KernelSpec s = one_launch_spec(Backend::kCpu, std::string(kCpuPrelude) + kCpuNormStatistics + kCpuGroupNorm, "kf_group_norm", options);
     s.plan.outputs = {OutputSpec::like(0), group_stats_output(DType::kFloat32), group_stats_output(DType::kFloat32)};
     Launch& l = s.plan.launches[0];
     l.grid[0] = "ceil_div(arg3 * arg6, " + std::to_string(v[kCpuRows]) + ")";

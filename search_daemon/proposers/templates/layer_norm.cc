@@ -240,62 +240,11 @@ kf_layer_norm(const kf_t* __restrict__ x,
 )kf";
 
 const char* const kCpuLayerNorm = R"kf(
-// KF_ROWS rows per block, KF_LANES independent accumulators; statistics in double.
-static inline void kf_welford_merge(double& n, double& mean, double& m2, double bn, double bmean, double bm2) {
-  const double t = n + bn;
-  if (t == 0) return;
-  const double d = bmean - mean;
-  const double fb = bn / t;
-  mean += d * fb;
-  m2 += bm2 + d * d * n * fb;
-  n = t;
-}
-
+// KF_ROWS rows per block, KF_LANES independent accumulators; statistics in double (kf_row_stats).
 static void kf_row(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b,
                    float* __restrict__ y, float* mean_out, float* rstd_out, int64_t cols, double eps) {
-  const int64_t body = cols - cols % KF_LANES;
   double mean, var;
-#if KF_WELFORD
-  double nl[KF_LANES], ml[KF_LANES], ql[KF_LANES];
-  for (int l = 0; l < KF_LANES; ++l) nl[l] = 0, ml[l] = 0, ql[l] = 0;
-  for (int64_t c = 0; c < body; c += KF_LANES) {
-    for (int l = 0; l < KF_LANES; ++l) {
-      nl[l] += 1;
-      const double d = (double)x[c + l] - ml[l];
-      ml[l] += d / nl[l];
-      ql[l] += d * ((double)x[c + l] - ml[l]);
-    }
-  }
-  for (int64_t c = body; c < cols; ++c) kf_welford_merge(nl[0], ml[0], ql[0], 1.0, (double)x[c], 0.0);
-  double n = 0, m2 = 0;
-  mean = 0;
-  for (int l = 0; l < KF_LANES; ++l) kf_welford_merge(n, mean, m2, nl[l], ml[l], ql[l]);
-  var = m2 / (double)cols;
-#else
-  double sl[KF_LANES];
-  for (int l = 0; l < KF_LANES; ++l) sl[l] = 0;
-  for (int64_t c = 0; c < body; c += KF_LANES) {
-    for (int l = 0; l < KF_LANES; ++l) sl[l] += (double)x[c + l];
-  }
-  for (int64_t c = body; c < cols; ++c) sl[0] += (double)x[c];
-  double s = 0;
-  for (int l = 0; l < KF_LANES; ++l) s += sl[l];
-  mean = s / (double)cols;
-  for (int l = 0; l < KF_LANES; ++l) sl[l] = 0;
-  for (int64_t c = 0; c < body; c += KF_LANES) {
-    for (int l = 0; l < KF_LANES; ++l) {
-      const double d = (double)x[c + l] - mean;
-      sl[l] += d * d;
-    }
-  }
-  for (int64_t c = body; c < cols; ++c) {
-    const double d = (double)x[c] - mean;
-    sl[0] += d * d;
-  }
-  double q = 0;
-  for (int l = 0; l < KF_LANES; ++l) q += sl[l];
-  var = q / (double)cols;
-#endif
+  kf_row_stats(x, cols, &mean, &var);
   const double rstd = 1.0 / sqrt(var + eps);
   for (int64_t c = 0; c < cols; ++c) {
     double o = ((double)x[c] - mean) * rstd;
@@ -461,7 +410,7 @@ class LayerNormCpu final : public FamilyBase {
                           define("KF_LANES", v[kCpuLanes])}) {
       options.push_back(std::move(o));
     }
-    KernelSpec s = one_launch_spec(Backend::kCpu, std::string(kCpuPrelude) + kCpuLayerNorm, "kf_layer_norm", options);
+    KernelSpec s = one_launch_spec(Backend::kCpu, std::string(kCpuPrelude) + kCpuNormStatistics + kCpuLayerNorm, "kf_layer_norm", options);
     s.plan.outputs = {OutputSpec::like(0), stats_output(x), stats_output(x)};
     Launch& l = s.plan.launches[0];
     l.grid[0] = "ceil_div(" + rows_expr(x) + ", " + std::to_string(v[kCpuRows]) + ")";

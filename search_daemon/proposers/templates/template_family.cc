@@ -357,4 +357,66 @@ const char* const kCpuPrelude = R"kf(// kforge kernel template (CPU): one call p
 #define KF_F64(i) (*(const double*)p[i])
 )kf";
 
+const char* const kCpuNormStatistics = R"kf(
+// Mean and biased variance of x[0, n) in double, KF_LANES independent accumulators: Welford's
+// running update with merges (KF_WELFORD) or two passes.
+static inline void kf_welford_merge(double& n, double& mean, double& m2, double bn, double bmean, double bm2) {
+  const double t = n + bn;
+  if (t == 0) return;
+  const double e = bmean - mean;
+  const double fb = bn / t;
+  mean += e * fb;
+  m2 += bm2 + e * e * n * fb;
+  n = t;
+}
+
+static inline void kf_row_stats(const float* __restrict__ x, int64_t len, double* mean_out, double* var_out) {
+  const int64_t body = len - len % KF_LANES;
+  double mean, var;
+#if KF_WELFORD
+  double nl[KF_LANES], ml[KF_LANES], ql[KF_LANES];
+  for (int l = 0; l < KF_LANES; ++l) nl[l] = 0, ml[l] = 0, ql[l] = 0;
+  for (int64_t c = 0; c < body; c += KF_LANES) {
+    for (int l = 0; l < KF_LANES; ++l) {
+      nl[l] += 1;
+      const double e = (double)x[c + l] - ml[l];
+      ml[l] += e / nl[l];
+      ql[l] += e * ((double)x[c + l] - ml[l]);
+    }
+  }
+  for (int64_t c = body; c < len; ++c) kf_welford_merge(nl[0], ml[0], ql[0], 1.0, (double)x[c], 0.0);
+  double n = 0, m2 = 0;
+  mean = 0;
+  for (int l = 0; l < KF_LANES; ++l) kf_welford_merge(n, mean, m2, nl[l], ml[l], ql[l]);
+  var = m2 / (double)len;
+#else
+  double sl[KF_LANES];
+  for (int l = 0; l < KF_LANES; ++l) sl[l] = 0;
+  for (int64_t c = 0; c < body; c += KF_LANES) {
+    for (int l = 0; l < KF_LANES; ++l) sl[l] += (double)x[c + l];
+  }
+  for (int64_t c = body; c < len; ++c) sl[0] += (double)x[c];
+  double s = 0;
+  for (int l = 0; l < KF_LANES; ++l) s += sl[l];
+  mean = s / (double)len;
+  for (int l = 0; l < KF_LANES; ++l) sl[l] = 0;
+  for (int64_t c = 0; c < body; c += KF_LANES) {
+    for (int l = 0; l < KF_LANES; ++l) {
+      const double e = (double)x[c + l] - mean;
+      sl[l] += e * e;
+    }
+  }
+  for (int64_t c = body; c < len; ++c) {
+    const double e = (double)x[c] - mean;
+    sl[0] += e * e;
+  }
+  double q = 0;
+  for (int l = 0; l < KF_LANES; ++l) q += sl[l];
+  var = q / (double)len;
+#endif
+  *mean_out = mean;
+  *var_out = var;
+}
+)kf";
+
 }  // namespace kforge::search::templates

@@ -96,6 +96,9 @@ extern const char* const kCudaRowMapping;
 extern const char* const kCudaNormStatistics;
 // The first thing in every CPU template: the ABI header, libm, parameter access.
 extern const char* const kCpuPrelude;
+// After the prelude in the CPU norms (layer_norm, group_norm): kf_row_stats, a row's mean and
+// biased variance in double over KF_LANES accumulators, Welford's (KF_WELFORD) or two passes.
+extern const char* const kCpuNormStatistics;
 
 // Smallest power of two >= v (v >= 1).
 int64_t pow2_ceil(int64_t v);

@@ -160,9 +160,9 @@ StatusOr<BundleEntry> read_entry(const codec::Reader& r, size_t index, const Bun
     KFORGE_ASSIGN_OR_RETURN(std::string digest, b.field(1, "sha256").bin(32));
     if (digest.size() != 32) return b.field(1, "sha256").error("expected 32 bytes, got " + std::to_string(digest.size()));
     KFORGE_ASSIGN_OR_RETURN(c.bytes, b.field(2, "bytes").bin(static_cast<size_t>(limits.max_blob_bytes)));
-    c.sha256_hex = to_hex(reinterpret_cast<const uint8_t*>(digest.data()), digest.size());
+    c.sha256_hex = file_io::to_hex(reinterpret_cast<const uint8_t*>(digest.data()), digest.size());
     auto actual = sha256(c.bytes);
-    if (to_hex(actual.data(), actual.size()) != c.sha256_hex) {
+    if (file_io::to_hex(actual.data(), actual.size()) != c.sha256_hex) {
       return invalid_argument(label + ": blob '" + c.name + "' does not match its SHA-256 " + short_hex(c.sha256_hex));
     }
     carried.push_back(std::move(c));

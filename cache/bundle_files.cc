@@ -48,7 +48,7 @@ std::string parent_dir(const std::string& path) {
 std::string random_suffix() {
   std::array<uint8_t, 8> r{};
   randombytes_buf(r.data(), r.size());
-  return to_hex(r.data(), r.size());
+  return file_io::to_hex(r.data(), r.size());
 }
 
 }  // namespace
@@ -59,15 +59,6 @@ Status ensure_sodium() {
   return Status();
 }
 
-std::string to_hex(const uint8_t* data, size_t n) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string out(2 * n, '0');
-  for (size_t i = 0; i < n; ++i) {
-    out[2 * i] = kDigits[data[i] >> 4];
-    out[2 * i + 1] = kDigits[data[i] & 15];
-  }
-  return out;
-}
 
 std::array<uint8_t, 32> sha256(std::string_view data) {
   std::array<uint8_t, 32> h{};

@@ -57,7 +57,6 @@ class SecretText {
 };
 
 Status ensure_sodium();
-std::string to_hex(const uint8_t* data, size_t n);
 std::array<uint8_t, 32> sha256(std::string_view data);
 std::string short_hex(const std::string& hex);
 

@@ -6,6 +6,7 @@
 
 #include "cache/bundle.h"
 #include "cache/bundle_internal.h"
+#include "runtime/file_io.h"
 
 namespace kforge {
 
@@ -32,7 +33,7 @@ bool parse_key_line(std::string_view text, std::string_view tag, uint8_t* out, s
 
 std::string PublicKey::fingerprint() const {
   auto h = sha256(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
-  return to_hex(h.data(), 8);
+  return file_io::to_hex(h.data(), 8);
 }
 
 StatusOr<PublicKey> PublicKey::load(const std::string& path) {
@@ -53,7 +54,7 @@ StatusOr<PublicKey> PublicKey::load(const std::string& path) {
 Status PublicKey::save(const std::string& path) const {
   return no_throw("public key file " + path, [&]() -> Status {
     KFORGE_RETURN_IF_ERROR(ensure_sodium());   // the temp name's random suffix
-    std::string text = std::string(kPublicKeyTag) + to_hex(bytes.data(), bytes.size()) + "\n";
+    std::string text = std::string(kPublicKeyTag) + file_io::to_hex(bytes.data(), bytes.size()) + "\n";
     return write_file_atomically(path, text, 0644, /*exact_mode=*/false, Placement::kRefuseExisting);
   });
 }

@@ -19,15 +19,6 @@ int64_t written_ms(const struct stat& st, bool use_record) {
   return use_record ? ms_of(st.st_ctim) : ms_of(st.st_mtim);
 }
 
-std::string hex_of(const uint8_t* p, size_t n) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string out(2 * n, '0');
-  for (size_t i = 0; i < n; ++i) {
-    out[2 * i] = kDigits[p[i] >> 4];
-    out[2 * i + 1] = kDigits[p[i] & 15];
-  }
-  return out;
-}
 
 bool is_lower_hex(std::string_view s) {
   return std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
@@ -36,7 +27,7 @@ bool is_lower_hex(std::string_view s) {
 std::string sha256_hex(std::string_view bytes) {
   std::array<uint8_t, kSha256Bytes> h{};
   crypto_hash_sha256(h.data(), reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size());
-  return hex_of(h.data(), h.size());
+  return file_io::to_hex(h.data(), h.size());
 }
 
 // Printable excerpt of untrusted bytes for an error message.
@@ -228,7 +219,7 @@ StatusOr<std::string> sha256_of_file(const std::string& path) {
   }
   std::array<uint8_t, kSha256Bytes> h{};
   crypto_hash_sha256_final(&st, h.data());
-  return hex_of(h.data(), h.size());
+  return file_io::to_hex(h.data(), h.size());
 }
 
 // Checks VERSION, creating it in a cache that was never used. Returns an error for a cache of

@@ -85,7 +85,6 @@ int64_t ms_of(const struct timespec& t);
 // creation and utimensat set. Not the ctime of the others: a state file is installed by link(),
 // and unlinking a second link left by a killed writer would make the survivor look new.
 int64_t written_ms(const struct stat& st, bool use_record = false);
-std::string hex_of(const uint8_t* p, size_t n);
 bool is_lower_hex(std::string_view s);
 std::string sha256_hex(std::string_view bytes);
 // Printable excerpt of untrusted bytes for an error message.
@@ -156,7 +155,7 @@ struct Layout {
     uint8_t rnd[8];
     randombytes_buf(rnd, sizeof rnd);
     const std::string path =
-        tmp_dir() + "/" + std::string(kind) + "." + std::to_string(::getpid()) + "." + hex_of(rnd, sizeof rnd);
+        tmp_dir() + "/" + std::string(kind) + "." + std::to_string(::getpid()) + "." + file_io::to_hex(rnd, sizeof rnd);
     const int flags = O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC;
     UniqueFd fd(::open(path.c_str(), flags, 0600));
     if (!fd.valid() && errno == ENOENT) {  // tmp/ itself was removed: put it back

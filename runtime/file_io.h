@@ -42,6 +42,9 @@ bool exists(const std::string& path);
 // "/a/b" of "/a/b/c".
 std::string parent_of(const std::string& path);
 
+// Lower-case hex of bytes (content hashes in file names and formats).
+std::string to_hex(const uint8_t* data, size_t n);
+
 // Little-endian integers.
 void put_u32(std::string& out, uint32_t v);
 void put_u64(std::string& out, uint64_t v);

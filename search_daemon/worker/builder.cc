@@ -134,15 +134,6 @@ Status make_cache_dir(const std::string& dir) {
   return ensure_private_dir(d);
 }
 
-std::string hex_of(const uint8_t* p, size_t n) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string out(2 * n, '0');
-  for (size_t i = 0; i < n; ++i) {
-    out[2 * i] = kDigits[p[i] >> 4];
-    out[2 * i + 1] = kDigits[p[i] & 15];
-  }
-  return out;
-}
 
 std::array<uint8_t, kSha256Bytes> sha256(std::string_view bytes) {
   std::array<uint8_t, kSha256Bytes> h{};
@@ -179,7 +170,7 @@ std::string cache_key(const KernelSpec& spec, const std::string& identity) {
   put_u64(in, spec.compile_options.size());
   for (const std::string& o : spec.compile_options) put_field(in, o);
   auto h = sha256(in);
-  return hex_of(h.data(), h.size());
+  return file_io::to_hex(h.data(), h.size());
 }
 
 struct CacheRecord {
@@ -703,7 +694,7 @@ StatusOr<BuildOutput> CandidateBuilder::build(const KernelSpec& spec, uint32_t b
     KFORGE_RETURN_IF_ERROR(ensure_private_dir(fanout));
     uint8_t rnd[8];
     randombytes_buf(rnd, sizeof rnd);
-    const std::string tmp = cache_dir_ + "/tmp/" + out.key + "." + std::to_string(::getpid()) + "." + hex_of(rnd, sizeof rnd);
+    const std::string tmp = cache_dir_ + "/tmp/" + out.key + "." + std::to_string(::getpid()) + "." + file_io::to_hex(rnd, sizeof rnd);
     const std::string frame = encode_frame(out.key, rec);
     {
       UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));

@@ -189,7 +189,7 @@ void Daemon::Impl::resume_journals() {
 void Daemon::Impl::start_session(SignatureRecord& r) {
   r.state = SearchState::kSearching;
   SessionContext ctx;
-  ctx.pool = pool.get();
+  ctx.evaluator = pool.get();
   ctx.proposers = proposers;
   ctx.strategy = config.strategy;
   ctx.options.max_evaluations = config.max_evaluations_per_signature;
@@ -382,19 +382,28 @@ void Daemon::Impl::handle_events() {
         std::lock_guard<std::mutex> lock(mu);
         schedule_due = true;
         if (SignatureRecord* r = hot.find(e.signature)) {
-          if (e.message.rfind("stopped", 0) == 0) {
-            r->state = SearchState::kObserved;   // the daemon is stopping; the journal resumes it
-          } else if (e.message.rfind("failed", 0) == 0) {
-            r->state = SearchState::kFailed;
-          } else {
-            r->state = r->entry_key.empty() ? SearchState::kDone : SearchState::kPublished;
+          switch (e.end) {
+            case SessionState::kStopped:   // the daemon is stopping; the journal resumes it
+            case SessionState::kStarting:
+            case SessionState::kSearching:
+              r->state = SearchState::kObserved;
+              break;
+            case SessionState::kFailed:
+              r->state = SearchState::kFailed;
+              break;
+            case SessionState::kDone:
+              r->state = r->entry_key.empty() ? SearchState::kDone : SearchState::kPublished;
+              break;
           }
-          r->note = e.message;
+          r->note = std::string(session_state_name(e.end)) + ": " + e.message;
         }
         finished.push_back(e.signature);
         log("info", "search of " + sig.substr(0, 12) + " ended after " + std::to_string(e.evaluations) +
-                        " evaluations: " + e.message);
-        publish_event("finished", {{"signature", sig}, {"message", e.message}, {"evaluations", e.evaluations}});
+                        " evaluations: " + std::string(session_state_name(e.end)) + ": " + e.message);
+        publish_event("finished", {{"signature", sig},
+                                   {"state", session_state_name(e.end)},
+                                   {"message", std::string(session_state_name(e.end)) + ": " + e.message},
+                                   {"evaluations", e.evaluations}});
         break;
       }
     }

@@ -80,7 +80,7 @@ std::string status_document(const StatusInputs& in, std::optional<uint32_t> limi
            {"entry", r.entry_key},
            {"note", r.note}};
     if (std::optional<SessionProgress> p = in.progress(r.id)) {
-      s["search"] = {{"state", p->state}, {"nodes", p->nodes}, {"evaluated", p->evaluated}, {"in_flight", p->in_flight},
+      s["search"] = {{"state", session_state_name(p->state)}, {"nodes", p->nodes}, {"evaluated", p->evaluated}, {"in_flight", p->in_flight},
                      {"best_speedup", p->best_speedup}, {"best", p->best_label}};
       s["evaluations"] = p->evaluated;
       if (p->best_speedup > r.best_speedup) s["best_speedup"] = p->best_speedup;

@@ -1,13 +1,11 @@
 #include "search_daemon/daemon/search_session.h"
 
-#include <unistd.h>
-
 #include <chrono>
 #include <cstdio>
 #include <exception>
 
 #include "cache/store.h"
-#include "runtime/version.h"
+#include "search_daemon/daemon/result_observers.h"
 #include "search_daemon/daemon/hot_signatures.h"
 #include "search_daemon/daemon/journal.h"
 
@@ -16,17 +14,6 @@ namespace kforge::daemon {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-std::string host_name() {
-  char buf[256] = {};
-  if (::gethostname(buf, sizeof buf - 1) != 0) return "";
-  return buf;
-}
-
-int64_t now_unix_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 }  // namespace
 
@@ -73,7 +60,7 @@ SessionProgress SearchSession::progress() const {
   return progress_;
 }
 
-void SearchSession::finish(const std::string& state, const std::string& reason) {
+void SearchSession::finish(SessionState state, const std::string& reason) {
   uint64_t evaluated = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -84,7 +71,8 @@ void SearchSession::finish(const std::string& state, const std::string& reason) 
   SessionEvent e;
   e.kind = SessionEvent::Kind::kFinished;
   e.signature = signature_.id();
-  e.message = state + ": " + reason;
+  e.end = state;
+  e.message = reason;
   e.evaluations = evaluated;
   if (ctx_.on_event) ctx_.on_event(e);
   finished_.store(true);
@@ -97,7 +85,7 @@ void SearchSession::run() {
       if (ctx_.log) ctx_.log("search " + sig_id.hex().substr(0, 12) + ": " + line);
     };
     StatusOr<SearchJournal> journal = SearchJournal::open(ctx_.state_dir, signature_, ctx_.strategy);
-    if (!journal.ok()) return finish("failed", "journal: " + journal.status().message());
+    if (!journal.ok()) return finish(SessionState::kFailed, "journal: " + journal.status().message());
     const SearchJournal::Contents& restored = journal->restored();
     if (restored.done) {
       {
@@ -109,7 +97,7 @@ void SearchSession::run() {
           progress_.best_label = b->move.label;
         }
       }
-      return finish("done", "finished earlier: " + restored.done_reason);
+      return finish(SessionState::kDone, "finished earlier: " + restored.done_reason);
     }
     if (restored.tree.size() > 1) {
       log("resuming from " + journal->path() + ": " + std::to_string(restored.tree.size() - 1) + " nodes, " +
@@ -117,29 +105,38 @@ void SearchSession::run() {
           (restored.truncated_bytes > 0 ? ", a torn tail of " + std::to_string(restored.truncated_bytes) + " bytes cut" : ""));
     }
     StatusOr<Store> store = Store::open(ctx_.cache_dir);
-    if (!store.ok()) return finish("failed", "cache: " + store.status().message());
+    if (!store.ok()) return finish(SessionState::kFailed, "cache: " + store.status().message());
 
     search::SearchTask task{signature_, roofline_};
     std::unique_ptr<search::SearchStrategy> strategy =
         search::make_strategy(ctx_.strategy, task, ctx_.proposers, ctx_.options, restored.tree);
-    if (!strategy) return finish("failed", "unknown strategy " + ctx_.strategy);
+    if (!strategy) return finish(SessionState::kFailed, "unknown strategy " + ctx_.strategy);
 
     size_t journaled = strategy->tree().size();
     double best = 0;
     if (const search::Node* b = strategy->tree().best()) best = b->outcome->speedup;
+    // What each result does, in order (result_observers.h).
+    WinnerPublisher publisher(*store, best, ctx_.on_event, log);
+    OutcomeJournal journaled_outcomes(*journal);
+    ResultEvents result_events(ctx_.on_event);
+    ResultObserver* const observers[] = {&publisher, &journaled_outcomes, &result_events};
     {
       std::lock_guard<std::mutex> lock(mu_);
-      progress_.state = "searching";
+      progress_.state = SessionState::kSearching;
       progress_.best_speedup = best;
     }
     const Clock::time_point deadline = Clock::now() + std::chrono::seconds(ctx_.max_seconds);
     uint64_t in_flight = 0;
     std::string end_reason;
+    bool stopped = false;   // by stop(): resumed from the journal next time, not done
 
     for (;;) {
       const search::SearchTree& tree = strategy->tree();
       const bool budget_left = tree.evaluated() + in_flight < ctx_.options.max_evaluations;
-      if (stop_.load()) end_reason = "stopped";
+      if (stop_.load()) {
+        end_reason = "stopped";
+        stopped = true;
+      }
       else if (Clock::now() >= deadline) end_reason = "wall-time budget of " + std::to_string(ctx_.max_seconds) + " s spent";
       else if (!budget_left && in_flight == 0) end_reason = "evaluation budget of " + std::to_string(ctx_.options.max_evaluations) + " spent";
       else if (strategy->done() && in_flight == 0) end_reason = "the search space is exhausted";
@@ -147,7 +144,7 @@ void SearchSession::run() {
 
       // Submit what the slots can take now (at least one when nothing is running).
       if (end_reason.empty() && budget_left) {
-        size_t want = ctx_.pool->idle_slots_for(signature_);
+        size_t want = ctx_.evaluator->idle_slots_for(signature_);
         if (want == 0 && in_flight == 0) want = 1;
         const uint64_t left = ctx_.options.max_evaluations - tree.evaluated() - in_flight;
         want = std::min<size_t>(want, left);
@@ -194,7 +191,7 @@ void SearchSession::run() {
           }
           ++in_flight;
           const uint64_t node = c.node;
-          ctx_.pool->submit(std::move(job), [this, node](eval::EvalResult r, eval::JobPlacement where) {
+          ctx_.evaluator->submit(std::move(job), [this, node](eval::EvalResult r, eval::JobPlacement where) {
             std::lock_guard<std::mutex> lock(mu_);
             results_.push_back(Finished{node, std::move(r), std::move(where)});
             cv_.notify_all();
@@ -224,79 +221,32 @@ void SearchSession::run() {
         // Timed on a GPU a serving process used meanwhile: flagged (the daemon counts and logs it).
         if (r.timing.runs > 0 && !where.uuid.empty()) o.shared_gpu_pids = where.serving_pids;
         if (o.measured() && o.implausible.empty()) o.implausible = implausible_against_observed(r.timing);
-        const search::Node& n = strategy->tree().node(node);
-        if (o.improves() && o.speedup > best) {
-          CacheEntry entry;
-          entry.signature = signature_;
-          entry.environment = r.environment;
-          entry.spec = n.move.spec;
-          entry.blobs.push_back(BlobData{r.artifact_name, r.artifact});
-          entry.verification = r.verification_report();
-          entry.timings = r.timings();
-          entry.provenance.proposer = n.move.proposer + ":" + n.move.label;
-          entry.provenance.search_id = sig_id.hex();
-          entry.provenance.kforge_version = KFORGE_VERSION_STRING;
-          entry.provenance.created_unix_ms = now_unix_ms();
-          entry.provenance.host = host_name();
-          StatusOr<EntryKey> key = store->publish(entry);
-          if (key.ok()) {
-            best = o.speedup;
-            log("published " + key->hex() + ": " + n.move.label + " at " + std::to_string(o.speedup) + "x" +
-                (o.shared_gpu_pids.empty()
-                     ? std::string()
-                     : " (timed on " + where.device + ", " + where.uuid + ", while serving pid(s) " +
-                           pid_list(o.shared_gpu_pids) + " used that GPU: the speedup may be noisier)"));
-            {
-              std::lock_guard<std::mutex> lock(mu_);
-              progress_.best_speedup = best;
-              progress_.best_label = n.move.label;
-              progress_.entry_key = key->hex();
-            }
-            SessionEvent e;
-            e.kind = SessionEvent::Kind::kPublished;
-            e.signature = sig_id;
-            e.node = node;
-            e.speedup = o.speedup;
-            e.entry_key = key->hex();
-            e.environment_key = r.environment.key();
-            e.label = n.move.label;
-            e.shared_gpu_pids = o.shared_gpu_pids;
-            if (ctx_.on_event) ctx_.on_event(e);
-          } else {
-            log("cannot publish the winner " + n.move.label + ": " + key.status().message());
-          }
+        const EvaluatedNode evaluated{signature_, node, strategy->tree().node(node), r, where, o};
+        for (ResultObserver* observer : observers) {
+          if (Status s = observer->on_result(evaluated); !s.ok() && end_reason.empty()) end_reason = "journal: " + s.message();
         }
-        if (Status s = journal->append_outcome(node, o); !s.ok() && end_reason.empty()) end_reason = "journal: " + s.message();
-        SessionEvent e;
-        e.kind = SessionEvent::Kind::kResult;
-        e.signature = sig_id;
-        e.node = node;
-        e.parent = n.parent;
-        e.status = r.status;
-        e.speedup = o.speedup;
-        e.message = r.message;
-        e.label = n.move.label;
-        e.proposer = n.move.proposer;
-        e.device = where.device;
-        e.uuid = where.uuid;
-        e.shared_gpu_pids = o.shared_gpu_pids;
-        e.implausible = o.implausible;
-        if (ctx_.on_event) ctx_.on_event(e);
+        if (publisher.best() > best) {
+          best = publisher.best();
+          std::lock_guard<std::mutex> lock(mu_);
+          progress_.best_speedup = best;
+          progress_.best_label = publisher.best_label();
+          progress_.entry_key = publisher.entry_key();
+        }
         outcomes.emplace_back(node, std::move(o));
       }
       if (!outcomes.empty()) strategy->notify_results(outcomes);
     }
     // A search stopped by the daemon's shutdown is resumed next time; any other end is final.
-    if (end_reason != "stopped") (void)journal->append_done(end_reason);
+    if (!stopped) (void)journal->append_done(end_reason);
     {
       std::lock_guard<std::mutex> lock(mu_);
       progress_.nodes = strategy->tree().size();
       progress_.evaluated = strategy->tree().evaluated();
       progress_.in_flight = 0;
     }
-    finish(end_reason == "stopped" ? "stopped" : "done", end_reason);
+    finish(stopped ? SessionState::kStopped : SessionState::kDone, end_reason);
   } catch (const std::exception& e) {
-    finish("failed", std::string("internal error: ") + e.what());
+    finish(SessionState::kFailed, std::string("internal error: ") + e.what());
   }
 }
 

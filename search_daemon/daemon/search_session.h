@@ -1,7 +1,8 @@
 // SearchSession: one signature's search, on a thread of its own: the loop generate -> evaluate ->
-// notify of its SearchStrategy, with the callbacks that give a result its effects: the journal
-// (resume after a crash), the cache (a verified winner becomes an entry the hooks load), and the
-// daemon's events (KernelReady to the processes, the GUI's event stream, metrics).
+// notify of its SearchStrategy against an Evaluator (evaluator.h; kforged's is the pool), with the
+// observers that give a result its effects (result_observers.h): the cache (a verified winner
+// becomes an entry the hooks load), the journal (resume after a crash), and the daemon's events
+// (KernelReady to the processes, the GUI's event stream, metrics).
 //
 //   SearchSession s(signature_record, context);   // opens the journal, restores the tree
 //   s.start();                                    // the search thread
@@ -40,37 +41,15 @@
 
 #include "runtime/environment.h"
 #include "runtime/op_signature.h"
-#include "search_daemon/evaluator/evaluator_pool.h"
+#include "search_daemon/daemon/session_events.h"
+#include "search_daemon/evaluator/evaluator.h"
 #include "search_daemon/proposers/proposer.h"
 #include "search_daemon/search/search_strategy.h"
 
 namespace kforge::daemon {
 
-struct SessionEvent {
-  enum class Kind { kNode, kResult, kPublished, kFinished };
-  Kind kind = Kind::kNode;
-  SignatureId signature;
-  uint64_t node = 0;
-  uint64_t parent = 0;
-  std::string proposer;
-  std::string label;
-  eval::EvalStatus status = eval::EvalStatus::kWorkerError;
-  std::string message;              // result: why it failed; finished: why it ended
-  double speedup = 0;
-  std::string entry_key;            // published
-  EnvironmentKey environment_key;   // published
-  uint64_t evaluations = 0;         // finished: outcomes in the tree
-  // result: where it ran (eval::JobPlacement's device and GPU UUID); result and published: the
-  // serving processes that used that GPU while it was timed (Outcome::shared_gpu_pids).
-  std::string device;
-  std::string uuid;
-  std::vector<int32_t> shared_gpu_pids;
-  // result: why its timing cannot be believed (Outcome::implausible); "" when it can.
-  std::string implausible;
-};
-
 struct SessionContext {
-  eval::EvaluatorPool* pool = nullptr;
+  eval::Evaluator* evaluator = nullptr;
   std::vector<search::Proposer*> proposers;
   std::string strategy = "mcts";
   search::StrategyOptions options;           // max_evaluations = the per-signature budget
@@ -94,7 +73,7 @@ struct SessionContext {
 };
 
 struct SessionProgress {
-  std::string state = "starting";   // "starting", "searching", "done", "failed"
+  SessionState state = SessionState::kStarting;
   std::string reason;
   uint64_t nodes = 0;
   uint64_t evaluated = 0;
@@ -122,7 +101,7 @@ class SearchSession {
 
  private:
   void run();
-  void finish(const std::string& state, const std::string& reason);
+  void finish(SessionState state, const std::string& reason);
   // Note [Plausible timing]: why the worker's baseline cannot be believed against the serving
   // processes' own observation, or "".
   std::string implausible_against_observed(const eval::TimingOutcome& t) const;

@@ -1,5 +1,6 @@
-// EvaluatorPool: the daemon's evaluation slots, one supervised kforge-worker each (one per GPU, so
-// no two timing runs ever share a GPU; CPU slots as configured), and the queue that feeds them.
+// EvaluatorPool: the Evaluator kforged runs (evaluator.h): the daemon's evaluation slots, one
+// supervised kforge-worker each (one per GPU, so no two timing runs ever share a GPU; CPU slots as
+// configured), and the queue that feeds them.
 //
 //   EvaluatorPool pool({.devices = {"cuda:0", "cpu"}, .cpu_slots = 1, .program = ..., .build_cache_dir = ...});
 //   pool.start();                                     // workers start in the background
@@ -41,6 +42,7 @@
 
 #include "runtime/op_signature.h"
 #include "search_daemon/evaluator/eval_protocol.h"
+#include "search_daemon/evaluator/evaluator.h"
 #include "search_daemon/evaluator/worker_process.h"
 
 namespace kforge::eval {
@@ -69,14 +71,6 @@ struct SlotInfo {
   double bandwidth_bytes_per_s = 0;
 };
 
-// Where a job ran.
-struct JobPlacement {
-  std::string device;                    // the slot's device, "cuda:0"; "" when no slot ran it
-  std::string uuid;                      // its GPU ("" for cpu, or unknown)
-  // Serving processes using that GPU when the job started or when it ended (sorted, unique).
-  std::vector<int32_t> serving_pids;
-};
-
 // Note [Pinned CPU workers]
 // A CPU timing is only as fair as the conditions baseline and candidate run under. Each CPU slot's
 // worker is pinned (sched_setaffinity, by the kforge-worker launcher) to cores of its own, with
@@ -103,20 +97,19 @@ struct SlotCandidate {
 // earliest in `idle` on a tie. `idle` must not be empty.
 size_t choose_slot(const std::vector<SlotCandidate>& idle);
 
-class EvaluatorPool {
+class EvaluatorPool final : public Evaluator {
  public:
-  using Done = std::function<void(EvalResult, JobPlacement)>;
   explicit EvaluatorPool(PoolOptions options);
-  ~EvaluatorPool();   // stop()
+  ~EvaluatorPool() override;   // stop()
   EvaluatorPool(const EvaluatorPool&) = delete;
   EvaluatorPool& operator=(const EvaluatorPool&) = delete;
 
   // Resolves the devices and starts one thread (and worker) per slot. Fails for a device that does
   // not exist; a worker that fails to start is a slot in state "failed: ..." (retried per job).
   Status start();
-  void submit(EvalJob job, Done done);
+  void submit(EvalJob job, Done done) override;
   // Slots that could take a job for `sig` and have nothing queued or running.
-  size_t idle_slots_for(const OpSignature& sig) const;
+  size_t idle_slots_for(const OpSignature& sig) const override;
   // Slots that could ever take a job for `sig`.
   size_t slots_for(const OpSignature& sig) const;
   std::vector<SlotInfo> slots() const;

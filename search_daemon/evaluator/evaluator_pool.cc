@@ -181,11 +181,13 @@ std::vector<SlotInfo> EvaluatorPool::slots() const {
 }
 
 void EvaluatorPool::submit(EvalJob job, Done done) {
+  bool stopping = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     bool runnable = false;
     for (const auto& s : slots_) runnable = runnable || matches(*s, job.signature);
-    if (!stopping_ && runnable) {
+    stopping = stopping_;
+    if (!stopping && runnable) {
       queue_.emplace_back(std::move(job), std::move(done));
       cv_.notify_all();
       return;
@@ -195,9 +197,9 @@ void EvaluatorPool::submit(EvalJob job, Done done) {
   r.job_id = job.job_id;
   r.status = EvalStatus::kWorkerError;
   r.phase = "start";
-  r.message = stopping_ ? "the daemon is stopping"
-                        : "no evaluation slot runs " + std::string(backend_name(job.signature.target.backend)) + " " +
-                              job.signature.target.arch + " signatures";
+  r.message = stopping ? "the daemon is stopping"
+                       : "no evaluation slot runs " + std::string(backend_name(job.signature.target.backend)) + " " +
+                             job.signature.target.arch + " signatures";
   done(std::move(r), JobPlacement{});
 }
 

@@ -5,6 +5,10 @@
 // tests/python/test_daemon_cuda.py. wait_started() is tested here with workers that cannot start.
 #include <catch2/catch.hpp>
 
+#include <condition_variable>
+#include <map>
+#include <mutex>
+
 #include "search_daemon/evaluator/evaluator_pool.h"
 #include "tests/support/temp_dir.h"
 
@@ -50,4 +54,95 @@ TEST_CASE("Note [Pinned CPU workers]: each CPU slot gets cores of its own, as ma
   CHECK(cpu_slot_cores({}, 1, 0) == std::vector<std::vector<int>>{{}});
   CHECK(cpu_list({0, 3, 12}) == "0,3,12");
   CHECK_FALSE(allowed_cpus().empty());
+}
+
+namespace {
+
+EvalJob cpu_job(uint64_t id, const std::string& arch = "x86_64") {
+  kforge::TensorMeta t;
+  t.sizes = {4, 16};
+  t.strides = {16, 1};
+  EvalJob j;
+  j.job_id = id;
+  j.signature = kforge::OpSignature{"aten::_softmax", "",
+                                    {kforge::Arg::tensor(t), kforge::Arg::integer(-1), kforge::Arg::boolean(false)},
+                                    kforge::Target{kforge::Backend::kCpu, arch}};
+  return j;
+}
+
+// Counts the callbacks of each job id: the Evaluator's promise is exactly one each.
+struct Callbacks {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<uint64_t, int> calls;
+  std::map<uint64_t, EvalResult> results;
+  Evaluator::Done done() {
+    return [this](EvalResult r, JobPlacement) {
+      std::lock_guard<std::mutex> lock(mu);
+      ++calls[r.job_id];
+      results[r.job_id] = std::move(r);
+      cv.notify_all();
+    };
+  }
+  bool wait_for(size_t n, std::chrono::seconds timeout) {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, timeout, [&] { return calls.size() >= n; });
+  }
+};
+
+}  // namespace
+
+TEST_CASE("Evaluator promise: every job gets exactly one callback, from a slot whose worker cannot start, or from stop()") {
+  const kforge::test_support::TempDir t("kforge-pool-test");
+  PoolOptions o;
+  o.devices = {"cpu"};
+  o.cpu_slots = 2;
+  o.program = (t.path / "no-such-worker").string();
+  o.build_cache_dir = (t.path / "builds").string();
+  Callbacks cb;
+  {
+    EvaluatorPool pool(o);
+    REQUIRE(pool.start().ok());
+    constexpr uint64_t kJobs = 40;
+    for (uint64_t id = 1; id <= kJobs; ++id) pool.submit(cpu_job(id), cb.done());
+    // Some are answered by the slots (the worker cannot start: a result), the rest by stop(); none twice.
+    pool.stop();
+    REQUIRE(cb.wait_for(kJobs, std::chrono::seconds(60)));
+    std::lock_guard<std::mutex> lock(cb.mu);
+    REQUIRE(cb.calls.size() == kJobs);
+    for (const auto& [id, n] : cb.calls) {
+      INFO("job " << id);
+      CHECK(n == 1);
+      const EvalResult& r = cb.results.at(id);
+      CHECK(r.status == EvalStatus::kWorkerError);
+      CHECK_FALSE(r.message.empty());
+    }
+  }
+  // After stop: answered at once, on the caller's thread.
+  EvaluatorPool stopped(o);
+  REQUIRE(stopped.start().ok());
+  stopped.stop();
+  stopped.submit(cpu_job(100), cb.done());
+  std::lock_guard<std::mutex> lock(cb.mu);
+  CHECK(cb.calls.at(100) == 1);
+  CHECK(cb.results.at(100).message == "the daemon is stopping");
+}
+
+TEST_CASE("Evaluator promise: a job no slot can run is answered at once, naming the backend and arch") {
+  const kforge::test_support::TempDir t("kforge-pool-test");
+  PoolOptions o;
+  o.devices = {"cpu"};
+  o.cpu_slots = 1;
+  o.program = (t.path / "no-such-worker").string();
+  o.build_cache_dir = (t.path / "builds").string();
+  EvaluatorPool pool(o);
+  REQUIRE(pool.start().ok());
+  Callbacks cb;
+  EvalJob j = cpu_job(7);
+  j.signature.target.backend = kforge::Backend::kCuda;
+  j.signature.target.arch = "sm_90";
+  pool.submit(std::move(j), cb.done());
+  std::lock_guard<std::mutex> lock(cb.mu);
+  REQUIRE(cb.calls.count(7) == 1);
+  CHECK(cb.results.at(7).message == "no evaluation slot runs cuda sm_90 signatures");
 }

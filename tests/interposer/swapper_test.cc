@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <fcntl.h>
+#include <sys/wait.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -13,6 +14,7 @@
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +23,7 @@
 #include "interposer/hook/replacement_table.h"
 #include "interposer/hook/swapper.h"
 #include "runtime/environment.h"
+#include "runtime/wire.h"
 #include "tests/support/temp_dir.h"
 
 using namespace kforge;
@@ -334,4 +337,286 @@ TEST_CASE("Swapper: a corrupt cache entry is skipped with one line naming it, on
   CHECK_THAT(log, Catch::Contains("kforge cache verify names every bad file"));
   CHECK(swapper->stats().entries.empty());
   CHECK(hook::ReplacementTable::current()->find(sig.id()) == nullptr);
+}
+
+// ---- Note [Swap states]: observe -> shadow -> active | disabled, with real CPU entries ----------
+// Each case publishes an entry whose .so is compiled here (an empty kernel: the state machine never
+// runs it; the loader dlopens it and resolves its entry point exactly as in a serving process), and
+// drives one Swapper the way the hook does: on_round from the reporter thread, shadow_clean and
+// fail from calling threads, on_daemon_message from the client thread.
+
+namespace {
+
+// A shared object exporting `k` with the CPU kernel ABI's signature, compiled by the host's C++
+// compiler (the one that built this test).
+std::string empty_cpu_kernel_so(const fs::path& dir) {
+  const fs::path src = dir / "k.cc";
+  const fs::path so = dir / "k.so";
+  {
+    std::ofstream out(src);
+    out << "struct kforge_cpu_block;\nextern \"C\" void k(const kforge_cpu_block*, void* const*) {}\n";
+  }
+  const std::string cmd = "c++ -shared -fPIC -O1 -o '" + so.string() + "' '" + src.string() + "' 2>'" +
+                          (dir / "cc.log").string() + "'";
+  REQUIRE(std::system(cmd.c_str()) == 0);
+  std::ifstream in(so, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+OpSignature cpu_softmax(int64_t rows) {
+  TensorMeta t;
+  t.sizes = {rows, 16};
+  t.strides = {16, 1};
+  return OpSignature{"aten::_softmax", "", {Arg::tensor(t), Arg::integer(-1), Arg::boolean(false)},
+                     Target{Backend::kCpu, cpu_env().arch}};
+}
+
+// A CPU entry's environment: the host's, with the compiler that built it.
+Environment built_env() {
+  Environment e = cpu_env();
+  e.compiler = "c++";
+  return e;
+}
+
+// Publishes a CPU entry for `sig` (`variant` makes distinct entries) and returns its key.
+EntryKey publish_cpu_entry(const std::string& cache, const OpSignature& sig, const std::string& so,
+                           const std::string& variant = "v1") {
+  CacheEntry e;
+  e.signature = sig;
+  e.environment = built_env();
+  e.spec.backend = Backend::kCpu;
+  e.spec.language = SourceLanguage::kCpp;
+  e.spec.source = "/* " + variant + " */ extern \"C\" void k(const void*, void* const*) {}";
+  e.spec.entry_points = {"k"};
+  e.spec.plan.outputs = {OutputSpec::like(0)};
+  Launch l;
+  l.entry = "k";
+  l.args = {ArgBinding::input(0), ArgBinding::output(0)};
+  e.spec.plan.launches = {l};
+  e.blobs.push_back({"so", so});
+  StatusOr<Store> store = Store::open(cache);
+  REQUIRE(store.ok());
+  StatusOr<EntryKey> key = store->publish(e);
+  REQUIRE(key.ok());
+  return *key;
+}
+
+hook::Swapper* new_swapper(const std::string& cache, hook::HookMode mode, uint32_t shadow_calls) {
+  hook::SwapperOptions options;
+  options.mode = mode;
+  options.shadow_calls = shadow_calls;
+  options.host_env = cpu_env();
+  options.cache_root = cache;
+  static auto* keep = new std::vector<hook::Swapper*>();   // never destroyed, as in the hook
+  auto* s = new hook::Swapper(options);
+  keep->push_back(s);
+  return s;
+}
+
+const hook::Replacement* in_table(const OpSignature& sig) { return hook::ReplacementTable::current()->find(sig.id()); }
+
+std::optional<hook::SwapStats::Entry> stats_of(const hook::Swapper& s, const OpSignature& sig) {
+  for (const hook::SwapStats::Entry& e : s.stats().entries) {
+    if (e.id == sig.id()) return e;
+  }
+  return std::nullopt;
+}
+
+std::vector<int32_t> marker_pids(const std::string& cache, const EntryKey& key) {
+  StatusOr<Store> store = Store::open(cache);
+  REQUIRE(store.ok());
+  StatusOr<std::vector<Store::TrialMarker>> markers = store->trial_markers();
+  REQUIRE(markers.ok());
+  std::vector<int32_t> pids;
+  for (const Store::TrialMarker& m : *markers) {
+    if (m.key == key) pids.push_back(m.pid);
+  }
+  return pids;
+}
+
+EntryStatus cache_status(const std::string& cache, const EntryKey& key) {
+  StatusOr<Store> store = Store::open(cache);
+  REQUIRE(store.ok());
+  StatusOr<StoredEntry> e = store->load(key);
+  REQUIRE(e.ok());
+  return e->status;
+}
+
+// The pid of a process that has exited (and been reaped).
+int32_t dead_pid() {
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) ::_exit(0);
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  return static_cast<int32_t>(child);
+}
+
+}  // namespace
+
+TEST_CASE("Swap states (active mode): a found entry is shadowed, marked for trial, then active after its clean calls") {
+  TempDir dir{"kforge-swapper-test"};
+  const std::string cache = (dir.path / "cache").string();
+  const OpSignature sig = cpu_softmax(101);
+  const EntryKey key = publish_cpu_entry(cache, sig, empty_cpu_kernel_so(dir.path));
+  hook::Swapper* s = new_swapper(cache, hook::HookMode::kActive, 3);
+
+  s->on_round({std::make_shared<const OpSignature>(sig)});
+  const hook::Replacement* r = in_table(sig);
+  REQUIRE(r != nullptr);
+  CHECK(r->state == hook::SwapState::kShadow);
+  CHECK(r->key == key);
+  CHECK(r->shadow_target == 3);
+  REQUIRE(stats_of(*s, sig).has_value());
+  CHECK(stats_of(*s, sig)->state == "shadow");
+  // Note [Trial marker]: written before the first replacement call, with this process's pid.
+  CHECK(marker_pids(cache, key) == std::vector<int32_t>{static_cast<int32_t>(::getpid())});
+
+  s->shadow_clean(*r);
+  s->shadow_clean(*r);
+  CHECK(in_table(sig)->state == hook::SwapState::kShadow);   // 2 of 3: still on trial
+  s->shadow_clean(*r);
+  REQUIRE(in_table(sig) != nullptr);
+  CHECK(in_table(sig)->state == hook::SwapState::kActive);
+  CHECK(stats_of(*s, sig)->state == "active");
+  s->shadow_clean(*r);   // a late call on the old shadow replacement changes nothing
+  CHECK(in_table(sig)->state == hook::SwapState::kActive);
+  // The passed trial's marker goes on the next round (the reporter thread does the I/O).
+  CHECK(marker_pids(cache, key).size() == 1);
+  s->on_round({});
+  CHECK(marker_pids(cache, key).empty());
+  CHECK(cache_status(cache, key).state == EntryState::kActive);
+}
+
+TEST_CASE("Swap states (shadow mode): a passed trial keeps shadowing, and its marker is removed") {
+  TempDir dir{"kforge-swapper-test"};
+  const std::string cache = (dir.path / "cache").string();
+  const OpSignature sig = cpu_softmax(102);
+  const EntryKey key = publish_cpu_entry(cache, sig, empty_cpu_kernel_so(dir.path));
+  hook::Swapper* s = new_swapper(cache, hook::HookMode::kShadow, 2);
+  s->on_round({std::make_shared<const OpSignature>(sig)});
+  const hook::Replacement* r = in_table(sig);
+  REQUIRE(r != nullptr);
+  CHECK_FALSE(r->activate_after_shadow);
+  for (int i = 0; i < 5; ++i) s->shadow_clean(*r);
+  CHECK(in_table(sig) == r);   // the same shadow replacement: no new table was needed
+  CHECK(stats_of(*s, sig)->state == "shadow");
+  s->on_round({});
+  CHECK(marker_pids(cache, key).empty());
+}
+
+TEST_CASE("Swap states: a failed comparison disables the entry at once and quarantines it on the next round") {
+  TempDir dir{"kforge-swapper-test"};
+  const std::string cache = (dir.path / "cache").string();
+  const OpSignature sig = cpu_softmax(103);
+  const EntryKey key = publish_cpu_entry(cache, sig, empty_cpu_kernel_so(dir.path));
+  hook::Swapper* s = new_swapper(cache, hook::HookMode::kActive, 5);
+  s->on_round({std::make_shared<const OpSignature>(sig)});
+  const hook::Replacement* r = in_table(sig);
+  REQUIRE(r != nullptr);
+  s->shadow_clean(*r);
+
+  s->fail(*r, "output 0 element [0, 0]: 0.5 vs 0.25");
+  CHECK(in_table(sig) == nullptr);   // PyTorch's kernel runs from the next call on
+  CHECK(stats_of(*s, sig)->state == "disabled");
+  CHECK(stats_of(*s, sig)->reason == "output 0 element [0, 0]: 0.5 vs 0.25");
+  s->fail(*r, "a second failure");   // already disabled: nothing changes
+  CHECK(stats_of(*s, sig)->reason == "output 0 element [0, 0]: 0.5 vs 0.25");
+  CHECK(cache_status(cache, key).state == EntryState::kActive);   // no I/O on the calling thread
+
+  const std::string log = capture_stderr(dir.path / "stderr.txt", [&] { s->on_round({}); });
+  const EntryStatus st = cache_status(cache, key);
+  CHECK(st.state == EntryState::kQuarantined);
+  CHECK(st.reason == "output 0 element [0, 0]: 0.5 vs 0.25");
+  CHECK(marker_pids(cache, key).empty());
+  CHECK(s->stats().quarantined == 1);
+  CHECK_THAT(log, Catch::Contains("entry " + key.hex()) && Catch::Contains("quarantined in the cache"));
+  // A quarantined entry is never found again, by this process or another.
+  hook::Swapper* next = new_swapper(cache, hook::HookMode::kActive, 5);
+  next->on_round({std::make_shared<const OpSignature>(sig)});
+  CHECK(in_table(sig) == nullptr);
+}
+
+TEST_CASE("Note [Trial marker]: the entry of a process that died during its trial is quarantined, not loaded") {
+  TempDir dir{"kforge-swapper-test"};
+  const std::string cache = (dir.path / "cache").string();
+  const OpSignature sig = cpu_softmax(104);
+  const EntryKey key = publish_cpu_entry(cache, sig, empty_cpu_kernel_so(dir.path));
+  const int32_t gone = dead_pid();
+  {
+    StatusOr<Store> store = Store::open(cache);
+    REQUIRE(store.ok());
+    REQUIRE(store->write_trial_marker(key, gone).ok());
+  }
+  hook::Swapper* s = new_swapper(cache, hook::HookMode::kActive, 5);
+  const std::string log = capture_stderr(dir.path / "stderr.txt", [&] {
+    s->on_round({std::make_shared<const OpSignature>(sig)});
+  });
+  CHECK(in_table(sig) == nullptr);
+  CHECK(s->stats().markers_quarantined == 1);
+  const EntryStatus st = cache_status(cache, key);
+  CHECK(st.state == EntryState::kQuarantined);
+  CHECK(st.reason == "process died during trial");
+  CHECK(marker_pids(cache, key).empty());
+  CHECK_THAT(log, Catch::Contains("(pid " + std::to_string(gone) + ") died during its trial"));
+}
+
+TEST_CASE("Note [Trial marker]: a live process's marker is left alone, and its entry is still used") {
+  TempDir dir{"kforge-swapper-test"};
+  const std::string cache = (dir.path / "cache").string();
+  const OpSignature sig = cpu_softmax(105);
+  const EntryKey key = publish_cpu_entry(cache, sig, empty_cpu_kernel_so(dir.path));
+  const int32_t parent = static_cast<int32_t>(::getppid());   // alive while this test runs
+  {
+    StatusOr<Store> store = Store::open(cache);
+    REQUIRE(store.ok());
+    REQUIRE(store->write_trial_marker(key, parent).ok());
+  }
+  hook::Swapper* s = new_swapper(cache, hook::HookMode::kActive, 5);
+  s->on_round({std::make_shared<const OpSignature>(sig)});
+  CHECK(s->stats().markers_quarantined == 0);
+  CHECK(cache_status(cache, key).state == EntryState::kActive);
+  REQUIRE(in_table(sig) != nullptr);
+  // The marker is now this process's (its own trial): one file per entry.
+  CHECK(marker_pids(cache, key) == std::vector<int32_t>{static_cast<int32_t>(::getpid())});
+}
+
+TEST_CASE("Note [Daemon notices]: Revoke disables the entry in use without touching the cache, and KernelReady brings in the next one") {
+  TempDir dir{"kforge-swapper-test"};
+  const std::string cache = (dir.path / "cache").string();
+  const OpSignature sig = cpu_softmax(106);
+  const std::string so = empty_cpu_kernel_so(dir.path);
+  const EntryKey first = publish_cpu_entry(cache, sig, so, "first");
+  hook::Swapper* s = new_swapper(cache, hook::HookMode::kActive, 5);
+  s->on_round({std::make_shared<const OpSignature>(sig)});
+  REQUIRE(in_table(sig) != nullptr);
+  REQUIRE(in_table(sig)->key == first);
+
+  // A notice for another entry of the signature, or for a signature this process never saw: ignored.
+  s->on_daemon_message(wire::Revoke{sig.id(), std::string(32, 'a'), "not this one"});
+  s->on_daemon_message(wire::Revoke{cpu_softmax(999).id(), first.hex(), "not this signature"});
+  s->on_round({});
+  REQUIRE(in_table(sig) != nullptr);
+  CHECK(s->stats().notices == 2);
+
+  s->on_daemon_message(wire::Revoke{sig.id(), first.hex(), "replaced by a faster kernel"});
+  CHECK(in_table(sig) != nullptr);   // queued: the next round acts on it
+  s->on_round({});
+  CHECK(in_table(sig) == nullptr);
+  CHECK(stats_of(*s, sig)->state == "disabled");
+  CHECK(stats_of(*s, sig)->reason == "revoked by the daemon: replaced by a faster kernel");
+  CHECK(cache_status(cache, first).state == EntryState::kActive);   // the cache is the daemon's to change
+  CHECK(marker_pids(cache, first).empty());
+
+  // The daemon publishes a better kernel (the same key: one entry per signature and environment,
+  // its manifest replaced) and says so: KernelReady loads the new content, on trial again.
+  const EntryKey second = publish_cpu_entry(cache, sig, so, "second");
+  REQUIRE(second == first);
+  s->on_daemon_message(wire::KernelReady{sig.id(), built_env().key(), second.hex(), 1.5});
+  s->on_round({});
+  const hook::Replacement* r = in_table(sig);
+  REQUIRE(r != nullptr);
+  CHECK_THAT(r->spec->source, Catch::StartsWith("/* second */"));
+  CHECK(r->state == hook::SwapState::kShadow);
+  CHECK(marker_pids(cache, second) == std::vector<int32_t>{static_cast<int32_t>(::getpid())});
 }

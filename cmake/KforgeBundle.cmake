@@ -10,4 +10,4 @@ add_custom_target(bundle
           ${CMAKE_BINARY_DIR}/bundle-stage/${KFORGE_BUNDLE_NAME} ${KFORGE_BUNDLE_TARBALL}
   COMMENT "Building the relocatable bundle ${KFORGE_BUNDLE_TARBALL}"
   VERBATIM)
-install(FILES README.md docs/ARCHITECTURE.md DESTINATION share/kforge/doc)
+install(FILES README.md docs/ARCHITECTURE.md docs/REFERENCE.md docs/BENCHMARKS.md DESTINATION share/kforge/doc)

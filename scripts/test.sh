@@ -6,7 +6,7 @@
 #   2. the libFuzzer targets, each for KFORGE_FUZZ_SECONDS (clang build in build-fuzz/)
 #   3. the unit tests again under AddressSanitizer + UBSan (build-asan/)
 #   4. the Python tests (pytest, in the project's venv)
-# GPU tests (label 'gpu') need a GPU: run them from the bundle (README, "GPU hosts").
+# GPU tests (label 'gpu') need a GPU: run them from the bundle (docs/REFERENCE.md, "GPU hosts").
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${KFORGE_BUILD_DIR:-$ROOT/build}"

@@ -14,8 +14,8 @@ using R = ArgRole;
 // texts say what that kernel returns, read off torch 2.11 on CPU and on an H200 (CUDA 13), not
 // what the documentation promises: _softmax's output is contiguous even for a strided input;
 // native_layer_norm's mean and rstd are float32 for float16/bfloat16 input on CUDA but keep the
-// input's dtype on CPU; native_group_norm's keep the input's dtype on both; gelu, silu and add
-// follow TensorIterator's layout rule. A wrong sentence here costs failed "output_layout" checks,
+// input's dtype on CPU; native_group_norm's keep the input's dtype on both; gelu, silu, add and
+// relu follow TensorIterator's layout rule; relu keeps NaN and -0.0 (it is x < 0 ? 0 : x). A wrong sentence here costs failed "output_layout" checks,
 // so change them only against a torch run.
 //
 // Note [Op cost model]
@@ -27,6 +27,7 @@ using R = ArgRole;
 //   _softmax, _log_softmax   5 (max, subtract, exp, sum, divide or log)
 //   native_layer_norm    8 (mean, centre, square, sum, rsqrt, scale, weight, bias)
 //   native_group_norm    8
+//   relu                 1 (compare and select)
 // Bytes: every tensor argument's elements read once and every output's written once.
 
 constexpr std::string_view kOneOut = "out";
@@ -86,6 +87,8 @@ constexpr std::array<std::string_view, 2> kSiluFamilies = {"silu", "cpu.silu"};
 constexpr std::array<ArgDecl, 3> kAddArgs = {{{"self", R::kData}, {"other", R::kData}, {"alpha", R::kScalar}}};
 constexpr std::array<OutputDecl, 1> kOneBroadcast = {{{kOneOut, OutputRule::kBroadcast}}};
 constexpr std::array<std::string_view, 2> kAddFamilies = {"add", "cpu.add"};
+constexpr std::array<ArgDecl, 1> kReluArgs = {{{"self", R::kData}}};
+constexpr std::array<std::string_view, 2> kReluFamilies = {"relu", "cpu.relu"};
 
 // The entries, in KFORGE_CATALOG_OPERATORS order.
 const std::array<OpEntry, kOperatorCount> kEntries = {{
@@ -129,6 +132,10 @@ Output 0: like self ({"like": 0}: the sizes of self; self's strides when self is
      R"txt(Elementwise out = self + alpha * other (alpha: argument 2, an int or float scalar), with broadcasting: sizes align from the last dimension, and a dimension of size 1 (or missing) repeats (index it with stride 0). Compute in float32 for float16/bfloat16 results (float64 for float64).
 Output 0: sizes = the broadcast shape. dtype = type promotion (torch.result_type): the same dtype when both match; bfloat16 + float32 gives float32; but a 0-dimensional operand only counts by category (bfloat16 [4, 8] + float32 [] gives bfloat16). Strides: dense (no gaps), in self's stride order (self contiguous: contiguous; self's strides when self has the output's sizes and is dense); dimensions where self is broadcast take their order from other.)txt",
      "aten::add_.Tensor", "aten::add.out", kAddFamilies, ""},
+    {"aten::relu", "", "aten::relu(Tensor self) -> Tensor", kReluArgs, kOneLikeInput, 1,
+     R"txt(ReLU, elementwise: out = x < 0 ? 0 : x. NaN stays NaN and -0.0 stays -0.0, as in PyTorch (do not write max(x, 0): fmaxf turns NaN into 0). Exact in every dtype: no conversion rounds.
+Output 0: like self ({"like": 0}: the sizes of self; self's strides when self is non-overlapping and dense, else dense strides in self's stride order), dtype of self.)txt",
+     "aten::relu_", "aten::relu.out", kReluFamilies, ""},
 }};
 
 // The schema's argument count: the comma-separated items at depth 0 between its first '(' and the

@@ -41,7 +41,8 @@
   OP(native_group_norm)                           \
   OP(gelu)                                        \
   OP(silu)                                        \
-  OP_OVERLOAD(add, Tensor)
+  OP_OVERLOAD(add, Tensor)                        \
+  OP(relu)
 
 namespace kforge::catalog {
 

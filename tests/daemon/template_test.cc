@@ -92,6 +92,10 @@ OpSignature silu(Backend b, DType t, std::vector<int64_t> sizes) {
   return OpSignature{"aten::silu", "", {Arg::tensor(tensor(b, t, sizes))}, target(b)};
 }
 
+OpSignature relu(Backend b, DType t, std::vector<int64_t> sizes) {
+  return OpSignature{"aten::relu", "", {Arg::tensor(tensor(b, t, sizes))}, target(b)};
+}
+
 OpSignature add(Backend b, DType t, std::vector<int64_t> sizes, Arg alpha = Arg::integer(1)) {
   return OpSignature{"aten::add", "Tensor",
                      {Arg::tensor(tensor(b, t, sizes)), Arg::tensor(tensor(b, t, sizes)), std::move(alpha)}, target(b)};
@@ -119,6 +123,7 @@ std::vector<OpSignature> signatures(Backend b) {
     out.push_back(silu(b, t, {4, 1 << 16}));
     out.push_back(add(b, t, {2, 3, 1001}, Arg::real(0.5)));
     out.push_back(add(b, t, {1 << 20}));
+    out.push_back(relu(b, t, {3, 5, 7, 11}));
   }
   return out;
 }
@@ -223,6 +228,8 @@ TEST_CASE("templates: supports() accepts exactly the signatures some family hand
       softmax(G, F, {0, 64}),                                    // empty
       gelu(G, F, {8}, "sigmoid"),
       gelu(G, DType::kInt32, {8}),
+      relu(G, DType::kFloat64, {8}),
+      relu(C, DType::kInt64, {8}),
       add(G, F, {8, 64}, Arg::string("1")),
   };
   {
@@ -611,6 +618,7 @@ TEST_CASE("templates: the CUDA families compile with NVRTC for sm_90 over their 
     sigs.push_back(gelu(Backend::kCuda, d, {1 << 20}, "tanh"));
     sigs.push_back(silu(Backend::kCuda, d, {1 << 20}));
     sigs.push_back(add(Backend::kCuda, d, {1 << 20}, Arg::real(-0.5)));
+    sigs.push_back(relu(Backend::kCuda, d, {1 << 20}));
   }
   std::set<std::string> built;   // the build cache key: each distinct source and options once
   size_t compiled = 0;
@@ -777,6 +785,7 @@ TEST_CASE("templates: CPU instances of every family pass the worker's verificati
   plan(silu(B, F, {3, 4099}), 1, 2);
   plan(add(B, F, {100003}, Arg::real(-0.75)), 1, 2);
   plan(add(B, F, {4, 129}), 1, 0);
+  plan(relu(B, F, {7, 1031}), 1, 2);
   verify_all("cpu", work);
 }
 
@@ -809,6 +818,7 @@ TEST_CASE("templates: CUDA instances of every family pass the worker's verificat
     plan(gelu(B, d, {70001}, "tanh"), 2, 2);
     plan(silu(B, d, {3, 4099}), 2, 2);
     plan(add(B, d, {100003}, Arg::real(-0.75)), 2, 2);
+    plan(relu(B, d, {3, 4099}), 2, 2);
   }
   verify_all("cuda:0", work);
 }
@@ -859,7 +869,7 @@ TEST_CASE("templates: timing of the root's defaults on CUDA (manual)", "[.timing
                  softmax(B, F, {64, 50257}), softmax(B, H, {64, 50257}, true), layer_norm(B, BF, {8192, 4096}),
                  layer_norm(B, F, {16384, 768}), layer_norm(B, H, {4, 1024, 1280}), group_norm(B, H, {8, 512, 32, 32}, 32),
                  gelu(B, BF, {8192, 16384}), gelu(B, F, {4096, 3072}, "tanh"), silu(B, H, {8192, 11008}),
-                 add(B, BF, {8192, 4096}), add(B, F, {1 << 24})},
+                 add(B, BF, {8192, 4096}), add(B, F, {1 << 24}), relu(B, H, {8192, 11008})},
                 4);
 }
 
@@ -869,7 +879,8 @@ TEST_CASE("templates: timing of the root's defaults on the CPU (manual)", "[.tim
   const std::string arch = cpu_host_environment("").arch;
   std::vector<OpSignature> sigs = {softmax(B, F, {512, 1024}),  layer_norm(B, F, {1024, 768}),
                                    group_norm(B, F, {2, 64, 32, 32}, 32), gelu(B, F, {1 << 20}),
-                                   silu(B, F, {1 << 20}),       add(B, F, {1 << 20})};
+                                   silu(B, F, {1 << 20}),       add(B, F, {1 << 20}),
+                                   relu(B, F, {1 << 20})};
   for (OpSignature& s : sigs) s.target.arch = arch;
   time_defaults("cpu", sigs, 2);
 }

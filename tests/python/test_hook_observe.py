@@ -123,7 +123,7 @@ if DEV == "cuda":
     torch.use_deterministic_algorithms(True)
 
 class Small(torch.nn.Module):
-    # Every catalog operator, on CPU: layer_norm, group_norm, gelu, silu, add, softmax, log_softmax.
+    # Every catalog operator, on CPU: layer_norm, group_norm, gelu, silu, add, relu, softmax, log_softmax.
     def __init__(self):
         super().__init__()
         self.ln = torch.nn.LayerNorm(32)
@@ -133,7 +133,7 @@ class Small(torch.nn.Module):
         h = F.gelu(self.fc(self.ln(x)))
         h = h + x
         h = self.gn(h)
-        h = F.silu(h) + F.gelu(h, approximate="tanh")
+        h = F.silu(h) + F.gelu(F.relu(h), approximate="tanh")
         return {"softmax": torch.softmax(h, dim=-1), "log_softmax": torch.log_softmax(h, dim=1), "h": h}
 
 torch.manual_seed(0)
@@ -259,6 +259,7 @@ cases = [
     (12, lambda: torch.add(x, xt, alpha=2),            ["aten::add", "Tensor", [T(x), T(xt), [4, 2]]]),
     (13, lambda: torch.add(xd, xd, alpha=0.5),         ["aten::add", "Tensor", [T(xd), T(xd), [5, 0.5]]]),
     (14, lambda: F.silu(n0),                           ["aten::silu", "", [T(n0)]]),
+    (15, lambda: F.relu(xt),                           ["aten::relu", "", [T(xt)]]),
 ]
 arch = os.environ["KFORGE_TEST_ARCH"]
 expected = {}

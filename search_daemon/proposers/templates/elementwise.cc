@@ -1,6 +1,7 @@
-// The pointwise operators: aten::gelu (approximate 'none' or 'tanh'), aten::silu and aten::add.Tensor
-// (two contiguous inputs of the same sizes and dtype, alpha a scalar). Each element is computed in
-// float with PyTorch's own formula and constants, so the result rounds as PyTorch's does.
+// The pointwise operators: aten::gelu (approximate 'none' or 'tanh'), aten::silu, aten::add.Tensor
+// (two contiguous inputs of the same sizes and dtype, alpha a scalar) and aten::relu. Each element
+// is computed in float with PyTorch's own formula and constants, so the result rounds as
+// PyTorch's does (relu rounds nothing: x < 0 ? 0 : x keeps NaN and -0.0, as clamp_min does).
 #include <algorithm>
 
 #include "search_daemon/proposers/templates/template_family.h"
@@ -9,10 +10,10 @@ namespace kforge::search::templates {
 
 namespace {
 
-enum class Pointwise : uint8_t { kGelu, kSilu, kAdd };
+enum class Pointwise : uint8_t { kGelu, kSilu, kAdd, kRelu };
 
 const char* const kCudaPointwise = R"kf(
-// KF_OP: 0 gelu (KF_GELU_TANH 0: erf form, 1: tanh form), 1 silu, 2 add (a + alpha * b).
+// KF_OP: 0 gelu (KF_GELU_TANH 0: erf form, 1: tanh form), 1 silu, 2 add (a + alpha * b), 3 relu.
 // Each thread handles KF_ITEMS vectors of KF_VEC elements, KF_BLOCK apart (coalesced); the
 // n % KF_VEC elements after the last whole vector go to the first threads of block 0.
 #if KF_OP == 0
@@ -28,6 +29,8 @@ __device__ __forceinline__ float kf_op(float x) {
 }
 #elif KF_OP == 1
 __device__ __forceinline__ float kf_op(float x) { return x / (1.0f + expf(-x)); }
+#elif KF_OP == 3
+__device__ __forceinline__ float kf_op(float x) { return x < 0.0f ? 0.0f : x; }
 #endif
 
 extern "C" __global__ void __launch_bounds__(KF_BLOCK)
@@ -96,6 +99,8 @@ static inline float kf_op(float x) {
 }
 #elif KF_OP == 1
 static inline float kf_op(float x) { return x / (1.0f + expf(-x)); }
+#elif KF_OP == 3
+static inline float kf_op(float x) { return x < 0.0f ? 0.0f : x; }
 #endif
 
 extern "C" void kf_pointwise(const kforge_cpu_block* blk, void* const* p) {
@@ -141,6 +146,9 @@ std::optional<std::vector<std::string>> pointwise_defines(const OpSignature& sig
     case Pointwise::kSilu:
       if (sig.op != "aten::silu" || !sig.overload.empty() || sig.args.size() != 1) return std::nullopt;
       return std::vector<std::string>{define("KF_OP", 1)};
+    case Pointwise::kRelu:
+      if (sig.op != "aten::relu" || !sig.overload.empty() || sig.args.size() != 1) return std::nullopt;
+      return std::vector<std::string>{define("KF_OP", 3)};
     case Pointwise::kAdd: {
       if (sig.op != "aten::add" || sig.overload != "Tensor" || sig.args.size() != 3) return std::nullopt;
       const TensorMeta* b = tensor_arg(sig, 1);
@@ -159,6 +167,7 @@ std::string_view pointwise_family(Pointwise op, Backend backend) {
     case Pointwise::kGelu: return cpu ? "cpu.gelu" : "gelu";
     case Pointwise::kSilu: return cpu ? "cpu.silu" : "silu";
     case Pointwise::kAdd: return cpu ? "cpu.add" : "add";
+    case Pointwise::kRelu: return cpu ? "cpu.relu" : "relu";
   }
   return "";
 }
@@ -264,14 +273,17 @@ class PointwiseCpu final : public FamilyBase {
 
 }  // namespace
 
-// aten::gelu, aten::silu, aten::add.Tensor ("gelu", "silu", "add" and their "cpu." twins).
+// aten::gelu, aten::silu, aten::add.Tensor, aten::relu ("gelu", "silu", "add", "relu" and their
+// "cpu." twins).
 const FamilyRegistration kRegistered{
     []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<PointwiseCuda>(Pointwise::kGelu); },
     []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<PointwiseCuda>(Pointwise::kSilu); },
     []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<PointwiseCuda>(Pointwise::kAdd); },
+    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<PointwiseCuda>(Pointwise::kRelu); },
     []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<PointwiseCpu>(Pointwise::kGelu); },
     []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<PointwiseCpu>(Pointwise::kSilu); },
     []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<PointwiseCpu>(Pointwise::kAdd); },
+    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<PointwiseCpu>(Pointwise::kRelu); },
 };
 
 }  // namespace kforge::search::templates

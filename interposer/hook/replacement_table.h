@@ -197,9 +197,11 @@ class ReplacementTable {
   static const ReplacementTable* current() noexcept {
     return published().load(std::memory_order_acquire);
   }
-  // Makes `t` the table in force. The previous one is kept alive for the life of the process.
+  // Makes `t` the table in force. The previous one is kept alive for the life of the process (a
+  // calling thread may still be reading it), on a list that keeps it reachable, so leak checkers
+  // see it kept, not lost.
   static void publish(const ReplacementTable* t) noexcept {
-    published().store(t, std::memory_order_release);
+    retire(published().exchange(t, std::memory_order_acq_rel));
   }
 
   // Whether a call of the operator in ObserveSlots slot `slot` may have a replacement here, so
@@ -223,6 +225,18 @@ class ReplacementTable {
     const Replacement* replacement = nullptr;
   };
   ReplacementTable() = default;
+
+  static void retire(const ReplacementTable* old) noexcept {
+    // Function-local and never destroyed, as published(). Out of memory: the table is simply not
+    // listed (it stays alive all the same).
+    static auto* mu = new std::mutex();
+    static auto* retired = new std::vector<const ReplacementTable*>();
+    try {
+      std::lock_guard<std::mutex> lock(*mu);
+      retired->push_back(old);
+    } catch (...) {
+    }
+  }
 
   static std::atomic<const ReplacementTable*>& published() noexcept {
     // Function-local and never destroyed: calls may arrive during static destruction at exit.

@@ -5,15 +5,16 @@
 // twice, a finished one stays finished, and a session that cannot run says why.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <fstream>
 #include <map>
 #include <mutex>
 #include <set>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "cache/store.h"
@@ -72,10 +73,15 @@ struct Rig {
                        Target{Backend::kCpu, arch}};
   }
 
-  // Everything a session emits, by kind.
+  // Everything a session emits, by kind; a test waits on them (the session's own signals), never
+  // on a guessed delay.
   struct Events {
     std::mutex mu;
+    std::condition_variable cv;
     std::vector<SessionEvent> all;
+    size_t count_locked(SessionEvent::Kind k) const {
+      return static_cast<size_t>(std::count_if(all.begin(), all.end(), [k](const SessionEvent& e) { return e.kind == k; }));
+    }
     std::vector<SessionEvent> of(SessionEvent::Kind k) {
       std::lock_guard<std::mutex> lock(mu);
       std::vector<SessionEvent> out;
@@ -83,6 +89,11 @@ struct Rig {
         if (e.kind == k) out.push_back(e);
       }
       return out;
+    }
+    // Until `n` events of kind `k` (or the finished event) arrived, or `timeout`: whether they did.
+    bool wait_for(SessionEvent::Kind k, size_t n, std::chrono::seconds timeout) {
+      std::unique_lock<std::mutex> lock(mu);
+      return cv.wait_for(lock, timeout, [&] { return count_locked(k) >= n || count_locked(SessionEvent::Kind::kFinished) > 0; });
     }
   };
 
@@ -103,6 +114,7 @@ struct Rig {
     c.on_event = [&events](SessionEvent e) {
       std::lock_guard<std::mutex> lock(events.mu);
       events.all.push_back(std::move(e));
+      events.cv.notify_all();
     };
     return c;
   }
@@ -110,11 +122,10 @@ struct Rig {
 
 search::Roofline no_observations() { return search::Roofline{}; }
 
-// Waits until the session has finished; fails the test after `timeout`.
-void wait_finished(const SearchSession& s, std::chrono::seconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (!s.finished() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(50ms);
-  REQUIRE(s.finished());
+// Waits for the session's finished event (its last act but one: join() then returns at once);
+// fails the test after `timeout`.
+void wait_finished(Rig::Events& events, std::chrono::seconds timeout) {
+  REQUIRE(events.wait_for(SessionEvent::Kind::kFinished, 1, timeout));
 }
 
 }  // namespace
@@ -125,7 +136,7 @@ TEST_CASE("SearchSession: ends at its evaluation budget, journals every outcome,
   Rig::Events events;
   SearchSession s(sig, {}, {}, no_observations(), rig.context(events, 3));
   s.start();
-  wait_finished(s, 600s);
+  wait_finished(events, 600s);
   s.join();
   const SessionProgress p = s.progress();
   INFO(p.reason);
@@ -173,7 +184,7 @@ TEST_CASE("SearchSession: ends at its evaluation budget, journals every outcome,
   Rig::Events again;
   SearchSession s2(sig, {}, {}, no_observations(), rig.context(again, 10));
   s2.start();
-  wait_finished(s2, 60s);
+  wait_finished(again, 60s);
   s2.join();
   CHECK(s2.progress().state == SessionState::kDone);
   CHECK(s2.progress().reason == "finished earlier: evaluation budget of 3 spent");
@@ -190,11 +201,7 @@ TEST_CASE("SearchSession: a stopped search awaits its evaluations, and a new ses
   {
     SearchSession s(sig, {}, {}, no_observations(), rig.context(first, 6));
     s.start();
-    const auto deadline = std::chrono::steady_clock::now() + 600s;
-    while (first.of(SessionEvent::Kind::kResult).size() < 2 && !s.finished() &&
-           std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(20ms);
-    }
+    REQUIRE(first.wait_for(SessionEvent::Kind::kResult, 2, 600s));
     s.stop();
     s.join();
     const SessionProgress p = s.progress();
@@ -223,7 +230,7 @@ TEST_CASE("SearchSession: a stopped search awaits its evaluations, and a new ses
   Rig::Events second;
   SearchSession s2(sig, {}, {}, no_observations(), rig.context(second, 6));
   s2.start();
-  wait_finished(s2, 600s);
+  wait_finished(second, 600s);
   s2.join();
   const SessionProgress p2 = s2.progress();
   INFO(p2.reason);
@@ -249,7 +256,7 @@ TEST_CASE("SearchSession: the daemon's total budget, the wall-time budget and an
     rig.evaluations_total.store(4);
     SearchSession s(sig, {}, {}, no_observations(), c);
     s.start();
-    wait_finished(s, 60s);
+    wait_finished(events, 60s);
     s.join();
     CHECK(s.progress().state == SessionState::kDone);
     CHECK(s.progress().reason == "the daemon's evaluation budget of 4 is spent");
@@ -263,7 +270,7 @@ TEST_CASE("SearchSession: the daemon's total budget, the wall-time budget and an
     c.max_seconds = 0;
     SearchSession s(sig, {}, {}, no_observations(), c);
     s.start();
-    wait_finished(s, 60s);
+    wait_finished(events, 60s);
     s.join();
     CHECK(s.progress().state == SessionState::kDone);
     CHECK(s.progress().reason == "wall-time budget of 0 s spent");
@@ -276,7 +283,7 @@ TEST_CASE("SearchSession: the daemon's total budget, the wall-time budget and an
     std::ofstream(c.state_dir) << "x";
     SearchSession s(sig, {}, {}, no_observations(), c);
     s.start();
-    wait_finished(s, 60s);
+    wait_finished(events, 60s);
     s.join();
     CHECK(s.progress().state == SessionState::kFailed);
     CHECK_THAT(s.progress().reason, Catch::StartsWith("journal: "));

@@ -13,6 +13,7 @@
 #include "runtime/wire.h"
 #include "tools/cache_commands.h"
 #include "tools/ops_command.h"
+#include "tools/run_command.h"
 #include "tools/status_command.h"
 
 namespace kforge {
@@ -30,6 +31,9 @@ constexpr std::string_view kUsage =
     "usage: kforge [--cache-dir DIR] <command> [options]\n"
     "\n"
     "commands:\n"
+    "  run [options] -- CMD ARGS...  run a program under kforge: start or attach the host's\n"
+    "                                daemon, preload the hook, swap in verified faster kernels,\n"
+    "                                print a summary ('kforge run --help')\n"
     "  cache <subcommand>            inspect and manage the kernel cache ('kforge cache help')\n"
     "  status [--json] [--limit N] [--endpoint E]  what the running kforged does: processes,\n"
     "                                signatures (the 50 largest shares; --limit N), searches,\n"
@@ -250,6 +254,7 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
     if (cmd == "selftest") return cmd_selftest(args, out, err);
     if (cmd == "status") return run_status_command(std::vector<std::string>(args.begin() + 2, args.end()), out, err);
     if (cmd == "ops") return run_ops_command(std::vector<std::string>(args.begin() + 2, args.end()), out, err);
+    if (cmd == "run") return run_run_command(std::vector<std::string>(args.begin() + 2, args.end()), cache_dir, out, err);
     if (cmd == "cache") {
       return run_cache_command(std::vector<std::string>(args.begin() + 2, args.end()), cache_dir, out, err);
     }

@@ -287,8 +287,10 @@ void Recorder::reporter_main(uint64_t generation) {
   hello.pid = static_cast<int32_t>(::getpid());
   o.hello = std::move(hello);
   o.on_message = options_.on_message;
-  // Never connect into a socket directory someone else could have planted (config.h).
-  const Status safe = secure_ipc_directory(o.endpoint);
+  // Never connect into a socket directory someone else could have planted (config.h). No
+  // endpoint: KFORGE_DAEMON_ENDPOINT=none, the rounds still run (the loader's work) but report nothing.
+  const bool no_daemon = o.endpoint.empty();
+  const Status safe = no_daemon ? unavailable("no daemon (KFORGE_DAEMON_ENDPOINT=none)") : secure_ipc_directory(o.endpoint);
   StatusOr<std::unique_ptr<DaemonClient>> client =
       safe.ok() ? DaemonClient::start(std::move(o)) : StatusOr<std::unique_ptr<DaemonClient>>(safe);
   {
@@ -300,7 +302,7 @@ void Recorder::reporter_main(uint64_t generation) {
       client_error_ = client.status().message();
     }
   }
-  if (!client.ok()) {
+  if (!client.ok() && !no_daemon) {
     log_line("cannot reach the daemon at " + options_.endpoint + " (" + client.status().message() +
              "); counting locally only");
   }

@@ -12,9 +12,12 @@
 #include "runtime/version.h"
 #include "runtime/wire.h"
 #include "tools/cache_commands.h"
+#include "tools/demo_command.h"
+#include "tools/doctor_command.h"
 #include "tools/ops_command.h"
 #include "tools/run_command.h"
 #include "tools/status_command.h"
+#include "tools/warm_command.h"
 
 namespace kforge {
 
@@ -34,6 +37,12 @@ constexpr std::string_view kUsage =
     "  run [options] -- CMD ARGS...  run a program under kforge: start or attach the host's\n"
     "                                daemon, preload the hook, swap in verified faster kernels,\n"
     "                                print a summary ('kforge run --help')\n"
+    "  doctor [--json] [--python P] [--endpoint E]  check this host: install, python and torch,\n"
+    "                                hooks, CUDA, cache directory, daemon (exit 1: a check failed)\n"
+    "  warm [options] -- CMD ARGS... staging: run CMD under kforge until the search budget is\n"
+    "                                spent; report and chart; the cache is ready to export\n"
+    "  demo [--device cpu|cuda]      a small model run under kforge: kernels found and swapped in,\n"
+    "                                step time before/after in one process, outputs checked\n"
     "  cache <subcommand>            inspect and manage the kernel cache ('kforge cache help')\n"
     "  status [--json] [--limit N] [--endpoint E]  what the running kforged does: processes,\n"
     "                                signatures (the 50 largest shares; --limit N), searches,\n"
@@ -254,6 +263,13 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
     if (cmd == "selftest") return cmd_selftest(args, out, err);
     if (cmd == "status") return run_status_command(std::vector<std::string>(args.begin() + 2, args.end()), out, err);
     if (cmd == "ops") return run_ops_command(std::vector<std::string>(args.begin() + 2, args.end()), out, err);
+    if (cmd == "doctor") {
+      // doctor_command.h: the global --cache-dir reaches it as the hook would see it.
+      if (!cache_dir.empty()) ::setenv("KFORGE_CACHE_DIR", cache_dir.c_str(), 1);
+      return run_doctor_command(std::vector<std::string>(args.begin() + 2, args.end()), out, err);
+    }
+    if (cmd == "warm") return run_warm_command(std::vector<std::string>(args.begin() + 2, args.end()), cache_dir, out, err);
+    if (cmd == "demo") return run_demo_command(std::vector<std::string>(args.begin() + 2, args.end()), out, err);
     if (cmd == "run") return run_run_command(std::vector<std::string>(args.begin() + 2, args.end()), cache_dir, out, err);
     if (cmd == "cache") {
       return run_cache_command(std::vector<std::string>(args.begin() + 2, args.end()), cache_dir, out, err);

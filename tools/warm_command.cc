@@ -1,0 +1,392 @@
+#include "tools/warm_command.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "tools/daemon_launch.h"
+#include "tools/install_layout.h"
+#include "tools/png_chart.h"
+#include "tools/run_command.h"
+
+namespace kforge {
+
+namespace {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+constexpr const char kWarmUsage[] =
+    "usage: kforge [--cache-dir DIR] warm [options] [--] CMD [ARGS...]\n"
+    "\n"
+    "For staging: runs CMD under kforge again and again (active mode, with the host's search\n"
+    "daemon, started if none runs) until the budget is spent or the daemon has nothing left to\n"
+    "search, showing progress as it goes. Then writes a report (markdown, and a PNG chart of the\n"
+    "best speedup over time per signature) and leaves the cache ready for\n"
+    "`kforge cache export FILE --sign KEY`.\n"
+    "CMD should be a representative, finite workload (a few hundred steps of the real model).\n"
+    "\n"
+    "options:\n"
+    "  --minutes M             time budget (default 30); a run in progress is not interrupted\n"
+    "  --max-evaluations N     stop after the daemon made N evaluations since warm started\n"
+    "  --max-runs N            stop after N runs of CMD\n"
+    "  --report DIR            where the report goes (default ./kforge-warm-report)\n"
+    "  --endpoint E, --server-key K, --daemon-arg ARG   as for `kforge run`\n"
+    "  -h, --help              this text\n"
+    "\n"
+    "It stops early when a whole run of CMD passed with no search running and no evaluation made:\n"
+    "every signature CMD reports has been searched (or cannot be).\n"
+    "exit status: 0 done; 1 CMD failed (its exit status is reported; warm stops); 2 usage error;\n"
+    "125 kforge failed (no daemon, no install, ...); 126/127 CMD could not be run.\n";
+
+struct Sample {
+  double t_s;
+  uint64_t evaluations;
+  std::map<std::string, double> best;   // signature -> best speedup so far
+  int searching = 0;
+};
+
+// Polls the daemon while CMD runs: progress, and the history the chart draws.
+class Monitor {
+ public:
+  Monitor(std::string endpoint, std::string key, Clock::time_point t0) : endpoint_(std::move(endpoint)), key_(std::move(key)), t0_(t0) {
+    thread_ = std::thread([this] { loop(); });
+  }
+  ~Monitor() {
+    stop_.store(true);
+    thread_.join();
+  }
+  std::vector<Sample> history() {
+    std::lock_guard<std::mutex> l(mu_);
+    return history_;
+  }
+  json last_status() {
+    std::lock_guard<std::mutex> l(mu_);
+    return last_;
+  }
+  Sample poll_now() {
+    Sample s = sample();
+    return s;
+  }
+
+ private:
+  Sample sample() {
+    Sample s;
+    s.t_s = std::chrono::duration<double>(Clock::now() - t0_).count();
+    StatusOr<json> st = query_daemon_status(endpoint_, key_, 3000);
+    if (!st.ok()) {
+      s.searching = -1;
+      return s;
+    }
+    s.evaluations = st->value("/budgets/evaluations_total"_json_pointer, 0ull);
+    for (const json& sig : (*st)["signatures"]) {
+      const double b = sig.value("best_speedup", 0.0);
+      if (b > 0) s.best[sig.value("signature", "?")] = b;
+      s.searching += sig.value("state", "") == "searching" ? 1 : 0;
+    }
+    std::lock_guard<std::mutex> l(mu_);
+    last_ = *st;
+    history_.push_back(s);
+    return s;
+  }
+  void loop() {
+    while (!stop_.load()) {
+      sample();
+      for (int i = 0; i < 20 && !stop_.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+  std::string endpoint_, key_;
+  Clock::time_point t0_;
+  std::atomic<bool> stop_{false};
+  std::mutex mu_;
+  std::vector<Sample> history_;
+  json last_;
+  std::thread thread_;
+};
+
+std::string mmss(double s) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%d:%02d", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
+  return b;
+}
+
+std::string fixed(double v, int d) {
+  char b[64];
+  std::snprintf(b, sizeof b, "%.*f", d, v);
+  return b;
+}
+
+std::string short_sig(const std::string& s) { return s.size() > 70 ? s.substr(0, 67) + "..." : s; }
+
+}  // namespace
+
+int run_warm_command(const std::vector<std::string>& args, const std::string& cache_dir_flag, std::ostream& out,
+                     std::ostream& err) {
+  const std::string who = "kforge warm";
+  double minutes = 30;
+  uint64_t max_evals = 0, max_runs = 0;
+  std::string report_dir = "kforge-warm-report";
+  DaemonRequest daemon;
+  size_t i = 0;
+  for (; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--") {
+      ++i;
+      break;
+    }
+    if (a == "-h" || a == "--help") {
+      out << kWarmUsage;
+      return 0;
+    }
+    if (a.empty() || a[0] != '-') break;
+    if (i + 1 >= args.size()) {
+      err << who << ": " << a << (a.rfind("--", 0) == 0 ? " needs a value or is unknown" : ": unknown option") << " (kforge warm --help)\n";
+      return 2;
+    }
+    const std::string v = args[++i];
+    char* end = nullptr;
+    if (a == "--minutes") {
+      minutes = std::strtod(v.c_str(), &end);
+      if (*end != '\0' || !(minutes > 0)) {
+        err << who << ": --minutes needs a positive number, got '" << v << "'\n";
+        return 2;
+      }
+    } else if (a == "--max-evaluations" || a == "--max-runs") {
+      const unsigned long long n = std::strtoull(v.c_str(), &end, 10);
+      if (*end != '\0' || n == 0) {
+        err << who << ": " << a << " needs a positive integer, got '" << v << "'\n";
+        return 2;
+      }
+      (a == "--max-runs" ? max_runs : max_evals) = n;
+    } else if (a == "--report") {
+      report_dir = v;
+    } else if (a == "--endpoint") {
+      daemon.endpoint = v;
+    } else if (a == "--server-key") {
+      daemon.server_key = v;
+    } else if (a == "--daemon-arg") {
+      daemon.extra_args.push_back(v);
+    } else {
+      err << who << ": unknown option '" << a << "' (kforge warm --help)\n";
+      return 2;
+    }
+  }
+  const std::vector<std::string> argv(args.begin() + static_cast<std::ptrdiff_t>(std::min(i, args.size())), args.end());
+  if (argv.empty()) {
+    err << who << ": no command given (usage: kforge warm [options] -- CMD ARGS...)\n";
+    return 2;
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(report_dir, ec);
+  if (ec || ::access(report_dir.c_str(), W_OK) != 0) {
+    err << who << ": cannot write the report to " << report_dir << ": " << (ec ? ec.message() : std::strerror(errno)) << "\n";
+    return 125;
+  }
+  HookedRun how;
+  how.cache_dir = resolve_cache_dir(cache_dir_flag, who, err);
+  if (how.cache_dir.empty()) return 125;
+  StatusOr<InstallLayout> layout = find_install_layout();
+  if (!layout.ok()) {
+    err << who << ": " << layout.status().message() << "\n";
+    return 125;
+  }
+  daemon.cache_dir = how.cache_dir;
+  StatusOr<DaemonHandle> d = ensure_daemon(*layout, daemon, err);
+  if (!d.ok()) {
+    err << who << ": " << d.status().message() << "\n";
+    return 125;
+  }
+  how.endpoint = d->endpoint;
+  if (!daemon.server_key.empty()) how.extra_env["KFORGE_DAEMON_SERVER_KEY"] = daemon.server_key;
+  const std::string their_cache = d->status.value("/daemon/cache_dir"_json_pointer, std::string());
+  if (!their_cache.empty() && !std::filesystem::equivalent(their_cache, how.cache_dir, ec)) {
+    err << who << ": kforged (pid " << d->pid << ") writes its kernels to " << their_cache << ", not to "
+        << how.cache_dir << ": warming would fill another cache (use --cache-dir " << their_cache << ")\n";
+    return 125;
+  }
+  const uint64_t evals0 = d->status.value("/budgets/evaluations_total"_json_pointer, 0ull);
+  const auto t0 = Clock::now();
+  const double budget_s = minutes * 60;
+  out << "warm: " << argv[0] << " under kforge until " << fixed(minutes, minutes < 10 ? 1 : 0) << " min"
+      << (max_evals ? ", " + std::to_string(max_evals) + " evaluations" : std::string())
+      << " or nothing is left to search; daemon pid " << d->pid << ", cache " << how.cache_dir << "\n" << std::flush;
+
+  struct RunRecord {
+    double start_s, wall_s;
+    std::string result;
+    RunSummary summary;
+  };
+  std::vector<RunRecord> runs;
+  std::vector<Sample> history;
+  json last_status = d->status;
+  std::string stop_reason;
+  int rc = 0;
+  Monitor monitor(d->endpoint, daemon.server_key, t0);
+  while (true) {
+    const double start_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    const uint64_t evals_before = monitor.poll_now().evaluations;
+    // Progress while CMD runs: one line every 10 s.
+    std::atomic<bool> running{true};
+    std::thread progress([&] {
+      int ticks = 0;
+      while (running.load()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        if (++ticks % 50 != 0) continue;
+        const std::vector<Sample> h = monitor.history();
+        if (h.empty() || h.back().searching < 0) continue;
+        const Sample& s = h.back();
+        std::string best;
+        std::vector<std::pair<double, std::string>> b;
+        for (const auto& [sig, v] : s.best) b.push_back({v, sig.substr(0, sig.find('('))});
+        std::sort(b.rbegin(), b.rend());
+        for (size_t k = 0; k < b.size() && k < 3; ++k) best += (k ? ", " : "") + b[k].second + " " + fixed(b[k].first, 2) + "x";
+        const size_t sigs = monitor.last_status().value("signatures", json::array()).size();
+        out << "warm: " << mmss(s.t_s) << " of " << mmss(budget_s) << ", run " << runs.size() + 1 << ", " << sigs
+            << " signatures (" << s.searching << " searching), " << s.evaluations - evals0 << " evaluations"
+            << (best.empty() ? std::string() : ", best " + best);
+        if (!runs.empty() && runs.back().summary.saved_ns > 0 && runs.back().wall_s > 0) {
+          out << ", estimated gain " << fixed(100.0 * runs.back().summary.saved_ns / (runs.back().wall_s * 1e9), 1) << "%";
+        }
+        out << "\n" << std::flush;
+      }
+    });
+    HookedResult r = run_hooked(how, argv, who, err);
+    running.store(false);
+    progress.join();
+    runs.push_back({start_s, r.program.wall_s, describe_result(r.program), r.summary});
+    if (!r.program.started) {
+      rc = r.program.exit_code;
+      stop_reason = "CMD could not be run";
+      break;
+    }
+    if (r.program.exit_code != 0) {
+      err << who << ": " << argv[0] << " " << describe_result(r.program) << " on run " << runs.size() << "; stopping\n";
+      rc = 1;
+      stop_reason = "CMD failed (" + describe_result(r.program) + ")";
+      break;
+    }
+    const Sample after = monitor.poll_now();
+    const double now = std::chrono::duration<double>(Clock::now() - t0).count();
+    out << "warm: run " << runs.size() << " done in " << fixed(r.program.wall_s, 1) << " s: "
+        << r.summary.active() << " kernels active";
+    if (r.summary.saved_ns > 0) out << ", estimated kernel time saved " << human_duration_ns(r.summary.saved_ns);
+    out << "\n" << std::flush;
+    if (after.searching < 0) {
+      err << who << ": the daemon stopped answering; stopping\n";
+      rc = 125;
+      stop_reason = "the daemon stopped answering";
+      break;
+    }
+    if (now >= budget_s) {
+      stop_reason = "time budget spent";
+      break;
+    }
+    if (max_evals && after.evaluations - evals0 >= max_evals) {
+      stop_reason = "evaluation budget spent";
+      break;
+    }
+    if (max_runs && runs.size() >= max_runs) {
+      stop_reason = "--max-runs reached";
+      break;
+    }
+    if (runs.size() >= 2 && after.searching == 0 && after.evaluations == evals_before) {
+      stop_reason = "nothing left to search (a whole run with no search and no evaluation)";
+      break;
+    }
+  }
+  history = monitor.history();
+  last_status = monitor.last_status();
+  const double total_s = std::chrono::duration<double>(Clock::now() - t0).count();
+
+  // The chart: best speedup over time per signature, numbered as in the report's table.
+  std::vector<std::string> order;
+  for (const Sample& s : history) {
+    for (const auto& [sig, v] : s.best) {
+      if (std::find(order.begin(), order.end(), sig) == order.end()) order.push_back(sig);
+    }
+  }
+  std::vector<ChartSeries> series;
+  for (size_t k = 0; k < order.size(); ++k) {
+    ChartSeries cs{std::to_string(k + 1), {}};
+    double last = 0;
+    for (const Sample& s : history) {
+      const auto it = s.best.find(order[k]);
+      if (it == s.best.end() || it->second == last) continue;
+      last = it->second;
+      cs.points.push_back({s.t_s / 60, last});
+    }
+    if (!cs.points.empty()) cs.points.push_back({total_s / 60, last});
+    series.push_back(std::move(cs));
+  }
+  const std::string chart = report_dir + "/best-speedup.png", md = report_dir + "/report.md";
+  const Status chart_ok = write_step_chart_png(chart, series, "min", "x");
+  if (!chart_ok.ok()) err << who << ": " << chart_ok.message() << "\n";
+
+  std::ofstream r(md + ".tmp");
+  const std::time_t now = std::time(nullptr);
+  char date[64];
+  std::strftime(date, sizeof date, "%Y-%m-%d %H:%M:%S UTC", std::gmtime(&now));
+  std::string cmdline;
+  for (const std::string& a : argv) cmdline += (cmdline.empty() ? "" : " ") + a;
+  const uint64_t evals_end = last_status.value("/budgets/evaluations_total"_json_pointer, evals0);
+  r << "# kforge warm report\n\n"
+    << "- when: " << date << "\n- command: `" << cmdline << "`\n- cache: `" << how.cache_dir << "`\n"
+    << "- daemon: pid " << d->pid << " at `" << d->endpoint << "`\n"
+    << "- budget: " << fixed(minutes, 1) << " min" << (max_evals ? ", " + std::to_string(max_evals) + " evaluations" : std::string())
+    << "; used " << fixed(total_s / 60, 1) << " min, " << evals_end - evals0 << " evaluations, " << runs.size()
+    << " runs\n- stopped: " << stop_reason << "\n\n"
+    << "## Signatures\n\nThe daemon's view at the end (best verified speedup over PyTorch in its worker; `-`: nothing "
+       "faster found). The number is the series in the chart.\n\n"
+    << "| # | state | calls | evaluations | best | signature |\n| --- | --- | --- | --- | --- | --- |\n";
+  for (const json& s : last_status.value("signatures", json::array())) {
+    const std::string sig = s.value("signature", "?");
+    const auto pos = std::find(order.begin(), order.end(), sig);
+    const double best = s.value("best_speedup", 0.0);
+    r << "| " << (pos == order.end() ? std::string("") : std::to_string(pos - order.begin() + 1)) << " | "
+      << s.value("state", "?") << " | " << s.value("calls", 0ull) << " | " << s.value("evaluations", 0ull) << " | "
+      << (best > 0 ? fixed(best, 2) + "x" : std::string("-")) << " | `" << sig << "` |\n";
+  }
+  r << "\n![best speedup over time per signature](best-speedup.png)\n\n"
+    << "Best verified speedup (y) against minutes since warm started (x), per signature numbered as above; "
+       "the black line is PyTorch's own speed (1x).\n\n## Runs\n\n| run | started | wall | result | kernels active | "
+       "estimated kernel time saved |\n| --- | --- | --- | --- | --- | --- |\n";
+  for (size_t k = 0; k < runs.size(); ++k) {
+    r << "| " << k + 1 << " | " << mmss(runs[k].start_s) << " | " << fixed(runs[k].wall_s, 1) << " s | " << runs[k].result << " | "
+      << runs[k].summary.active() << " | "
+      << (runs[k].summary.saved_ns > 0 ? human_duration_ns(runs[k].summary.saved_ns) : std::string("-")) << " |\n";
+  }
+  if (!runs.empty()) {
+    r << "\n## Kernels in the last run\n\nPer signature with a cache entry: its state in CMD's processes "
+         "(active: swapped in; no_win: correct but not faster in the process itself, PyTorch's kernel runs) "
+         "and the in-process times of its trial.\n\n| state | PyTorch | kforge | signature |\n| --- | --- | --- | --- |\n";
+    for (const RunSummary::Kernel& k : runs.back().summary.kernels) {
+      std::string states;
+      for (const auto& [st, n] : k.states) states += (states.empty() ? "" : "/") + st;
+      r << "| " << states << " | " << (k.pytorch_median_ns > 0 ? human_duration_ns(k.pytorch_median_ns) : "-") << " | "
+        << (k.entry_median_ns > 0 ? human_duration_ns(k.entry_median_ns) : "-") << " | `" << k.signature << "` |\n";
+    }
+  }
+  r << "\n## Next\n\n```sh\nkforge --cache-dir " << how.cache_dir
+    << " cache export kernels.kfb --sign staging.key   # ship it\nkforge cache import kernels.kfb --trusted-key staging.pub   # in production\n"
+    << "kforge run --no-daemon -- " << cmdline << "   # production: the cache only\n```\n";
+  r.close();
+  std::filesystem::rename(md + ".tmp", md, ec);
+  out << "warm: " << stop_reason << " after " << fixed(total_s / 60, 1) << " min, " << runs.size() << " runs, "
+      << evals_end - evals0 << " evaluations; report " << md << (chart_ok.ok() ? " and " + chart : std::string()) << "\n";
+  for (const json& s : last_status.value("signatures", json::array())) {
+    const double best = s.value("best_speedup", 0.0);
+    if (best > 0) out << "  " << fixed(best, 2) << "x  " << short_sig(s.value("signature", "")) << "\n";
+  }
+  return rc;
+}
+
+}  // namespace kforge

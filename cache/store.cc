@@ -286,6 +286,15 @@ Status Store::touch(const EntryKey& key) const {
   });
 }
 
+StatusOr<EntryStatus> Store::status(const EntryKey& key) const {
+  return guarded("status", [&]() -> StatusOr<EntryStatus> {
+    KFORGE_RETURN_IF_ERROR(opened(shared_));
+    const Layout l{root_, options_.durable};
+    KFORGE_RETURN_IF_ERROR(require_entry(l, key));
+    return read_status(l, key);
+  });
+}
+
 StatusOr<std::string> Store::read_manifest_bytes(const EntryKey& key) const {
   return guarded("read_manifest_bytes", [&]() -> StatusOr<std::string> {
     KFORGE_RETURN_IF_ERROR(opened(shared_));
@@ -331,6 +340,36 @@ StatusOr<std::vector<Store::TrialMarker>> Store::trial_markers() const {
       StatusOr<int32_t> pid = parse_trial_marker(path);
       if (pid.ok()) out.push_back(TrialMarker{*key, *pid, path});
     }
+    return out;
+  });
+}
+
+Status Store::write_no_win_record(const NoWinRecord& record) {
+  return guarded("write_no_win_record", [&]() -> Status {
+    KFORGE_RETURN_IF_ERROR(opened(shared_));
+    if (record.pid <= 0) return invalid_argument("no-win record: pid " + std::to_string(record.pid));
+    const Layout l{root_, options_.durable};
+    KFORGE_RETURN_IF_ERROR(ensure_dir(l.nowin_dir(), options_.durable));
+    const std::string text = std::to_string(record.pid) + " " + std::to_string(record.entry_ns) + " " +
+                             std::to_string(record.pytorch_ns) + "\n";
+    KFORGE_ASSIGN_OR_RETURN(TmpFile tmp, l.write_tmp("nowin", text));
+    return l.install_replace(tmp, l.nowin(record.key, record.pid));
+  });
+}
+
+StatusOr<std::vector<Store::NoWinRecord>> Store::no_win_records(std::optional<EntryKey> key) const {
+  return guarded("no_win_records", [&]() -> StatusOr<std::vector<NoWinRecord>> {
+    const Layout l{root_, options_.durable};
+    KFORGE_ASSIGN_OR_RETURN(std::vector<std::string> names, list_names(l.nowin_dir()));
+    std::vector<NoWinRecord> out;
+    for (const std::string& n : names) {
+      if (key && n.compare(0, 33, key->hex() + ".") != 0) continue;
+      StatusOr<NoWinRecord> r = parse_no_win_record(l.nowin_dir(), n);
+      if (r.ok()) out.push_back(std::move(*r));
+    }
+    std::sort(out.begin(), out.end(), [](const NoWinRecord& a, const NoWinRecord& b) {
+      return a.key != b.key ? a.key < b.key : a.pid < b.pid;
+    });
     return out;
   });
 }

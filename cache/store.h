@@ -16,6 +16,9 @@
 //   used/<k0k1>/<key>                empty file; its mtime is the entry's last use
 //   trial/<key>                      "<pid>\n": that process runs the entry's shadow trial (Note
 //                                    [Trial marker] in interposer/hook/swapper.h)
+//   nowin/<key>.<pid>                "<pid> <entry ns> <pytorch ns>\n": the entry passed its trial in
+//                                    that process but was not faster there (Note [In-process win]
+//                                    in interposer/hook/swapper.h); gc removes it once pid is gone
 //   tmp/                             writes in progress; gc removes what a killed writer left
 //
 // Promises:
@@ -66,6 +69,7 @@ struct GcReport {
   std::vector<EntryKey> removed;          // entries removed, least recently used first
   uint64_t blobs_removed = 0, tmp_removed = 0;
   uint64_t trial_markers_removed = 0;     // of entries that are gone
+  uint64_t no_win_records_removed = 0;    // of processes (or entries) that are gone
 };
 
 class Store {
@@ -107,6 +111,11 @@ class Store {
   Status set_pinned(const EntryKey& key, bool pinned);
   // Records a use now (for gc's LRU order). Cheap: one utimensat; never blocks on a lock.
   Status touch(const EntryKey& key) const;
+  // The entry's status alone, cheaply: a stat of its manifest and a read of its small state file
+  // (no manifest parse), for a process that has the entry in use and must notice a disable within
+  // a round. not-found: the entry was removed. An unreadable state file reads as disabled, as in
+  // load().
+  StatusOr<EntryStatus> status(const EntryKey& key) const;
 
   // Trial markers (Note [Trial marker] in interposer/hook/swapper.h): trial/<key> names the
   // process whose shadow trial of the entry runs. Written atomically (tmp file, rename) and
@@ -122,7 +131,23 @@ class Store {
   // Every well-formed marker; malformed files under trial/ are left for verify_all to name.
   StatusOr<std::vector<TrialMarker>> trial_markers() const;
 
-  // Checks every manifest, blob, state file, trial marker; lists each problem with its file. Files that may
+  // No-win records (Note [In-process win] in interposer/hook/swapper.h): nowin/<key>.<pid> says
+  // that the entry, correct in that process's trial, was not faster than PyTorch's kernel there,
+  // with both medians. One small file per entry and process (rewritten, never appended), so the
+  // directory is bounded by entries x live processes; gc removes the records of processes that are
+  // gone and of entries that are gone.
+  struct NoWinRecord {
+    EntryKey key;
+    int32_t pid = 0;
+    uint64_t entry_ns = 0;     // the entry's median time in that process's trial
+    uint64_t pytorch_ns = 0;   // PyTorch's kernel's median on the same calls
+    std::string path;          // set by no_win_records()
+  };
+  Status write_no_win_record(const NoWinRecord& record);
+  // Every well-formed record (of `key` only, if given); malformed files are left for verify_all.
+  StatusOr<std::vector<NoWinRecord>> no_win_records(std::optional<EntryKey> key = std::nullopt) const;
+
+  // Checks every manifest, blob, state file, trial marker, no-win record; lists each problem with its file. Files that may
   // belong to a write in progress (tmp/ files, and state files or use records whose manifest does
   // not exist yet) are reported only once they are older than gc_grace_ms; a missing manifest is
   // reported under its own path.
@@ -133,7 +158,7 @@ class Store {
   // Pinned and quarantined entries are always kept (removing a quarantined entry would forget its
   // quarantine), and so are entries whose manifest or state file cannot be read (verify_all
   // reports them): the cap can then stay exceeded, as bytes_after shows. Trial markers of entries
-  // that are gone go too.
+  // that are gone go too, and no-win records of processes or entries that are gone.
   StatusOr<GcReport> gc(uint64_t max_bytes);
 
   // Raw manifest bytes and blobs, for export; and the inverse for import, which must produce

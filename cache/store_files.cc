@@ -280,6 +280,42 @@ StatusOr<int32_t> parse_trial_marker(const std::string& path) {
   return static_cast<int32_t>(pid);
 }
 
+StatusOr<Store::NoWinRecord> parse_no_win_record(const std::string& dir, const std::string& name) {
+  const std::string path = dir + "/" + name;
+  auto bad = [&](const std::string& why) { return invalid_argument(path + ": not a no-win record (" + why + ")"); };
+  const size_t dot = name.find('.');
+  if (dot != 32) return bad("expected the name <key>.<pid>");
+  StatusOr<EntryKey> key = EntryKey::from_hex(name.substr(0, 32));
+  if (!key.ok() || key->hex() != name.substr(0, 32)) return bad("expected the name <key>.<pid>");
+  KFORGE_ASSIGN_OR_RETURN(std::string text, read_file(path, kMaxNoWinRecordBytes));
+  // "<pid> <entry ns> <pytorch ns>\n": three decimal numbers, nothing else.
+  uint64_t fields[3] = {0, 0, 0};
+  size_t f = 0, digits = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c >= '0' && c <= '9' && digits < 19) {
+      fields[f] = fields[f] * 10 + static_cast<uint64_t>(c - '0');
+      ++digits;
+    } else if (digits > 0 && ((c == ' ' && f < 2) || (c == '\n' && f == 2 && i + 1 == text.size()))) {
+      ++f;
+      digits = 0;
+    } else {
+      return bad("expected \"<pid> <entry ns> <pytorch ns>\" and a newline");
+    }
+  }
+  if (f != 3) return bad("expected \"<pid> <entry ns> <pytorch ns>\" and a newline");
+  if (fields[0] == 0 || fields[0] > INT32_MAX || name.substr(33) != std::to_string(fields[0])) {
+    return bad("its pid does not match its name");
+  }
+  return Store::NoWinRecord{*key, static_cast<int32_t>(fields[0]), fields[1], fields[2], path};
+}
+
+bool process_alive(int32_t pid) {
+  if (pid <= 0) return false;
+  if (::kill(pid, 0) == 0) return true;
+  return errno == EPERM;
+}
+
 Status opened(const std::shared_ptr<StoreShared>& shared) {
   if (!shared) return internal_error("use of a moved-from cache Store");
   return shared->version_error;

@@ -6,6 +6,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sodium.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -75,6 +76,7 @@ constexpr size_t kSha256Bytes = crypto_hash_sha256_BYTES;
 constexpr std::string_view kManifestSuffix = ".kfm";
 constexpr std::string_view kStateSuffix = ".state";
 constexpr uint64_t kMaxTrialMarkerBytes = 16;
+constexpr uint64_t kMaxNoWinRecordBytes = 64;
 
 // ---- small helpers ----------------------------------------------------------------------------------
 
@@ -146,6 +148,10 @@ struct Layout {
   }
   std::string trial_dir() const { return root + "/trial"; }
   std::string trial(const EntryKey& k) const { return trial_dir() + "/" + k.hex(); }
+  std::string nowin_dir() const { return root + "/nowin"; }
+  std::string nowin(const EntryKey& k, int32_t pid) const {
+    return nowin_dir() + "/" + k.hex() + "." + std::to_string(pid);
+  }
   std::string blob_dir(const std::string& sha) const { return root + "/blobs/" + sha.substr(0, 2); }
   std::string blob(const std::string& sha) const { return blob_dir(sha) + "/" + sha; }
 
@@ -248,6 +254,11 @@ Status check_version(const Layout& l, Status* damage);
 void default_problem_report(const CacheProblem& p);
 // A trial marker's pid, or why the file is not a marker ("pid\n", nothing else).
 StatusOr<int32_t> parse_trial_marker(const std::string& path);
+// A no-win record named `name` under nowin/ ("<key>.<pid>", holding "<pid> <entry ns> <pytorch
+// ns>\n" with the same pid), or why the file is not one.
+StatusOr<Store::NoWinRecord> parse_no_win_record(const std::string& dir, const std::string& name);
+// Whether process `pid` exists (kill 0; EPERM: it exists but is another user's).
+bool process_alive(int32_t pid);
 // The shared state of a Store that opened: its VERSION's damage, or an error for a moved-from one.
 Status opened(const std::shared_ptr<StoreShared>& shared);
 

@@ -24,7 +24,7 @@ StatusOr<std::vector<CacheProblem>> Store::verify_all() const {
 
     // The root holds the layout and nothing else.
     KFORGE_ASSIGN_OR_RETURN(std::vector<std::string> top, list_names(root_));
-    const std::set<std::string> known{"VERSION", "manifests", "blobs", "state", "used", "tmp", "trial"};
+    const std::set<std::string> known{"VERSION", "manifests", "blobs", "state", "used", "tmp", "trial", "nowin"};
     for (const std::string& n : top) {
       if (!known.count(n)) add(root_ + "/" + n, "unknown file in the cache (not part of the layout; left in place)");
     }
@@ -159,6 +159,18 @@ StatusOr<std::vector<CacheProblem>> Store::verify_all() const {
       }
       StatusOr<int32_t> pid = parse_trial_marker(p);
       if (!pid.ok() && pid.status().code() != StatusCode::kNotFound) add(p, pid.status().message(), *key);
+    }
+
+    // nowin/ (made by the first no-win verdict, so it may be absent): "<key>.<pid>" records.
+    {
+      struct stat st {};
+      const std::string dir = l.nowin_dir();
+      if (::lstat(dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) add(dir, "not a directory (no-win records live there)");
+    }
+    KFORGE_ASSIGN_OR_RETURN(std::vector<std::string> nowins, list_names(l.nowin_dir()));
+    for (const std::string& n : nowins) {
+      StatusOr<NoWinRecord> r = parse_no_win_record(l.nowin_dir(), n);
+      if (!r.ok() && r.status().code() != StatusCode::kNotFound) add(l.nowin_dir() + "/" + n, r.status().message());
     }
 
     // tmp/: young files belong to writers in progress; old ones were abandoned.
@@ -300,6 +312,13 @@ StatusOr<GcReport> Store::gc(uint64_t max_bytes) {
       if (::lstat(m.path.c_str(), &st) != 0) continue;
       const bool entry_gone = removed.count(m.key) > 0 || (!exists(l.manifest(m.key)) && written_ms(st) <= settled_before);
       if (entry_gone && ::unlink(m.path.c_str()) == 0) ++report.trial_markers_removed;
+    }
+    // No-win records say something only while their process runs (another process measures for
+    // itself) and while their entry exists.
+    KFORGE_ASSIGN_OR_RETURN(std::vector<NoWinRecord> nowins, no_win_records());
+    for (const NoWinRecord& r : nowins) {
+      const bool gone = !process_alive(r.pid) || removed.count(r.key) > 0 || !exists(l.manifest(r.key));
+      if (gone && ::unlink(r.path.c_str()) == 0) ++report.no_win_records_removed;
     }
     return report;
   });

@@ -155,6 +155,39 @@ StatusOr<Store> open_store(const std::string& cache_dir) {
   return Store::open(dir.path());
 }
 
+std::string format_ns(uint64_t ns) {
+  char buf[32];
+  if (ns >= 10'000'000) {
+    std::snprintf(buf, sizeof buf, "%.1f ms", static_cast<double>(ns) / 1e6);
+  } else if (ns >= 10'000) {
+    std::snprintf(buf, sizeof buf, "%.1f us", static_cast<double>(ns) / 1e3);
+  } else {
+    std::snprintf(buf, sizeof buf, "%llu ns", static_cast<unsigned long long>(ns));
+  }
+  return buf;
+}
+
+// The no-win records of an entry (Note [In-process win] in interposer/hook/swapper.h): processes
+// in which it was correct but not faster, so they run PyTorch's kernel. Unreadable: none shown.
+std::vector<Store::NoWinRecord> no_wins(const Store& store, const EntryKey& key) {
+  StatusOr<std::vector<Store::NoWinRecord>> r = store.no_win_records(key);
+  return r.ok() ? std::move(*r) : std::vector<Store::NoWinRecord>();
+}
+
+std::string describe_no_win(const Store::NoWinRecord& r) {
+  return "no win in process " + std::to_string(r.pid) + " (" + format_ns(r.entry_ns) + " vs " +
+         format_ns(r.pytorch_ns) + ")";
+}
+
+json no_wins_json(const std::vector<Store::NoWinRecord>& records) {
+  json list = json::array();
+  for (const Store::NoWinRecord& r : records) {
+    list.push_back(json{{"pid", r.pid}, {"entry_ns", r.entry_ns}, {"pytorch_ns", r.pytorch_ns},
+                        {"text", describe_no_win(r)}});
+  }
+  return list;
+}
+
 json entry_summary_json(const StoredEntry& e) {
   return json{{"key", e.key.hex()},
               {"signature", e.signature.to_string()},
@@ -187,7 +220,10 @@ int cmd_ls(Store& store, const Parsed& p, std::ostream& out, std::ostream& err) 
   });
   if (p.options.count("--json")) {
     json list = json::array();
-    for (const StoredEntry& e : entries) list.push_back(entry_summary_json(e));
+    for (const StoredEntry& e : entries) {
+      list.push_back(entry_summary_json(e));
+      list.back()["no_win"] = no_wins_json(no_wins(store, e.key));
+    }
     json unreadable = json::array();
     for (const auto& [k, why] : bad) unreadable.push_back(json{{"key", k}, {"error", why}});
     out << json{{"cache_dir", store.root()}, {"entries", list}, {"unreadable", unreadable}}.dump(2) << "\n";
@@ -207,6 +243,7 @@ int cmd_ls(Store& store, const Parsed& p, std::ostream& out, std::ostream& err) 
                   target.c_str(), std::string(entry_state_name(e.status.state)).c_str(), e.status.pinned ? "yes" : "",
                   format_speedup(e.timings).c_str(), format_time(e.status.last_use_unix_ms).c_str());
     out << line << e.signature.to_string() << "\n";
+    for (const Store::NoWinRecord& r : no_wins(store, e.key)) out << "              " << describe_no_win(r) << "\n";
   }
   out << entries.size() << " entries in " << store.root() << "\n";
   for (const auto& [k, why] : bad) err << "kforge cache: unreadable entry " << k << ": " << why << "\n";
@@ -267,6 +304,7 @@ int cmd_show(Store& store, const Parsed& p, std::ostream& out, std::ostream& err
   const StoredEntry& s = *e;
   if (p.options.count("--json")) {
     json j = entry_summary_json(s);
+    j["no_win"] = no_wins_json(no_wins(store, s.key));
     j["environment"] = s.environment.to_string();
     j["source"] = s.spec.source;
     j["entry_points"] = s.spec.entry_points;
@@ -295,6 +333,7 @@ int cmd_show(Store& store, const Parsed& p, std::ostream& out, std::ostream& err
   out << "state:        " << entry_state_name(s.status.state);
   if (!s.status.reason.empty()) out << " (" << s.status.reason << ")";
   if (s.status.pinned) out << ", pinned";
+  for (const Store::NoWinRecord& r : no_wins(store, s.key)) out << "; " << describe_no_win(r);
   out << "\nlast use:     " << format_time(s.status.last_use_unix_ms) << "\n";
   char buf[256];
   std::snprintf(buf, sizeof buf, "%.0f ns (PyTorch) -> %.0f ns, speedup %s, spread ±%.1f%%, %u runs",
@@ -445,7 +484,8 @@ int run_cache_command(const std::vector<std::string>& args, const std::string& c
     if (!r.ok()) return fail(err, r.status());
     out << "gc: " << human_bytes(r->bytes_before) << " -> " << human_bytes(r->bytes_after) << ", removed "
         << r->removed.size() << " entries, " << r->blobs_removed << " unreferenced blobs, " << r->tmp_removed
-        << " abandoned temporary files, " << r->trial_markers_removed << " trial markers of entries that are gone\n";
+        << " abandoned temporary files, " << r->trial_markers_removed << " trial markers of entries that are gone, "
+        << r->no_win_records_removed << " no-win records of processes that are gone\n";
     return kExitOk;
   }
   if (sub == "export") {

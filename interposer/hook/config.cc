@@ -138,6 +138,7 @@ std::string HookConfig::to_string() const {
   s += " sample_rate=" + std::to_string(sample_rate);
   s += " observe_every=" + std::to_string(observe_every);
   if (mode != HookMode::kObserve) s += " shadow_calls=" + std::to_string(shadow_calls);
+  if (mode != HookMode::kObserve) s += std::string(" confirm_win=") + (confirm_win ? "on" : "off");
   s += " report_interval_ms=" + std::to_string(report_interval_ms);
   s += " ops=" + (!ops_restricted ? std::string("(all)") : "[" + join(allow_ops) + "]");
   s += " deny_ops=" + (deny_ops.empty() ? std::string("(none)") : join(deny_ops));
@@ -197,6 +198,7 @@ HookConfig parse_config(const EnvLookup& env) {
   c.sample_rate = read_uint(env, "KFORGE_SAMPLE_RATE", 1, 1000000, 64, w);
   c.observe_every = read_uint(env, "KFORGE_OBSERVE_EVERY", 1, 4096, 16, w);
   c.shadow_calls = read_uint(env, "KFORGE_SHADOW_CALLS", 1, 1000000, 20, w);
+  c.confirm_win = read_flag(env, "KFORGE_CONFIRM_WIN", true, w);
   c.report_interval_ms = read_uint(env, "KFORGE_REPORT_INTERVAL_MS", 10, 3600000, 1000, w);
   c.allow_ops = read_op_list(env, "KFORGE_OPS", "every catalog operator", w);
   c.ops_restricted = !c.allow_ops.empty();

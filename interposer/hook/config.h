@@ -20,6 +20,10 @@
 //                               entry replaces PyTorch's kernel.
 //   KFORGE_SHADOW_CALLS         clean shadow calls before an entry's trial passes (1..1000000,
 //                               default 20)
+//   KFORGE_CONFIRM_WIN          0/1 (same spellings as below); default on. On: an entry whose trial
+//                               passed goes active only if it was faster than PyTorch's kernel on
+//                               the trial's calls in this process (Note [In-process win] in
+//                               swapper.h); else it stays out ("no_win"). Off: correct is enough
 //   KFORGE_SAMPLE_RATE          per thread and signature, time the first call and then one in N
 //                               (1..1000000, default 64)
 //   KFORGE_REPORT_INTERVAL_MS   how often counters go to the daemon (10..3600000, default 1000)
@@ -64,6 +68,7 @@ struct HookConfig {
   // (per thread) is observed (Note [Observed calls] in interceptor.cc); 1: every call.
   uint32_t observe_every = 16;
   uint32_t shadow_calls = 20;
+  bool confirm_win = true;               // KFORGE_CONFIRM_WIN
   uint32_t report_interval_ms = 1000;
   // KFORGE_OPS named catalog operators: only allow_ops are intercepted.
   bool ops_restricted = false;

@@ -7,8 +7,10 @@
 //
 // C entry points (for tests and tools, through ctypes/dlsym):
 //   const char* kforge_hook_stats_json(void);   counts per signature (with its swap state: observe,
-//                                                shadow, active, disabled, and shadow/active/
-//                                                fallback counters; for an entry also its backend,
+//                                                shadow, active, no_win, disabled, and shadow/active/
+//                                                fallback counters, the trial's medians
+//                                                pytorch_median_ns/entry_median_ns, the entry
+//                                                kept aside during an upgrade; for an entry also its backend,
 //                                                the CUDA devices it is loaded on and the CUDA
 //                                                counters unloaded_device_calls and
 //                                                capture_shadow_skips), reports, registrations,
@@ -136,6 +138,7 @@ void start() noexcept {
     SwapperOptions swap;
     swap.mode = config.mode;
     swap.shadow_calls = config.shadow_calls;
+    swap.confirm_win = config.confirm_win;
     swap.log = config.log;
     swap.host_env = cpu;
     if (cache.ok()) {
@@ -245,6 +248,12 @@ std::string stats_json() {
       j_sig["devices"] = e.devices;
       j_sig["unloaded_device_calls"] = e.unloaded_device_calls;
       j_sig["capture_shadow_skips"] = e.capture_shadow_skips;
+      j_sig["pytorch_median_ns"] = e.pytorch_median_ns;
+      j_sig["entry_median_ns"] = e.entry_median_ns;
+      j_sig["timed_calls"] = e.timed_calls;
+      j_sig["speedup"] = e.speedup;
+      j_sig["previous_entry"] = e.previous_key;
+      j_sig["previous_state"] = e.previous_state;
     }
   }
   nlohmann::json entries = nlohmann::json::array();
@@ -260,7 +269,13 @@ std::string stats_json() {
                        {"backend", std::string(backend_name(e.backend))},
                        {"devices", e.devices},
                        {"unloaded_device_calls", e.unloaded_device_calls},
-                       {"capture_shadow_skips", e.capture_shadow_skips}});
+                       {"capture_shadow_skips", e.capture_shadow_skips},
+                       {"pytorch_median_ns", e.pytorch_median_ns},
+                       {"entry_median_ns", e.entry_median_ns},
+                       {"timed_calls", e.timed_calls},
+                       {"speedup", e.speedup},
+                       {"previous_entry", e.previous_key},
+                       {"previous_state", e.previous_state}});
   }
   j["swap"] = {{"enabled", swap.enabled},
                {"cache_dir", swap.cache_dir},
@@ -268,6 +283,8 @@ std::string stats_json() {
                {"markers_quarantined", swap.markers_quarantined},
                {"notices", swap.notices},
                {"quarantined", swap.quarantined},
+               {"upgrades", swap.upgrades},
+               {"revoked_in_cache", swap.revoked_in_cache},
                {"entries", std::move(entries)}};
   j["signatures"] = std::move(sigs);
   j["unknown_calls"] = st.unknown_calls;

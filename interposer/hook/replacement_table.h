@@ -53,6 +53,15 @@ struct SwapCounters {
   // CUDA only. Shadow-state calls while the stream was capturing a CUDA graph: PyTorch's kernel
   // only, no comparison (it would synchronize), not counted in shadow_calls (Note [Swap states]).
   std::atomic<uint64_t> capture_shadow_skips{0};
+  // The trial's timings (Note [In-process win] in swapper.h): PyTorch's kernel and the entry on
+  // the same inputs, one pair per clean shadow call, in a ring of the last kTimedPairs. A calling
+  // thread takes a slot with timed_pairs, stores both times, then counts its clean call with an
+  // acq_rel increment of clean_shadow_calls, so the thread whose call ends the trial sees every
+  // earlier pair.
+  static constexpr uint32_t kTimedPairs = 256;
+  std::atomic<uint32_t> timed_pairs{0};
+  std::atomic<uint64_t> pytorch_ns[kTimedPairs] = {};
+  std::atomic<uint64_t> entry_ns[kTimedPairs] = {};
 };
 
 // A CUDA entry's module on one device, loaded in that device's primary context (the context torch
@@ -86,6 +95,8 @@ struct CudaModules {
 
 // What a hit runs: a loaded entry, its plan resolved for this signature. Immutable once published
 // (only the counters and CudaModules' slots change); never freed, like the tables that point at it.
+// A Replacement is retired, never freed, when a better entry takes its signature (Note [Daemon
+// notices] in swapper.h): a thread may still be running it from an older table.
 struct Replacement {
   SignatureId id;                     // the signature
   SignatureId key;                    // the cache entry (EntryKey)
@@ -93,6 +104,7 @@ struct Replacement {
   Backend backend = Backend::kCpu;    // the signature's target backend, and the entry's
   uint32_t shadow_target = 20;        // clean shadow calls that end the trial
   bool activate_after_shadow = true;  // KFORGE_MODE=active; shadow mode keeps shadowing
+  bool confirm_win = true;            // KFORGE_CONFIRM_WIN: the trial must show a win here too
   const KernelSpec* spec = nullptr;
   const ResolvedLaunchPlan* plan = nullptr;
   const CpuModule* module = nullptr;  // Backend::kCpu

@@ -6,6 +6,7 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <exception>
@@ -305,16 +306,15 @@ std::string compare_output(size_t i, const at::Tensor& orig, const at::Tensor& c
   return {};
 }
 
-// After the original ran on `args` and left its outputs on top of `stack`: runs the candidate and
-// the float64 reference (PyTorch's kernel on double inputs, on the inputs' device) and compares
-// every output. Empty string: passed. May throw. On CUDA the comparison synchronizes (.item()):
-// callers never run it while the stream is capturing.
-std::string shadow_compare(const InterceptedOp& op, const Replacement& r, const c10::OperatorHandle& handle,
-                           c10::DispatchKeySet keys, const std::vector<c10::IValue>& args,
-                           const torch::jit::Stack& stack, const CudaCall* cuda) {
-  std::vector<at::Tensor> cand;
-  if (std::string err = run_candidate(op, r, args.data(), cand, cuda); !err.empty()) return err;
+// After the original ran on `args` and left its outputs on top of `stack`, and the candidate left
+// its outputs in `cand`: runs the float64 reference (PyTorch's kernel on double inputs, on the
+// inputs' device) and compares every output. Empty string: passed. May throw. On CUDA the
+// comparison synchronizes (.item()): callers never run it while the stream is capturing.
+std::string compare_with_reference(const InterceptedOp& op, const c10::OperatorHandle& handle,
+                                   c10::DispatchKeySet keys, const std::vector<c10::IValue>& args,
+                                   const torch::jit::Stack& stack, const std::vector<at::Tensor>& cand) {
   if (stack.size() < op.num_returns) return "PyTorch's kernel left too few outputs";
+  if (cand.size() < op.num_returns) return "the entry left too few outputs";
   const c10::IValue* orig = stack.data() + (stack.size() - op.num_returns);
 
   torch::jit::Stack ref;
@@ -335,6 +335,82 @@ std::string shadow_compare(const InterceptedOp& op, const Replacement& r, const 
   return {};
 }
 
+// Note [In-process win]: the shadow call protects the caller's inputs from an entry that writes
+// them. A copy of every defined tensor input, taken before either kernel runs (so that neither
+// finds the inputs warmer in the caches for it). May throw: callers catch.
+std::vector<at::Tensor> snapshot_inputs(const InterceptedOp& op, const std::vector<c10::IValue>& args) {
+  std::vector<at::Tensor> copies(op.identity.num_arguments);
+  for (uint32_t i = 0; i < op.identity.num_arguments && i < args.size(); ++i) {
+    if (args[i].isTensor() && args[i].toTensor().defined()) copies[i] = args[i].toTensor().clone();
+  }
+  return copies;
+}
+
+// Bit for bit, NaNs included (at::equal says NaN != NaN).
+bool same_values(const at::Tensor& a, const at::Tensor& b) {
+  if (a.sizes() != b.sizes() || a.scalar_type() != b.scalar_type()) return false;
+  if (!at::isFloatingType(a.scalar_type()) && !at::isComplexType(a.scalar_type())) return at::equal(a, b);
+  return at::equal(at::isnan(a), at::isnan(b)) && at::equal(at::nan_to_num(a, 0.0), at::nan_to_num(b, 0.0));
+}
+
+// After the entry ran: empty if it left every input as the snapshot has it; else the inputs are
+// put back (before PyTorch's kernel or the caller reads them) and the reason is returned.
+std::string restore_inputs(const std::vector<c10::IValue>& args, const std::vector<at::Tensor>& snapshot) {
+  std::string why;
+  for (size_t i = 0; i < snapshot.size() && i < args.size(); ++i) {
+    if (!snapshot[i].defined()) continue;
+    const at::Tensor& t = args[i].toTensor();
+    if (same_values(t, snapshot[i])) continue;
+    const_cast<at::Tensor&>(t).copy_(snapshot[i]);
+    if (why.empty()) why = "the entry wrote its input " + std::to_string(i);
+  }
+  return why;
+}
+
+uint64_t elapsed_ns(std::chrono::steady_clock::time_point since) {
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - since).count();
+  return ns > 0 ? static_cast<uint64_t>(ns) : 1;
+}
+
+// Four CUDA events around a shadow call's two launches (Note [In-process win]): [0, 1] the entry,
+// [2, 3] PyTorch's kernel. Destroyed with the call. Not ok(): the call is compared, not timed.
+class ShadowEvents {
+ public:
+  explicit ShadowEvents(const CudaDriver& cu) : cu_(cu) {
+    for (CUevent& e : events_) {
+      if (cu_.cuEventCreate(&e, CU_EVENT_DEFAULT) != CUDA_SUCCESS) {
+        e = nullptr;
+        ok_ = false;
+      }
+    }
+  }
+  ShadowEvents(const ShadowEvents&) = delete;
+  ShadowEvents& operator=(const ShadowEvents&) = delete;
+  ~ShadowEvents() {
+    for (CUevent e : events_) {
+      if (e != nullptr) (void)cu_.cuEventDestroy(e);
+    }
+  }
+  void record(int i, CUstream s) {
+    if (ok_ && cu_.cuEventRecord(events_[i], s) != CUDA_SUCCESS) ok_ = false;
+  }
+  // The nanoseconds between events a and b; 0 if unknown. Waits for b.
+  uint64_t between(int a, int b) {
+    float ms = 0;
+    if (!ok_ || cu_.cuEventSynchronize(events_[b]) != CUDA_SUCCESS ||
+        cu_.cuEventElapsedTime(&ms, events_[a], events_[b]) != CUDA_SUCCESS || !(ms >= 0)) {
+      return 0;
+    }
+    const double ns = static_cast<double>(ms) * 1e6;
+    return ns >= 1 ? static_cast<uint64_t>(ns) : 1;
+  }
+
+ private:
+  const CudaDriver& cu_;
+  CUevent events_[4] = {};
+  bool ok_ = true;
+};
+
 }  // namespace
 
 bool in_swap_call() noexcept { return t_in_swap; }
@@ -342,27 +418,11 @@ bool in_swap_call() noexcept { return t_in_swap; }
 // Shared by the CPU and CUDA paths below.
 namespace {
 
-// Shadow state's first half: keeps a copy of the arguments in `args`, then runs PyTorch's kernel
-// on the stack (its outputs are the caller's). False if the copy could not be made: PyTorch's
-// kernel has run and there is nothing to compare. An exception from PyTorch's own kernel reaches
-// the caller, as without kforge.
-bool copy_args_then_original(const InterceptedOp& op, const c10::OperatorHandle& handle, c10::DispatchKeySet keys,
-                             torch::jit::Stack* stack, std::vector<c10::IValue>& args) {
-  const uint32_t n = op.identity.num_arguments;
-  try {
-    args.assign(stack->end() - n, stack->end());
-  } catch (...) {
-    op.original.callBoxed(handle, keys, stack);
-    return false;
-  }
-  op.original.callBoxed(handle, keys, stack);
-  return true;
-}
-
-// A shadow comparison's verdict: one more clean call, or the entry disabled.
-void shadow_verdict(const Replacement& r, const std::string& why) {
+// A shadow comparison's verdict: one more clean call (with its times, 0: untimed), or the entry
+// disabled.
+void shadow_verdict(const Replacement& r, const std::string& why, uint64_t pytorch_ns = 0, uint64_t entry_ns = 0) {
   if (why.empty()) {
-    r.owner->shadow_clean(r);
+    r.owner->shadow_clean(r, pytorch_ns, entry_ns);
   } else {
     r.owner->fail(r, "shadow mismatch: " + why);
   }
@@ -386,23 +446,56 @@ void active_done(const InterceptedOp& op, const Replacement& r, torch::jit::Stac
 
 }  // namespace
 
-// A hit in shadow state: PyTorch's kernel runs first and its outputs are what the caller gets;
-// then the candidate runs on the same inputs and is compared (Note [Shadow comparison]).
+// A hit in shadow state: PyTorch's kernel and the candidate run on the same inputs, each timed,
+// in an order that alternates call by call (Note [In-process win]); PyTorch's outputs are what the
+// caller gets, and the candidate's are compared with them (Note [Shadow comparison]).
 static void run_shadow(const InterceptedOp& op, const Replacement& r, const c10::OperatorHandle& handle,
                 c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  const uint32_t n = op.identity.num_arguments;
   std::vector<c10::IValue> args;
-  if (!copy_args_then_original(op, handle, keys, stack, args)) return;
-  r.counters->shadow_calls.fetch_add(1, std::memory_order_relaxed);
-  std::string why;
+  std::vector<at::Tensor> snapshot;
   try {
+    args.assign(stack->end() - n, stack->end());
     SwapScope scope;
-    why = shadow_compare(op, r, handle, keys, args, *stack, nullptr);
-  } catch (const std::exception& e) {
-    why = std::string("shadow call threw: ") + e.what();
+    snapshot = snapshot_inputs(op, args);
   } catch (...) {
-    why = "shadow call threw";
+    op.original.callBoxed(handle, keys, stack);   // nothing to compare with: PyTorch's kernel alone
+    return;
   }
-  shadow_verdict(r, why);
+  const bool entry_first = (r.counters->shadow_calls.fetch_add(1, std::memory_order_relaxed) & 1) != 0;
+  std::vector<at::Tensor> cand;
+  std::string why;
+  uint64_t entry_ns = 0, pytorch_ns = 0;
+  auto run_entry = [&]() noexcept {
+    try {
+      SwapScope scope;
+      const auto t0 = std::chrono::steady_clock::now();
+      why = run_candidate(op, r, args.data(), cand, nullptr);
+      entry_ns = elapsed_ns(t0);
+      if (std::string wrote = restore_inputs(args, snapshot); !wrote.empty() && why.empty()) why = wrote;
+    } catch (const std::exception& e) {
+      why = std::string("shadow call threw: ") + e.what();
+    } catch (...) {
+      why = "shadow call threw";
+    }
+  };
+  if (entry_first) run_entry();
+  // An exception from PyTorch's own kernel reaches the caller, as without kforge.
+  const auto t0 = std::chrono::steady_clock::now();
+  op.original.callBoxed(handle, keys, stack);
+  pytorch_ns = elapsed_ns(t0);
+  if (!entry_first) run_entry();
+  if (why.empty()) {
+    try {
+      SwapScope scope;
+      why = compare_with_reference(op, handle, keys, args, *stack, cand);
+    } catch (const std::exception& e) {
+      why = std::string("shadow call threw: ") + e.what();
+    } catch (...) {
+      why = "shadow call threw";
+    }
+  }
+  shadow_verdict(r, why, pytorch_ns, entry_ns);
 }
 
 // A hit in active state: the candidate alone; its outputs replace the arguments on the stack, as
@@ -425,8 +518,10 @@ static void run_active(const InterceptedOp& op, const Replacement& r, const c10:
   active_done(op, r, stack, outs);
 }
 
-// A CUDA hit (Note [CUDA calls]). Shadow: PyTorch's kernel first (its outputs are the caller's),
-// then, unless the stream is capturing, the entry on the same inputs and the comparison. Active:
+// A CUDA hit (Note [CUDA calls]). Shadow, unless the stream is capturing: PyTorch's kernel (its
+// outputs are the caller's) and the entry on the same inputs and stream, each between two CUDA
+// events, in an order that alternates call by call (Note [In-process win]), then the comparison;
+// while capturing, PyTorch's kernel alone. Active:
 // the entry alone, also while capturing. Both run PyTorch's kernel instead where the entry cannot
 // run (no module on the device, inputs on no or several devices, a driver error before the
 // launch) without counting it against the entry.
@@ -486,34 +581,84 @@ static void run_cuda(const InterceptedOp& op, const Replacement& r, const c10::O
     return;
   }
 
+  // Shadow. Where nothing can be compared (a driver error entering the device, or a capture in
+  // progress), PyTorch's kernel runs alone.
   std::vector<c10::IValue> args;
-  if (!copy_args_then_original(op, handle, keys, stack, args)) return;
-  bool compared = false;
+  std::string driver_error;
   try {
+    args.assign(stack->end() - n, stack->end());
     SwapScope scope;
-    std::string driver_error = enter_device(cu, call);
+    driver_error = enter_device(cu, call);
+  } catch (const std::exception& e) {
+    driver_error = std::string("cannot copy the arguments: ") + e.what();
+  } catch (...) {
+    driver_error = "cannot copy the arguments";
+  }
+  if (!driver_error.empty() || call.capture != CU_STREAM_CAPTURE_STATUS_NONE) {
     if (!driver_error.empty()) {
       log_cuda_passthrough(r, driver_error);
-    } else if (call.capture != CU_STREAM_CAPTURE_STATUS_NONE) {
+    } else {
       // Note [Swap states]: the comparison would synchronize inside the capture.
       r.counters->capture_shadow_skips.fetch_add(1, std::memory_order_relaxed);
-    } else {
-      compared = true;
-      r.counters->shadow_calls.fetch_add(1, std::memory_order_relaxed);
+    }
+    leave_device(call);
+    op.original.callBoxed(handle, keys, stack);
+    return;
+  }
+  const bool entry_first = (r.counters->shadow_calls.fetch_add(1, std::memory_order_relaxed) & 1) != 0;
+  std::vector<at::Tensor> snapshot, cand;
+  std::optional<ShadowEvents> events;
+  uint64_t entry_ns = 0, pytorch_ns = 0;
+  auto run_entry = [&]() noexcept {
+    try {
+      SwapScope scope;
+      if (events) events->record(0, call.stream);
+      why = run_candidate(op, r, args.data(), cand, &call);
+      if (events) events->record(1, call.stream);
       // Our own synchronizing work, no part of any capture: relaxed, so it does not fail for (or
       // disturb) a graph another thread captures in global mode (ScopedCaptureMode).
       const ScopedCaptureMode relaxed(cu, CU_STREAM_CAPTURE_MODE_RELAXED);
-      why = shadow_compare(op, r, handle, keys, args, *stack, &call);
+      if (std::string wrote = restore_inputs(args, snapshot); !wrote.empty() && why.empty()) why = wrote;
+    } catch (const std::exception& e) {
+      why = std::string("shadow call threw: ") + e.what();
+    } catch (...) {
+      why = "shadow call threw";
     }
+  };
+  try {
+    SwapScope scope;
+    snapshot = snapshot_inputs(op, args);   // stream-ordered on the current stream
+    events.emplace(cu);
   } catch (const std::exception& e) {
-    compared = true;
     why = std::string("shadow call threw: ") + e.what();
   } catch (...) {
-    compared = true;
     why = "shadow call threw";
   }
+  if (why.empty() && entry_first) run_entry();
+  // PyTorch's kernel on the same stream, under the same device and context (torch's own). An
+  // exception from it reaches the caller, as without kforge (the guards unwind).
+  if (events) events->record(2, call.stream);
+  op.original.callBoxed(handle, keys, stack);
+  if (events) events->record(3, call.stream);
+  if (why.empty() && !entry_first) run_entry();
+  if (why.empty()) {
+    try {
+      SwapScope scope;
+      const ScopedCaptureMode relaxed(cu, CU_STREAM_CAPTURE_MODE_RELAXED);
+      why = compare_with_reference(op, handle, keys, args, *stack, cand);
+      if (why.empty() && events) {
+        entry_ns = events->between(0, 1);
+        pytorch_ns = events->between(2, 3);
+      }
+    } catch (const std::exception& e) {
+      why = std::string("shadow call threw: ") + e.what();
+    } catch (...) {
+      why = "shadow call threw";
+    }
+  }
+  events.reset();
   leave_device(call);
-  if (compared) shadow_verdict(r, why);
+  shadow_verdict(r, why, pytorch_ns, entry_ns);
 }
 
 void run_replacement(const InterceptedOp& op, const Replacement& r, const c10::OperatorHandle& handle,

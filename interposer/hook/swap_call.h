@@ -1,7 +1,9 @@
 // The replacement path: what an intercepted call does when ReplacementTable has an entry for its
 // signature (Note [Swap states] in swapper.h), for CPU and CUDA entries alike. Shadow state runs
-// PyTorch's kernel (whose outputs the caller gets), then the entry on the same inputs, and
-// compares them against a float64 reference (Note [Shadow comparison] in swap_call.cc); active
+// PyTorch's kernel (whose outputs the caller gets) and the entry on the same inputs, times both
+// (alternating which runs first; Note [In-process win] in swapper.h), checks that the entry left
+// its inputs alone, and compares the outputs against a float64 reference (Note [Shadow
+// comparison] in swap_call.cc); active
 // state runs the entry alone and falls back to PyTorch's kernel on any error. A CUDA entry runs on
 // its inputs' device, on torch's current stream there, with outputs from torch's caching allocator
 // (Note [CUDA calls] in swap_call.cc); while that stream is capturing a CUDA graph an active entry

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -43,6 +44,61 @@ std::string device_list(const std::vector<int>& ordinals) {
   return out;
 }
 
+// Which kernel an entry holds: its blobs, source, options and publication time (the daemon
+// republishes a better kernel under the same key, Note [Daemon notices]).
+std::string content_of(const std::vector<BlobRef>& blobs, const KernelSpec& spec, int64_t created_unix_ms) {
+  std::string out;
+  for (const BlobRef& b : blobs) out += b.name + ":" + b.sha256_hex + ",";
+  return out + spec.id().hex() + "@" + std::to_string(created_unix_ms);
+}
+
+std::string content_of(const StoredEntry& e) { return content_of(e.blobs, e.spec, e.provenance.created_unix_ms); }
+
+std::string lost_id(const SignatureId& key, const std::string& content) { return key.hex() + "/" + content; }
+
+std::string ns_text(uint64_t ns) {
+  char buf[32];
+  if (ns >= 10'000'000) {
+    std::snprintf(buf, sizeof buf, "%.1f ms", static_cast<double>(ns) / 1e6);
+  } else if (ns >= 10'000) {
+    std::snprintf(buf, sizeof buf, "%.1f us", static_cast<double>(ns) / 1e3);
+  } else {
+    std::snprintf(buf, sizeof buf, "%llu ns", static_cast<unsigned long long>(ns));
+  }
+  return buf;
+}
+
+std::string verdict_text(const WinVerdict& v) {
+  return "entry " + ns_text(v.entry_median_ns) + " vs PyTorch " + ns_text(v.pytorch_median_ns) + " (medians of " +
+         std::to_string(v.pairs) + " paired calls, entry faster in " + std::to_string(v.entry_faster) + ")";
+}
+
+uint64_t median_of(std::vector<uint64_t> v) {
+  if (v.empty()) return 0;
+  const size_t mid = v.size() / 2;
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid), v.end());
+  const uint64_t hi = v[mid];
+  if (v.size() % 2 == 1) return hi;
+  const uint64_t lo = *std::max_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid));
+  return lo + (hi - lo) / 2;
+}
+
+// The trial's timed pairs from the counters' ring (Note [In-process win]).
+WinVerdict judge_counters(const SwapCounters& c) {
+  const uint32_t n = std::min<uint32_t>(c.timed_pairs.load(std::memory_order_acquire), SwapCounters::kTimedPairs);
+  std::vector<uint64_t> pytorch, entry;
+  pytorch.reserve(n);
+  entry.reserve(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    const uint64_t p = c.pytorch_ns[i].load(std::memory_order_relaxed);
+    const uint64_t e = c.entry_ns[i].load(std::memory_order_relaxed);
+    if (p == 0 || e == 0) continue;   // a slot whose call is still being counted
+    pytorch.push_back(p);
+    entry.push_back(e);
+  }
+  return judge_in_process_win(pytorch, entry);
+}
+
 bool pid_alive(int32_t pid) {
   if (pid <= 0) return false;
   if (::kill(pid, 0) == 0) return true;
@@ -58,6 +114,20 @@ bool entry_environment_matches(const Environment& host, const Environment& entry
 
 std::vector<std::string> entry_environment_differences(const Environment& host, const Environment& entry) {
   return host.differences(as_seen_by(host, entry));
+}
+
+// Note [In-process win].
+WinVerdict judge_in_process_win(std::span<const uint64_t> pytorch_ns, std::span<const uint64_t> entry_ns) {
+  WinVerdict v;
+  const size_t n = std::min(pytorch_ns.size(), entry_ns.size());
+  v.pairs = static_cast<uint32_t>(n);
+  if (n == 0) return v;   // nothing measured: no win is shown
+  for (size_t i = 0; i < n; ++i) v.entry_faster += entry_ns[i] < pytorch_ns[i] ? 1 : 0;
+  v.pytorch_median_ns = median_of(std::vector<uint64_t>(pytorch_ns.begin(), pytorch_ns.begin() + static_cast<std::ptrdiff_t>(n)));
+  v.entry_median_ns = median_of(std::vector<uint64_t>(entry_ns.begin(), entry_ns.begin() + static_cast<std::ptrdiff_t>(n)));
+  v.win = static_cast<double>(v.entry_median_ns) <= 0.97 * static_cast<double>(v.pytorch_median_ns) &&
+          3 * uint64_t{v.entry_faster} >= 2 * uint64_t{v.pairs};
+  return v;
 }
 
 Swapper::Swapper(SwapperOptions options) : options_(std::move(options)) {}
@@ -116,22 +186,58 @@ void Swapper::publish_locked() {
   ReplacementTable::publish(ReplacementTable::build(std::move(entries), observe_mask));
 }
 
-void Swapper::shadow_clean(const Replacement& r) noexcept {
-  const uint32_t n = r.counters->clean_shadow_calls.fetch_add(1, std::memory_order_relaxed) + 1;
+std::string Swapper::drop_current_locked(Record& rec, const std::string& state, const std::string& reason) {
+  if (rec.previous) {
+    std::unique_ptr<Record> previous = std::move(rec.previous);
+    rec = std::move(*previous);
+    return "entry " + rec.key.hex() + " runs again (" + rec.state + ")";
+  }
+  rec.current = nullptr;
+  rec.state = state;
+  rec.reason = reason;
+  return {};
+}
+
+void Swapper::shadow_clean(const Replacement& r, uint64_t pytorch_ns, uint64_t entry_ns) noexcept {
+  SwapCounters& c = *r.counters;
+  if (pytorch_ns > 0 && entry_ns > 0) {
+    const uint32_t slot = c.timed_pairs.fetch_add(1, std::memory_order_relaxed) % SwapCounters::kTimedPairs;
+    c.pytorch_ns[slot].store(pytorch_ns, std::memory_order_relaxed);
+    c.entry_ns[slot].store(entry_ns, std::memory_order_relaxed);
+  }
+  // acq_rel: the call that reaches the target sees every earlier call's times (SwapCounters).
+  const uint32_t n = c.clean_shadow_calls.fetch_add(1, std::memory_order_acq_rel) + 1;
   if (n != r.shadow_target) return;   // exactly one call reaches the target
   try {
+    const WinVerdict verdict = judge_counters(c);
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = records_.find(r.id);
-      if (it == records_.end() || it->second.current != &r) return;   // disabled meanwhile
+      if (it == records_.end() || !is_current(it->second, r)) return;   // disabled meanwhile
       Record& rec = it->second;
-      events_.push_back({Event::Kind::kTrialPassed, rec.key, rec.label, {}});
-      if (r.activate_after_shadow) {
-        auto* active = new Replacement(r);   // never freed
-        active->state = SwapState::kActive;
-        rec.current = active;
-        rec.state = "active";
+      rec.trial_ended = true;
+      rec.verdict = verdict;
+      if (r.confirm_win && !verdict.win) {
+        Event e{Event::Kind::kNoWin, rec.key, rec.label, {}, rec.content, verdict, {}, {}};
+        lost_here_.insert(lost_id(rec.key, rec.content));
+        e.restored = drop_current_locked(rec, "no_win", "no win in this process: " + verdict_text(verdict));
         publish_locked();
+        events_.push_back(std::move(e));
+      } else {
+        Event e{Event::Kind::kTrialPassed, rec.key, rec.label, {}, {}, verdict, {}, {}};
+        if (rec.previous) {   // an upgrade passed: the entry kept aside is retired
+          e.replaced = rec.previous->key.hex();
+          rec.previous.reset();
+          ++upgrades_;
+        }
+        if (r.activate_after_shadow) {
+          auto* active = new Replacement(r);   // never freed
+          active->state = SwapState::kActive;
+          rec.current = active;
+          rec.state = "active";
+        }
+        publish_locked();
+        events_.push_back(std::move(e));
       }
     }
     wake();
@@ -145,13 +251,18 @@ void Swapper::fail(const Replacement& r, std::string reason) noexcept {
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = records_.find(r.id);
-      if (it == records_.end() || it->second.current == nullptr) return;   // already disabled
+      if (it == records_.end()) return;
       Record& rec = it->second;
-      rec.current = nullptr;
-      rec.state = "disabled";
-      rec.reason = reason;
+      Event e{Event::Kind::kQuarantine, r.key, rec.label, reason, {}, {}, {}, {}};
+      if (is_current(rec, r)) {
+        e.restored = drop_current_locked(rec, "disabled", reason);
+      } else if (rec.previous && is_current(*rec.previous, r)) {
+        rec.previous.reset();   // the entry kept aside failed (a call from an older table): nothing to go back to
+      } else {
+        return;   // already disabled
+      }
       publish_locked();
-      events_.push_back({Event::Kind::kQuarantine, rec.key, rec.label, std::move(reason)});
+      events_.push_back(std::move(e));
     }
     wake();
   } catch (...) {
@@ -169,6 +280,8 @@ SwapStats Swapper::stats() const {
   st.markers_quarantined = markers_quarantined_;
   st.notices = notices_received_;
   st.quarantined = quarantined_;
+  st.upgrades = upgrades_;
+  st.revoked_in_cache = revoked_in_cache_;
   for (const auto& [id, rec] : records_) {
     SwapStats::Entry e;
     e.id = id;
@@ -176,6 +289,14 @@ SwapStats Swapper::stats() const {
     e.backend = rec.backend;
     e.state = rec.state;
     e.reason = rec.reason;
+    e.pytorch_median_ns = rec.verdict.pytorch_median_ns;
+    e.entry_median_ns = rec.verdict.entry_median_ns;
+    e.timed_calls = rec.verdict.pairs;
+    e.speedup = rec.speedup;
+    if (rec.previous) {
+      e.previous_key = rec.previous->key.hex();
+      e.previous_state = rec.previous->state;
+    }
     e.shadow_calls = rec.counters->shadow_calls.load(std::memory_order_relaxed);
     e.active_calls = rec.counters->active_calls.load(std::memory_order_relaxed);
     e.fallbacks = rec.counters->fallbacks.load(std::memory_order_relaxed);
@@ -259,25 +380,40 @@ void Swapper::process_events() {
       std::lock_guard<std::mutex> lock(mu_);
       open_trials_.erase(e.key);
     }
-    if (e.kind == Event::Kind::kTrialPassed) {
-      remove_marker(e.key);
-      if (options_.log) {
-        log_line("entry " + e.key.hex() + " for " + e.label + " passed its trial (" +
-                 std::to_string(options_.shadow_calls) + " clean shadow calls)" +
-                 (options_.mode == HookMode::kActive ? "; it is active" : "; it stays in shadow (KFORGE_MODE=shadow)"));
+    remove_marker(e.key);   // the trial ended, whichever way: no crash to record
+    const std::string where = "entry " + e.key.hex() + " for " + e.label;
+    const std::string then = e.restored.empty() ? "PyTorch's kernel runs" : e.restored;
+    switch (e.kind) {
+      case Event::Kind::kTrialPassed:
+        if (options_.log || !e.replaced.empty()) {
+          std::string line = where + " passed its trial (" + std::to_string(options_.shadow_calls) + " clean shadow calls";
+          if (e.verdict.pairs > 0) line += "; " + verdict_text(e.verdict);
+          line += ")";
+          line += options_.mode == HookMode::kActive ? "; it is active" : "; it stays in shadow (KFORGE_MODE=shadow)";
+          if (!e.replaced.empty()) line += "; it replaces entry " + e.replaced;
+          log_line(line);
+        }
+        break;
+      case Event::Kind::kNoWin: {
+        Status s = store_ ? store_->write_no_win_record({e.key, static_cast<int32_t>(::getpid()),
+                                                         e.verdict.entry_median_ns, e.verdict.pytorch_median_ns, {}})
+                          : Status(unavailable("no cache"));
+        log_line(where + " is correct but not faster in this process: " + verdict_text(e.verdict) + "; " + then +
+                 (s.ok() ? "" : " (its no-win record was not written: " + s.message() + ")"));
+        break;
       }
-      continue;
+      case Event::Kind::kQuarantine: {
+        const Status s = store_ ? store_->set_state(e.key, EntryState::kQuarantined, e.reason)
+                                : Status(unavailable("no cache"));
+        if (s.ok()) {
+          std::lock_guard<std::mutex> lock(mu_);
+          ++quarantined_;
+        }
+        log_line(where + " disabled: " + e.reason +
+                 (s.ok() ? "; quarantined in the cache" : "; quarantining it failed: " + s.message()) + "; " + then);
+        break;
+      }
     }
-    const Status s = store_ ? store_->set_state(e.key, EntryState::kQuarantined, e.reason)
-                            : Status(unavailable("no cache"));
-    remove_marker(e.key);
-    if (s.ok()) {
-      std::lock_guard<std::mutex> lock(mu_);
-      ++quarantined_;
-    }
-    log_line("entry " + e.key.hex() + " for " + e.label + " disabled: " + e.reason +
-             (s.ok() ? "; quarantined in the cache" : "; quarantining it failed: " + s.message()) +
-             "; PyTorch's kernel runs");
   }
 }
 
@@ -300,33 +436,63 @@ std::optional<StoredEntry> Swapper::find_entry(const OpSignature& sig, const Env
   std::sort(candidates.begin(), candidates.end());
   for (const EntryKey& k : candidates) {
     StatusOr<StoredEntry> e = store_->load(k);   // again: its state may have changed
-    if (!e.ok()) continue;
-    const Backend backend = sig.target.backend;
-    if (!(e->signature == sig) || e->environment.backend != backend || e->spec.backend != backend ||
-        !e->status.usable()) {
-      continue;
-    }
-    if (std::string why = fits(e->environment); !why.empty()) {
-      if (options_.log) log_line("entry " + k.hex() + " for " + sig.to_string() + " not used: " + why);
-      continue;
-    }
-    return std::move(*e);
+    if (e.ok() && usable_here(sig, *e, fits)) return std::move(*e);
   }
   return std::nullopt;
 }
 
-void Swapper::consider(const OpSignature& sig) {
+bool Swapper::usable_here(const OpSignature& sig, const StoredEntry& e, const EnvironmentCheck& fits) {
+  const Backend backend = sig.target.backend;
+  if (!(e.signature == sig) || e.environment.backend != backend || e.spec.backend != backend || !e.status.usable()) {
+    return false;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (lost_here_.count(lost_id(e.key, content_of(e)))) return false;   // Note [In-process win]
+  }
+  if (std::string why = fits(e.environment); !why.empty()) {
+    if (options_.log) log_line("entry " + e.key.hex() + " for " + sig.to_string() + " not used: " + why);
+    return false;
+  }
+  return true;
+}
+
+std::optional<StoredEntry> Swapper::upgrade_entry(const OpSignature& sig, const EntryKey& key,
+                                                  const EnvironmentCheck& fits) {
+  const std::string where = "entry " + key.hex() + " for " + sig.to_string();
+  auto skip = [&](const std::string& why) -> std::optional<StoredEntry> {
+    if (options_.log) log_line(where + " is ready (daemon), but is not taken: " + why);
+    return std::nullopt;
+  };
+  StatusOr<StoredEntry> e = store_->load(key);
+  if (!e.ok()) return skip(e.status().message());
+  if (!usable_here(sig, *e, fits)) return skip("it is not usable here (signature, backend, state or environment)");
+  const std::string content = content_of(*e);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = records_.find(sig.id());
+  if (it == records_.end() || it->second.current == nullptr) return skip("no entry is in use for it any more");
+  const Record& rec = it->second;
+  if (rec.key == key && rec.content == content) return skip("it is the entry in use");
+  if (!(e->timings.speedup() > rec.speedup)) {
+    return skip("its speedup in the cache (" + std::to_string(e->timings.speedup()) + "x) is not above entry " +
+                rec.key.hex() + "'s (" + std::to_string(rec.speedup) + "x)");
+  }
+  return std::move(*e);
+}
+
+void Swapper::consider(const OpSignature& sig, const std::optional<EntryKey>& announced) {
   switch (sig.target.backend) {
-    case Backend::kCpu: return consider_cpu(sig);
-    case Backend::kCuda: return consider_cuda(sig);
+    case Backend::kCpu: return consider_cpu(sig, announced);
+    case Backend::kCuda: return consider_cuda(sig, announced);
   }
 }
 
-void Swapper::consider_cpu(const OpSignature& sig) {
-  std::optional<StoredEntry> entry = find_entry(sig, [&](const Environment& env) -> std::string {
+void Swapper::consider_cpu(const OpSignature& sig, const std::optional<EntryKey>& announced) {
+  const EnvironmentCheck fits = [&](const Environment& env) -> std::string {
     const std::vector<std::string> diff = entry_environment_differences(options_.host_env, env);
     return diff.empty() ? std::string() : "its environment differs from this host's (here != entry: " + join(diff) + ")";
-  });
+  };
+  std::optional<StoredEntry> entry = announced ? upgrade_entry(sig, *announced, fits) : find_entry(sig, fits);
   if (!entry) return;
   const std::string where = "entry " + entry->key.hex() + " for " + sig.to_string();
   auto give_up = [&](const std::string& why) { log_line(where + " not used: " + why); };
@@ -352,10 +518,10 @@ void Swapper::consider_cpu(const OpSignature& sig) {
   r->spec = new KernelSpec(std::move(entry->spec));
   r->plan = new ResolvedLaunchPlan(std::move(*plan));
   r->module = mod;
-  (void)publish_new(sig, *entry, r, "");
+  (void)publish_new(sig, *entry, r, "", announced.has_value());
 }
 
-void Swapper::consider_cuda(const OpSignature& sig) {
+void Swapper::consider_cuda(const OpSignature& sig, const std::optional<EntryKey>& announced) {
   if (cuda_devices_ == nullptr) cuda_devices_ = new CudaDevices(options_.host_env.torch_version);
   CudaDevices& devs = *cuda_devices_;
   if (devs.driver() == nullptr) {
@@ -372,7 +538,7 @@ void Swapper::consider_cuda(const OpSignature& sig) {
     if (env.ok() && env->arch == sig.target.arch) devices.push_back(d);
   }
   if (devices.empty()) return;
-  std::optional<StoredEntry> entry = find_entry(sig, [&](const Environment& env) -> std::string {
+  const EnvironmentCheck fits = [&](const Environment& env) -> std::string {
     std::string why;
     for (int d : devices) {
       const std::vector<std::string> diff = entry_environment_differences(*devs.environment(d), env);
@@ -380,7 +546,8 @@ void Swapper::consider_cuda(const OpSignature& sig) {
       why += (why.empty() ? "" : "; ") + cuda_device_name(d) + ": " + join(diff);
     }
     return "its environment matches no CUDA device here (here != entry: " + why + ")";
-  });
+  };
+  std::optional<StoredEntry> entry = announced ? upgrade_entry(sig, *announced, fits) : find_entry(sig, fits);
   if (!entry) return;
   const std::string where = "entry " + entry->key.hex() + " for " + sig.to_string();
   auto give_up = [&](const std::string& why) { log_line(where + " not used: " + why); };
@@ -417,7 +584,7 @@ void Swapper::consider_cuda(const OpSignature& sig) {
   r->cuda = pending.modules;
   std::string on = " on " + (loaded.empty() ? std::string("no device yet") : device_list(loaded));
   if (!pending.waiting.empty()) on += " (later on " + device_list(pending.waiting) + " once torch uses it)";
-  if (!publish_new(sig, *entry, r, on)) return;
+  if (!publish_new(sig, *entry, r, on, announced.has_value())) return;
   if (!pending.waiting.empty()) cuda_pending_.push_back(std::move(pending));
 }
 
@@ -461,7 +628,8 @@ void Swapper::retry_cuda_pending() {
   }
 }
 
-bool Swapper::publish_new(const OpSignature& sig, const StoredEntry& entry, Replacement* r, const std::string& on) {
+bool Swapper::publish_new(const OpSignature& sig, const StoredEntry& entry, Replacement* r, const std::string& on,
+                          bool upgrade) {
   const std::string label = sig.to_string();
   const std::string where = "entry " + entry.key.hex() + " for " + label;
   std::string marker_error;
@@ -474,26 +642,39 @@ bool Swapper::publish_new(const OpSignature& sig, const StoredEntry& entry, Repl
   r->state = SwapState::kShadow;
   r->shadow_target = options_.shadow_calls;
   r->activate_after_shadow = options_.mode == HookMode::kActive;
+  r->confirm_win = options_.confirm_win;
   r->counters = new SwapCounters();
   r->owner = this;
+  std::string aside;
   {
     std::lock_guard<std::mutex> lock(mu_);
     open_trials_[entry.key] = static_cast<int32_t>(::getpid());
     Record& rec = records_[r->id];
+    // An upgrade keeps the entry in use aside (Note [Daemon notices]); if that entry went out
+    // since upgrade_entry looked, this is an ordinary trial.
+    std::unique_ptr<Record> previous;
+    if (upgrade && rec.current != nullptr && !rec.previous) {
+      aside = rec.key.hex();
+      previous = std::make_unique<Record>(std::move(rec));
+    }
+    rec = Record();
+    rec.previous = std::move(previous);
     rec.current = r;
     rec.counters = r->counters;
     rec.cuda = r->cuda;
     rec.backend = r->backend;
     rec.observe_bits = ObserveSlots::instance().mask(sig.op, sig.overload, sig.target.backend);
     rec.key = entry.key;
+    rec.content = content_of(entry.blobs, *r->spec, entry.provenance.created_unix_ms);   // entry.spec was moved into r
+    rec.speedup = entry.timings.speedup();
     rec.label = label;
     rec.state = "shadow";
-    rec.reason.clear();
     publish_locked();
   }
   (void)store_->touch(entry.key);   // for gc's least-recently-used order; failure is harmless
-  if (options_.log) {
-    log_line(where + " loaded" + on + "; shadow for " + std::to_string(options_.shadow_calls) + " calls");
+  if (options_.log || !aside.empty()) {
+    log_line(where + " loaded" + on + "; shadow for " + std::to_string(options_.shadow_calls) + " calls" +
+             (aside.empty() ? std::string() : " (an upgrade: entry " + aside + " is kept aside until it ends)"));
   }
   return true;
 }
@@ -526,51 +707,103 @@ void Swapper::on_daemon_message(const wire::WireMessage& message) noexcept {
 
 void Swapper::process_notices() {
   std::vector<Notice> notices;
+  notices.swap(deferred_);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    notices.swap(notices_);
+    for (Notice& n : notices_) notices.push_back(std::move(n));
+    notices_.clear();
   }
-  for (const Notice& n : notices) {
+  for (Notice& n : notices) {
     const auto seen = looked_up_.find(n.signature);
     if (seen == looked_up_.end()) continue;   // not a signature of this process (yet)
     const std::string label = seen->second->to_string();
     if (n.revoke) {
-      bool disabled = false;
       std::optional<SignatureId> key;
+      std::string then;
       {
         std::lock_guard<std::mutex> lock(mu_);
         auto it = records_.find(n.signature);
-        if (it == records_.end() || it->second.current == nullptr || it->second.key.hex() != n.entry_key) continue;
+        if (it == records_.end()) continue;
         Record& rec = it->second;
-        rec.current = nullptr;
-        rec.state = "disabled";
-        rec.reason = "revoked by the daemon: " + n.reason;
-        publish_locked();
-        open_trials_.erase(rec.key);
+        const std::string reason = "revoked by the daemon: " + n.reason;
+        if (rec.previous && rec.previous->key.hex() == n.entry_key) rec.previous.reset();   // kept aside: dropped
+        if (rec.current == nullptr || rec.key.hex() != n.entry_key) continue;
         key = rec.key;
-        disabled = true;
+        open_trials_.erase(rec.key);
+        then = drop_current_locked(rec, "disabled", reason);
+        publish_locked();
       }
-      if (disabled) {
-        remove_marker(*key);
-        log_line("entry " + n.entry_key + " for " + label + " revoked by the daemon (" + n.reason +
-                 "); PyTorch's kernel runs");
-      }
+      remove_marker(*key);
+      log_line("entry " + n.entry_key + " for " + label + " revoked by the daemon (" + n.reason + "); " +
+               (then.empty() ? "PyTorch's kernel runs" : then));
       continue;
     }
-    bool in_use = false;
+    enum class Use { kNone, kEnded, kOnTrial } use = Use::kNone;
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = records_.find(n.signature);
-      in_use = it != records_.end() && it->second.current != nullptr;
-    }
-    if (in_use) {
-      if (options_.log) {
-        log_line("entry " + n.entry_key + " for " + label + " is ready, but an entry is already in use for it");
+      if (it != records_.end() && it->second.current != nullptr) {
+        use = it->second.trial_ended && !it->second.previous ? Use::kEnded : Use::kOnTrial;
       }
+    }
+    if (use == Use::kOnTrial) {   // Note [Daemon notices]: looked at again when the trial has ended
+      deferred_.push_back(std::move(n));
+      continue;
+    }
+    if (use == Use::kEnded) {
+      StatusOr<EntryKey> key = EntryKey::from_hex(n.entry_key);
+      if (!key.ok()) continue;   // the wire decoder checked it; nothing to do with a bad one
+      if (options_.log) log_line("entry " + n.entry_key + " for " + label + " is ready (daemon); an upgrade?");
+      consider(*seen->second, *key);
       continue;
     }
     if (options_.log) log_line("entry " + n.entry_key + " for " + label + " is ready (daemon); looking it up");
     consider(*seen->second);
+  }
+}
+
+void Swapper::check_cache_states() {
+  // Which entries to ask about: those in use and those kept aside (by key; Store::status is cheap).
+  std::set<SignatureId> keys;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [id, rec] : records_) {
+      if (rec.current != nullptr) keys.insert(rec.key);
+      if (rec.previous && rec.previous->current != nullptr) keys.insert(rec.previous->key);
+    }
+  }
+  for (const SignatureId& key : keys) {
+    StatusOr<EntryStatus> st = store_->status(key);
+    std::string how, why;   // how empty: still active in the cache
+    if (!st.ok()) {
+      if (st.status().code() != StatusCode::kNotFound) continue;   // cannot tell now: the next round asks again
+      how = "removed from the cache";
+    } else if (!st->usable()) {
+      how = std::string(entry_state_name(st->state)) + " in the cache";
+      if (!st->reason.empty()) why = " (" + st->reason + ")";
+    }
+    if (how.empty()) continue;
+    std::vector<std::string> lines;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      bool changed = false;
+      for (auto& [id, rec] : records_) {
+        if (rec.previous && rec.previous->current != nullptr && rec.previous->key == key) {
+          rec.previous.reset();
+          changed = true;
+        }
+        if (rec.current == nullptr || rec.key != key) continue;
+        open_trials_.erase(key);
+        const std::string then = drop_current_locked(rec, "disabled", "entry " + how + why);
+        lines.push_back("entry " + key.hex() + " for " + rec.label + " " + how + ": " +
+                        (then.empty() ? "PyTorch's kernel runs" : then));
+        ++revoked_in_cache_;
+        changed = true;
+      }
+      if (changed) publish_locked();
+    }
+    if (!lines.empty()) remove_marker(key);
+    for (const std::string& l : lines) log_line(l);
   }
 }
 
@@ -579,6 +812,7 @@ void Swapper::on_round(const std::vector<std::shared_ptr<const OpSignature>>& ne
   try {
     if (!ensure_store()) return;
     process_events();
+    check_cache_states();
     retry_cuda_pending();
     for (const std::shared_ptr<const OpSignature>& sig : new_signatures) {
       if (!sig || !looked_up_.emplace(sig->id(), sig).second) continue;

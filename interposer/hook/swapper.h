@@ -5,21 +5,31 @@
 //   s->set_wake([rec] { rec->report_now(0); });
 //   recorder_options.on_round = [s](const auto& fresh) { s->on_round(fresh); };
 //   // interceptor, on a hit (calling thread; no I/O):
-//   s->shadow_clean(*r);                        // one more clean shadow comparison
+//   s->shadow_clean(*r, pytorch_ns, entry_ns);  // one more clean shadow comparison, and its times
 //   s->fail(*r, "output 0: max abs error ...");  // disable now, quarantine in the background
 //
 // Note [Swap states]
-// A signature is in one of four states in a process:
+// A signature is in one of five states in a process:
 //   observe   no cache entry is in use (the table has no slot for it)
-//   shadow    an entry is loaded; each call runs PyTorch's kernel (whose result the caller gets),
-//             then the entry on the same inputs, and compares (swap_call.cc, Note [Shadow
-//             comparison])
-//   active    after KFORGE_SHADOW_CALLS clean shadow calls (KFORGE_MODE=active only): each call
-//             runs the entry alone
-//   disabled  a comparison failed, or the entry's launch failed or threw: the table no longer has
-//             the signature (PyTorch's kernel runs) and the entry is quarantined in the cache
+//   shadow    an entry is loaded; each call runs PyTorch's kernel (whose result the caller gets)
+//             and the entry on the same inputs, times both, and compares (swap_call.cc, Note
+//             [Shadow comparison])
+//   active    after KFORGE_SHADOW_CALLS clean shadow calls (KFORGE_MODE=active only), and, unless
+//             KFORGE_CONFIRM_WIN=0, only if the entry was faster than PyTorch's kernel on those
+//             calls (Note [In-process win]): each call runs the entry alone
+//   no_win    the trial was clean but the entry was not faster here: the table no longer has the
+//             signature (PyTorch's kernel runs, no more shadow calls); the entry stays active in
+//             the cache (it is correct) and a no-win record says why it is unused in this process
+//   disabled  a comparison failed, or the entry's launch failed or threw (the entry is quarantined
+//             in the cache), or the daemon revoked it, or the cache no longer has it active (Note
+//             [Daemon notices]): the table no longer has the signature (PyTorch's kernel runs)
+// An upgrade (Note [Daemon notices]) puts a second entry on trial while the first is kept aside:
+// the signature is in shadow with the new entry, and goes back to the first entry's state (and
+// Replacement) if the new one fails, shows no win, or is revoked.
 // Every change publishes a new immutable table (copy + atomic pointer swap); old tables,
-// Replacements, specs, plans and modules are never freed.
+// Replacements, specs, plans and modules are never freed. An entry loaded once is identified by
+// its SwapCounters (shared by its shadow and active Replacements), not by its key: a key
+// republished with a new kernel is another entry.
 // CUDA entries, per call: the call's device is its tensor inputs' device (the signature has no
 // device index). On a device the entry is not loaded on, the call runs PyTorch's kernel and counts
 // as unloaded_device_calls, not as a failure. While the call's stream is capturing a CUDA graph, an
@@ -27,6 +37,31 @@
 // runs PyTorch's kernel only: the comparison synchronizes, which capture forbids. Such a call is
 // counted as capture_shadow_skips, not as a shadow call, so a trial is only ever passed on calls
 // that were compared.
+//
+// Note [In-process win]
+// The worker timed the entry against PyTorch's kernel on its own GPU or CPU, in its own process,
+// on synthetic inputs; the serving process may differ (other work on the machine, thread pool
+// size, caches warm with the model's data, another clock). So with KFORGE_CONFIRM_WIN on, the
+// trial also times both on the same inputs in every shadow call (swap_call.cc: a steady clock
+// around each on CPU; CUDA events on the call's stream around each launch, read after the
+// comparison has synchronized), alternating which runs first (odd calls: the entry) so that
+// caches warmed by the first do not favour the second. At the end of a clean trial the entry goes
+// active only if, over the trial's timed pairs (the last SwapCounters::kTimedPairs):
+//   median(entry) <= 0.97 x median(PyTorch)   a win of at least 3%: medians ignore the odd
+//                                             preempted or page-faulting call, and 3% is above
+//                                             the run-to-run drift of a median of 20 paired calls
+//                                             on a quiet machine, so noise alone rarely passes;
+//   entry faster in >= 2/3 of the pairs       the win is consistent call by call, not carried by a
+//                                             few slow PyTorch calls that moved the median.
+// Otherwise the entry is "no_win": correct (never quarantined) but not used in this process. Both
+// medians are kept for the stats JSON (also for entries that went active: a summary can estimate
+// the time saved), and the loader writes a no-win record (Store::write_no_win_record:
+// nowin/<key>.<pid>, which `kforge cache ls/show` display and gc removes once the process is
+// gone). An entry that lost here is not tried again in this process (a KernelReady for the same
+// kernel is ignored; a different kernel under its key is a new entry). The shadow call protects
+// the caller whichever runs first: every tensor input is copied before the entry runs and
+// compared after it, and an entry that wrote its inputs fails (and the inputs are put back
+// before PyTorch's kernel reads them).
 //
 // Threads: on_round runs on the recorder's reporter thread and does every piece of I/O (cache
 // open, manifest scans, blob reads, module loads, state changes, trial markers, log lines about
@@ -54,15 +89,32 @@
 // unloaded: captured CUDA graphs may replay their kernels.
 //
 // Note [Daemon notices]
-// Besides a signature's first sight, the loader looks at the cache when the daemon says so:
-//   KernelReady(signature S, entry E)  if this process has seen S and has no entry in use for it
-//       (never found one, or the one it had was disabled), the next round looks for S's entries
-//       again (find_entry, which also scans keys published since the last look) and loads the
-//       best usable one through the usual trial. An entry in shadow or active state stays: the
-//       hook does not replace a working entry with a newer one.
-//   Revoke(S, E, reason)               if E is in use for S, it is disabled at once (PyTorch's
-//       kernel runs) with "revoked by the daemon: <reason>"; the cache is the daemon's to change,
-//       so the hook does not quarantine it. Its trial marker, if any, is removed.
+// Besides a signature's first sight, the loader looks at the cache when the daemon says so, and
+// on every round it checks that the entries it uses are still active in the cache:
+//   KernelReady(S, E)  for a signature S this process has seen:
+//       - no entry in use (never found one, or the one it had was disabled or showed no win): the
+//         next round looks for S's entries again (find_entry, which also scans keys published
+//         since the last look, skipping entries that lost here) and loads the best usable one
+//         through the usual trial;
+//       - an entry A in use whose trial has ended: the round loads E if it is usable here (as
+//         find_entry checks), is another kernel than A (another key, or A's key republished with
+//         other blobs: the daemon republishes a better winner under the same key) and is better
+//         (Timings::speedup in the cache higher than A's). E goes on trial (shadow: calls get
+//         PyTorch's result) with A kept aside. E passes (and wins, Note [In-process win]): E
+//         takes A's place and A's Replacement is retired, never freed. E fails its comparison:
+//         E is quarantined and A goes back to the state it had. E shows no win: A goes back;
+//       - an entry still on trial (its own, or an upgrade's): the notice waits for the trial's
+//         end (deferred to later rounds).
+//   Revoke(S, E, reason)  if E is the entry in use for S, it is disabled at once (PyTorch's
+//       kernel runs, or the entry kept aside during an upgrade's trial goes back) with "revoked by
+//       the daemon: <reason>"; the cache is the daemon's to change, so the hook does not
+//       quarantine it. Its trial marker, if any, is removed. An entry kept aside is dropped.
+//   The cache itself, each round: the loader reads the state of every entry in use or kept aside
+//       (Store::status: a stat and the small state file, on the reporter thread). One that is no
+//       longer active there (`kforge cache disable`, another process's quarantine, removal) is
+//       taken out as a Revoke would, logging "entry <key> for <signature> disabled in the cache:
+//       PyTorch's kernel runs" (or quarantined in / removed from). So a disable reaches every
+//       running process within one report round (KFORGE_REPORT_INTERVAL_MS).
 // Notices for signatures this process has not seen are ignored (their first sight finds the
 // entry). Observe mode ignores every notice.
 //
@@ -70,7 +122,10 @@
 // Before an entry's first replacement launch the loader writes <cache>/trial/<entry key> (its
 // content is the writer's pid; the cache owns the format: Store::write_trial_marker, which
 // `kforge cache verify` and `gc` know too) and removes it when the trial passed (shadow_target clean shadow
-// calls), when the entry is quarantined, or when the process exits normally during its trial. On
+// calls), when the entry is quarantined or showed no win, when it is revoked (by the daemon or in
+// the cache) during its trial, or when the process exits normally during its trial. An upgrade's
+// trial writes the new entry's marker like any other (for a key republished with a new kernel,
+// the marker under that key stands for the new kernel). On
 // its first round in shadow or active mode, the loader quarantines ("process died during trial")
 // the entry of every marker whose writer is not alive, and removes the marker. A marker of a
 // process that is still alive (another process in its own trial) is left alone. Observe mode
@@ -87,6 +142,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -107,9 +163,21 @@ bool entry_environment_matches(const Environment& host, const Environment& entry
 // Why not, one line per differing field ("driver_version: 13000 != 12080"); empty iff it matches.
 std::vector<std::string> entry_environment_differences(const Environment& host, const Environment& entry);
 
+// Note [In-process win]: the verdict on a trial's timed pairs (pytorch_ns[i] and entry_ns[i] timed
+// in the same call).
+struct WinVerdict {
+  bool win = false;
+  uint32_t pairs = 0;              // timed pairs judged
+  uint32_t entry_faster = 0;       // pairs in which the entry took less time
+  uint64_t pytorch_median_ns = 0;
+  uint64_t entry_median_ns = 0;
+};
+WinVerdict judge_in_process_win(std::span<const uint64_t> pytorch_ns, std::span<const uint64_t> entry_ns);
+
 struct SwapperOptions {
   HookMode mode = HookMode::kObserve;
   uint32_t shadow_calls = 20;
+  bool confirm_win = true;         // KFORGE_CONFIRM_WIN (Note [In-process win])
   bool log = false;                // KFORGE_LOG: also log loads and activations
   Environment host_env;            // cpu_host_environment(torch version); CUDA devices' environments
                                    // use its torch_version
@@ -122,8 +190,14 @@ struct SwapStats {
     SignatureId id;
     std::string key;               // entry key, hex
     Backend backend = Backend::kCpu;
-    std::string state;             // shadow | active | disabled
-    std::string reason;            // why disabled
+    std::string state;             // shadow | active | no_win | disabled
+    std::string reason;            // why disabled, or the no_win verdict
+    // Note [In-process win]: medians of the trial's timed calls once it ended (0: not yet).
+    uint64_t pytorch_median_ns = 0, entry_median_ns = 0;
+    uint32_t timed_calls = 0;
+    double speedup = 0;            // the entry's Timings::speedup in the cache
+    std::string previous_key;      // during an upgrade's trial: the entry kept aside, and its state
+    std::string previous_state;
     uint64_t shadow_calls = 0, active_calls = 0, fallbacks = 0, clean_shadow_calls = 0;
     uint64_t unloaded_device_calls = 0, capture_shadow_skips = 0;   // CUDA only
     std::vector<int> devices;      // CUDA: the device ordinals the entry is loaded on
@@ -134,6 +208,8 @@ struct SwapStats {
   uint64_t markers_quarantined = 0;
   uint64_t notices = 0;            // KernelReady/Revoke messages received from the daemon
   uint64_t quarantined = 0;        // entries this process quarantined (set_state succeeded)
+  uint64_t upgrades = 0;           // entries that took the place of another entry (live upgrades)
+  uint64_t revoked_in_cache = 0;   // entries taken out because the cache no longer had them active
   std::vector<Entry> entries;      // by signature id
 };
 
@@ -156,38 +232,58 @@ class Swapper {
   // next round and wakes the reporter. Never throws, no I/O.
   void on_daemon_message(const wire::WireMessage& message) noexcept;
 
-  // Calling threads. Never throw, never do I/O.
-  void shadow_clean(const Replacement& r) noexcept;
+  // Calling threads. Never throw, never do I/O. shadow_clean's times (0: not timed) are PyTorch's
+  // kernel's and the entry's in that call (Note [In-process win]).
+  void shadow_clean(const Replacement& r, uint64_t pytorch_ns, uint64_t entry_ns) noexcept;
   void fail(const Replacement& r, std::string reason) noexcept;
 
   SwapStats stats() const;
 
  private:
   struct Record {
-    const Replacement* current = nullptr;   // null: disabled
-    SwapCounters* counters = nullptr;
+    const Replacement* current = nullptr;   // null: disabled or no_win
+    SwapCounters* counters = nullptr;       // the loaded entry's identity (Note [Swap states])
     const CudaModules* cuda = nullptr;      // CUDA entries: where they are loaded
     Backend backend = Backend::kCpu;
     ObserveMask observe_bits = ObserveMask::all();   // ObserveSlots::mask of the signature's operator
     SignatureId key;
+    std::string content;                    // the entry's blob hashes: which kernel under the key
+    double speedup = 0;                     // its Timings::speedup in the cache
     std::string label;                      // signature, for logs
     std::string state;
     std::string reason;
+    bool trial_ended = false;               // passed (active, or shadow mode) or no_win
+    WinVerdict verdict;                     // set when the trial ended
+    // During an upgrade's trial: the entry this one would replace, as it was (Note [Daemon notices]).
+    std::unique_ptr<Record> previous;
   };
   struct Event {
-    enum class Kind { kTrialPassed, kQuarantine } kind;
+    enum class Kind { kTrialPassed, kQuarantine, kNoWin } kind;
     SignatureId key;
     std::string label;
     std::string reason;
+    std::string content;                    // kNoWin: the kernel that lost
+    WinVerdict verdict;                     // kTrialPassed, kNoWin
+    std::string restored;                   // the entry that runs again instead, for logs
+    std::string replaced;                   // kTrialPassed: the entry an upgrade replaced
   };
 
   void publish_locked();
+  // The current entry of `rec` is out (it failed, showed no win or was revoked): the entry kept
+  // aside during an upgrade's trial takes its place again, else the signature is `state`. Returns
+  // "entry <key> runs again" when one was restored, else "".
+  std::string drop_current_locked(Record& rec, const std::string& state, const std::string& reason);
+  static bool is_current(const Record& rec, const Replacement& r) {
+    return rec.current != nullptr && rec.counters == r.counters;
+  }
   void wake() noexcept;
   // Reporter thread only:
   bool ensure_store();
   void recover_markers();
   void process_events();
   void process_notices();
+  // Note [Daemon notices]: entries in use (or kept aside) that the cache no longer has active.
+  void check_cache_states();
   // A CUDA entry that matches devices it is not loaded on yet (their primary context was not
   // active when it was loaded); retried each round.
   struct CudaPending {
@@ -202,16 +298,25 @@ class Swapper {
   // Why an entry's environment does not fit here; empty: it fits.
   using EnvironmentCheck = std::function<std::string(const Environment&)>;
 
-  void consider(const OpSignature& sig);
-  void consider_cpu(const OpSignature& sig);
-  void consider_cuda(const OpSignature& sig);
-  // Writes the trial marker, completes `r` and publishes it in shadow state. False (logged): not
-  // published. `on` ends the log line's "loaded" (" on cuda:0").
-  bool publish_new(const OpSignature& sig, const StoredEntry& entry, Replacement* r, const std::string& on);
+  // Loads `announced` (an upgrade of the entry in use, Note [Daemon notices]) or, without it, the
+  // best usable entry for `sig`, and puts it on trial.
+  void consider(const OpSignature& sig, const std::optional<EntryKey>& announced = std::nullopt);
+  void consider_cpu(const OpSignature& sig, const std::optional<EntryKey>& announced);
+  void consider_cuda(const OpSignature& sig, const std::optional<EntryKey>& announced);
+  // Writes the trial marker, completes `r` and publishes it in shadow state (an upgrade keeps the
+  // entry in use aside). False (logged): not published. `on` ends the log line's "loaded"
+  // (" on cuda:0").
+  bool publish_new(const OpSignature& sig, const StoredEntry& entry, Replacement* r, const std::string& on,
+                   bool upgrade);
   void retry_cuda_pending();
   // Loads a pending entry on `ordinal` if its context is active: 1 loaded, 0 not yet, -1 failed.
   int load_on_device(CudaPending& p, int ordinal);
   std::optional<StoredEntry> find_entry(const OpSignature& sig, const EnvironmentCheck& fits);
+  // The announced entry if it may upgrade the one in use for `sig` (usable here, another kernel,
+  // a higher speedup); else nullopt, with the reason logged under KFORGE_LOG.
+  std::optional<StoredEntry> upgrade_entry(const OpSignature& sig, const EntryKey& key, const EnvironmentCheck& fits);
+  // Whether `e` may run for `sig` here at all (signature, backends, state, not lost here, fits).
+  bool usable_here(const OpSignature& sig, const StoredEntry& e, const EnvironmentCheck& fits);
   bool write_marker(const SignatureId& key, std::string& error);
   void remove_marker(const SignatureId& key);
 
@@ -236,7 +341,11 @@ class Swapper {
   std::map<SignatureId, int32_t> open_trials_;   // entry key -> pid that wrote its marker
   uint64_t markers_quarantined_ = 0;
   uint64_t quarantined_ = 0;
+  uint64_t upgrades_ = 0;
+  uint64_t revoked_in_cache_ = 0;
   std::string store_error_;
+  // Kernels ("<key hex>/<content>") whose trial showed no win here: never tried again.
+  std::set<std::string> lost_here_;
 
   // Reporter thread only.
   bool store_tried_ = false;
@@ -247,6 +356,7 @@ class Swapper {
   CudaDevices* cuda_devices_ = nullptr;           // made on the first CUDA signature; never freed
   bool cuda_unavailable_logged_ = false;
   std::vector<CudaPending> cuda_pending_;
+  std::vector<Notice> deferred_;                  // KernelReady notices waiting for a trial's end
 };
 
 }  // namespace kforge::hook

@@ -401,10 +401,13 @@ EntryKey publish_cpu_entry(const std::string& cache, const OpSignature& sig, con
   return *key;
 }
 
-hook::Swapper* new_swapper(const std::string& cache, hook::HookMode mode, uint32_t shadow_calls) {
+// confirm_win off unless a case tests Note [In-process win]: the state machine's cases time nothing.
+hook::Swapper* new_swapper(const std::string& cache, hook::HookMode mode, uint32_t shadow_calls,
+                           bool confirm_win = false) {
   hook::SwapperOptions options;
   options.mode = mode;
   options.shadow_calls = shadow_calls;
+  options.confirm_win = confirm_win;
   options.host_env = cpu_env();
   options.cache_root = cache;
   static auto* keep = new std::vector<hook::Swapper*>();   // never destroyed, as in the hook
@@ -472,14 +475,14 @@ TEST_CASE("Swap states (active mode): a found entry is shadowed, marked for tria
   // Note [Trial marker]: written before the first replacement call, with this process's pid.
   CHECK(marker_pids(cache, key) == std::vector<int32_t>{static_cast<int32_t>(::getpid())});
 
-  s->shadow_clean(*r);
-  s->shadow_clean(*r);
+  s->shadow_clean(*r, 0, 0);
+  s->shadow_clean(*r, 0, 0);
   CHECK(in_table(sig)->state == hook::SwapState::kShadow);   // 2 of 3: still on trial
-  s->shadow_clean(*r);
+  s->shadow_clean(*r, 0, 0);
   REQUIRE(in_table(sig) != nullptr);
   CHECK(in_table(sig)->state == hook::SwapState::kActive);
   CHECK(stats_of(*s, sig)->state == "active");
-  s->shadow_clean(*r);   // a late call on the old shadow replacement changes nothing
+  s->shadow_clean(*r, 0, 0);   // a late call on the old shadow replacement changes nothing
   CHECK(in_table(sig)->state == hook::SwapState::kActive);
   // The passed trial's marker goes on the next round (the reporter thread does the I/O).
   CHECK(marker_pids(cache, key).size() == 1);
@@ -498,7 +501,7 @@ TEST_CASE("Swap states (shadow mode): a passed trial keeps shadowing, and its ma
   const hook::Replacement* r = in_table(sig);
   REQUIRE(r != nullptr);
   CHECK_FALSE(r->activate_after_shadow);
-  for (int i = 0; i < 5; ++i) s->shadow_clean(*r);
+  for (int i = 0; i < 5; ++i) s->shadow_clean(*r, 0, 0);
   CHECK(in_table(sig) == r);   // the same shadow replacement: no new table was needed
   CHECK(stats_of(*s, sig)->state == "shadow");
   s->on_round({});
@@ -514,7 +517,7 @@ TEST_CASE("Swap states: a failed comparison disables the entry at once and quara
   s->on_round({std::make_shared<const OpSignature>(sig)});
   const hook::Replacement* r = in_table(sig);
   REQUIRE(r != nullptr);
-  s->shadow_clean(*r);
+  s->shadow_clean(*r, 0, 0);
 
   s->fail(*r, "output 0 element [0, 0]: 0.5 vs 0.25");
   CHECK(in_table(sig) == nullptr);   // PyTorch's kernel runs from the next call on
@@ -619,4 +622,150 @@ TEST_CASE("Note [Daemon notices]: Revoke disables the entry in use without touch
   CHECK_THAT(r->spec->source, Catch::StartsWith("/* second */"));
   CHECK(r->state == hook::SwapState::kShadow);
   CHECK(marker_pids(cache, second) == std::vector<int32_t>{static_cast<int32_t>(::getpid())});
+}
+
+TEST_CASE("Note [In-process win]: active only for a win of 3% in the medians that holds in 2/3 of the calls") {
+  using V = std::vector<uint64_t>;
+  // 10% faster in every call: a win, with both medians.
+  hook::WinVerdict v = hook::judge_in_process_win(V{100, 100, 100}, V{90, 90, 90});
+  CHECK(v.win);
+  CHECK(v.pytorch_median_ns == 100);
+  CHECK(v.entry_median_ns == 90);
+  CHECK(v.entry_faster == 3);
+  // 2% faster: within noise, no win.
+  CHECK_FALSE(hook::judge_in_process_win(V{100, 100, 100}, V{98, 98, 98}).win);
+  // A faster median carried by a few calls: faster in only 1 of 3, no win.
+  CHECK_FALSE(hook::judge_in_process_win(V{100, 100, 100}, V{10, 101, 101}).win);
+  // Slower: no win. Nothing timed: no win shown.
+  CHECK_FALSE(hook::judge_in_process_win(V{100, 100}, V{200, 200}).win);
+  CHECK_FALSE(hook::judge_in_process_win(V{}, V{}).win);
+  // Even counts: the median is the mean of the middle two.
+  CHECK(hook::judge_in_process_win(V{100, 200, 300, 400}, V{1, 1, 1, 1}).pytorch_median_ns == 250);
+}
+
+TEST_CASE("Note [In-process win]: a clean but slower trial ends in no_win, out of the table, not quarantined") {
+  TempDir dir{"kforge-swapper-test"};
+  const std::string cache = (dir.path / "cache").string();
+  const OpSignature sig = cpu_softmax(107);
+  const EntryKey key = publish_cpu_entry(cache, sig, empty_cpu_kernel_so(dir.path));
+  hook::Swapper* s = new_swapper(cache, hook::HookMode::kActive, 3, /*confirm_win=*/true);
+  s->on_round({std::make_shared<const OpSignature>(sig)});
+  const hook::Replacement* r = in_table(sig);
+  REQUIRE(r != nullptr);
+  for (int i = 0; i < 3; ++i) s->shadow_clean(*r, 1000, 1500);
+  CHECK(in_table(sig) == nullptr);   // PyTorch's kernel, no more shadow calls
+  REQUIRE(stats_of(*s, sig).has_value());
+  CHECK(stats_of(*s, sig)->state == "no_win");
+  CHECK(stats_of(*s, sig)->pytorch_median_ns == 1000);
+  CHECK(stats_of(*s, sig)->entry_median_ns == 1500);
+  const std::string log = capture_stderr(dir.path / "stderr.txt", [&] { s->on_round({}); });
+  CHECK_THAT(log, Catch::Contains("is correct but not faster in this process"));
+  CHECK(cache_status(cache, key).state == EntryState::kActive);
+  CHECK(marker_pids(cache, key).empty());
+  StatusOr<Store> store = Store::open(cache);
+  REQUIRE(store.ok());
+  StatusOr<std::vector<Store::NoWinRecord>> records = store->no_win_records(key);
+  REQUIRE(records.ok());
+  REQUIRE(records->size() == 1);
+  CHECK((*records)[0].pid == static_cast<int32_t>(::getpid()));
+  CHECK((*records)[0].entry_ns == 1500);
+  CHECK((*records)[0].pytorch_ns == 1000);
+  // A KernelReady for the same kernel does not bring it back in this process.
+  s->on_daemon_message(wire::KernelReady{sig.id(), built_env().key(), key.hex(), 1.5});
+  s->on_round({});
+  CHECK(in_table(sig) == nullptr);
+}
+
+namespace {
+// A second entry for the signature: another compiler is another environment, so another key.
+EntryKey publish_cpu_entry_with(const std::string& cache, const OpSignature& sig, const std::string& so,
+                                const std::string& compiler, double speedup) {
+  CacheEntry e;
+  e.signature = sig;
+  e.environment = built_env();
+  e.environment.compiler = compiler;
+  e.spec.backend = Backend::kCpu;
+  e.spec.language = SourceLanguage::kCpp;
+  e.spec.source = "/* " + compiler + " */ extern \"C\" void k(const void*, void* const*) {}";
+  e.spec.entry_points = {"k"};
+  e.spec.plan.outputs = {OutputSpec::like(0)};
+  Launch l;
+  l.entry = "k";
+  l.args = {ArgBinding::input(0), ArgBinding::output(0)};
+  e.spec.plan.launches = {l};
+  e.blobs.push_back({"so", so});
+  e.timings.baseline_ns = speedup * 1000;
+  e.timings.candidate_ns = 1000;
+  StatusOr<Store> store = Store::open(cache);
+  REQUIRE(store.ok());
+  StatusOr<EntryKey> key = store->publish(e);
+  REQUIRE(key.ok());
+  return *key;
+}
+}  // namespace
+
+TEST_CASE("Note [Daemon notices]: a better entry is trialled beside the one in use and takes its place, a failed one gives it back") {
+  TempDir dir{"kforge-swapper-test"};
+  const std::string cache = (dir.path / "cache").string();
+  const OpSignature sig = cpu_softmax(108);
+  const std::string so = empty_cpu_kernel_so(dir.path);
+  const EntryKey a = publish_cpu_entry_with(cache, sig, so, "c++ a", 1.2);
+  hook::Swapper* s = new_swapper(cache, hook::HookMode::kActive, 2);
+  s->on_round({std::make_shared<const OpSignature>(sig)});
+  const hook::Replacement* ra = in_table(sig);
+  REQUIRE(ra != nullptr);
+  s->shadow_clean(*ra, 0, 0);
+  s->shadow_clean(*ra, 0, 0);
+  const hook::Replacement* a_active = in_table(sig);
+  REQUIRE(a_active != nullptr);
+  CHECK(a_active->state == hook::SwapState::kActive);
+
+  // B fails its comparison: quarantined, and A goes back to active.
+  const EntryKey b = publish_cpu_entry_with(cache, sig, so, "c++ b", 2.0);
+  s->on_daemon_message(wire::KernelReady{sig.id(), built_env().key(), b.hex(), 2.0});
+  s->on_round({});
+  const hook::Replacement* rb = in_table(sig);
+  REQUIRE(rb != nullptr);
+  CHECK(rb->key == b);
+  CHECK(rb->state == hook::SwapState::kShadow);
+  CHECK(stats_of(*s, sig)->previous_key == a.hex());
+  s->fail(*rb, "output 0: wrong");
+  CHECK(in_table(sig) == a_active);
+  CHECK(stats_of(*s, sig)->state == "active");
+  s->on_round({});
+  CHECK(cache_status(cache, b).state == EntryState::kQuarantined);
+
+  // C is worse than A: not taken. D is better and passes: it replaces A.
+  const EntryKey c = publish_cpu_entry_with(cache, sig, so, "c++ c", 1.1);
+  s->on_daemon_message(wire::KernelReady{sig.id(), built_env().key(), c.hex(), 1.1});
+  s->on_round({});
+  CHECK(in_table(sig) == a_active);
+  const EntryKey d = publish_cpu_entry_with(cache, sig, so, "c++ d", 3.0);
+  s->on_daemon_message(wire::KernelReady{sig.id(), built_env().key(), d.hex(), 3.0});
+  s->on_round({});
+  const hook::Replacement* rd = in_table(sig);
+  REQUIRE(rd != nullptr);
+  REQUIRE(rd->key == d);
+  s->shadow_clean(*rd, 0, 0);
+  s->shadow_clean(*rd, 0, 0);
+  REQUIRE(in_table(sig) != nullptr);
+  CHECK(in_table(sig)->key == d);
+  CHECK(in_table(sig)->state == hook::SwapState::kActive);
+  CHECK(stats_of(*s, sig)->previous_key.empty());
+  CHECK(s->stats().upgrades == 1);
+  s->fail(*a_active, "a late failure of the retired entry");   // changes nothing
+  CHECK(in_table(sig)->key == d);
+
+  // `kforge cache disable D`: the next round takes it out.
+  {
+    StatusOr<Store> store = Store::open(cache);
+    REQUIRE(store.ok());
+    REQUIRE(store->set_state(d, EntryState::kDisabled, "disabled by user").ok());
+  }
+  const std::string log = capture_stderr(dir.path / "stderr.txt", [&] { s->on_round({}); });
+  CHECK(in_table(sig) == nullptr);
+  CHECK(stats_of(*s, sig)->state == "disabled");
+  CHECK(s->stats().revoked_in_cache == 1);
+  CHECK_THAT(log, Catch::Contains("entry " + d.hex() + " for ") &&
+                      Catch::Contains("disabled in the cache: PyTorch's kernel runs"));
 }

@@ -10,6 +10,9 @@ the hook's own, which is what its loader compares.
 Each scenario runs in fresh subprocesses with the hook loaded through ctypes after `import torch`
 (as in test_hook_observe.py); the parent compares the children's outputs with plain PyTorch.
 Processes synchronize with kforge_hook_report_now (a loader round) and their exit, never sleeps.
+These tests are about the state machine, and the test kernel (double accumulation, scalar exp) is
+slower than PyTorch's: they set KFORGE_CONFIRM_WIN=0 (test_hook_upgrade.py tests the in-process
+check, Note [In-process win] in swapper.h).
 """
 import json
 import os
@@ -210,7 +213,7 @@ def test_only_the_operator_with_a_replacement_is_observed_on_every_call(hook_pat
     # come on any of them); gelu, with no entry, stays at about one call in 16. KFORGE_SAMPLE_RATE=1
     # times every observed miss, so sampled_calls counts them.
     cache, _ = make_cache(tmp_path, tools, softmax_signature, "good")
-    res, err = run_child(PARTIAL, child_env(hook_path, KFORGE_CACHE_DIR=cache, KFORGE_MODE="active",
+    res, err = run_child(PARTIAL, child_env(hook_path, KFORGE_CACHE_DIR=cache, KFORGE_MODE="active", KFORGE_CONFIRM_WIN=0,
                                             KFORGE_SAMPLE_RATE=1))
     s = res["stats"]
     (sig,) = softmax_sig(s)
@@ -223,7 +226,7 @@ def test_only_the_operator_with_a_replacement_is_observed_on_every_call(hook_pat
 
 def test_good_entry_goes_shadow_then_active(hook_path, build_dir, tools, softmax_signature, tmp_path):
     cache, key = make_cache(tmp_path, tools, softmax_signature, "good")
-    res, err, xs, ys = run_model(hook_path, tmp_path, cache, 40, KFORGE_MODE="active")
+    res, err, xs, ys = run_model(hook_path, tmp_path, cache, 40, KFORGE_MODE="active", KFORGE_CONFIRM_WIN=0)
     s = res["stats"]
     assert s["mode"] == "active" and "not yet implemented" not in err, err
     # Loaded by the round report_now asked for: shadow, with its trial marker written.
@@ -249,7 +252,7 @@ def test_good_entry_goes_shadow_then_active(hook_path, build_dir, tools, softmax
 
 def test_wrong_entry_is_quarantined_after_one_shadow_call(hook_path, build_dir, tools, softmax_signature, tmp_path):
     cache, key = make_cache(tmp_path, tools, softmax_signature, "wrong")
-    res, err, xs, ys = run_model(hook_path, tmp_path, cache, 30, KFORGE_MODE="active")
+    res, err, xs, ys = run_model(hook_path, tmp_path, cache, 30, KFORGE_MODE="active", KFORGE_CONFIRM_WIN=0)
     (sig,) = softmax_sig(res["stats"])
     assert sig["state"] == "disabled", sig
     assert sig["shadow_calls"] == 1 and sig["active_calls"] == 0 and sig["clean_shadow_calls"] == 0
@@ -280,7 +283,7 @@ def test_observe_mode_never_loads(hook_path, tools, softmax_signature, tmp_path)
 
 def test_shadow_mode_never_activates(hook_path, tools, softmax_signature, tmp_path):
     cache, key = make_cache(tmp_path, tools, softmax_signature, "good")
-    res, err, xs, ys = run_model(hook_path, tmp_path, cache, 25, KFORGE_MODE="shadow", KFORGE_SHADOW_CALLS=5)
+    res, err, xs, ys = run_model(hook_path, tmp_path, cache, 25, KFORGE_MODE="shadow", KFORGE_CONFIRM_WIN=0, KFORGE_SHADOW_CALLS=5)
     (sig,) = softmax_sig(res["stats"])
     assert sig["state"] == "shadow" and sig["shadow_calls"] == 25 and sig["active_calls"] == 0
     for x, y in zip(xs, ys):
@@ -290,7 +293,7 @@ def test_shadow_mode_never_activates(hook_path, tools, softmax_signature, tmp_pa
 
 def test_process_killed_during_trial_quarantines_entry(hook_path, build_dir, tools, softmax_signature, tmp_path):
     cache, key = make_cache(tmp_path, tools, softmax_signature, "good")
-    env = child_env(hook_path, KFORGE_CACHE_DIR=cache, KFORGE_MODE="active", KFORGE_SHADOW_CALLS=1000)
+    env = child_env(hook_path, KFORGE_CACHE_DIR=cache, KFORGE_MODE="active", KFORGE_CONFIRM_WIN=0, KFORGE_SHADOW_CALLS=1000)
     # A process that exits normally in the middle of its trial removes its marker: not a crash.
     res, _ = run_child("""
         x = torch.randn(64, 1000)
@@ -350,7 +353,7 @@ def test_threads_share_one_trial(hook_path, tools, softmax_signature, tmp_path):
         for t in ts: t.join()
         torch.save({"xs": xs, "ys": ys}, os.environ["KFORGE_TEST_OUT"])
         emit(stats())
-    """, child_env(hook_path, KFORGE_CACHE_DIR=cache, KFORGE_MODE="active", KFORGE_TEST_OUT=out))
+    """, child_env(hook_path, KFORGE_CACHE_DIR=cache, KFORGE_MODE="active", KFORGE_CONFIRM_WIN=0, KFORGE_TEST_OUT=out))
     (sig,) = softmax_sig(res)
     assert sig["state"] == "active" and sig["fallbacks"] == 0, (sig, err)
     assert sig["shadow_calls"] >= 20 and sig["shadow_calls"] + sig["active_calls"] == 200
@@ -398,7 +401,7 @@ def test_kernel_ready_loads_a_new_entry_and_revoke_removes_it(hook_path, tools, 
     router = ctx.socket(zmq.ROUTER)
     router.setsockopt(zmq.LINGER, 0)
     router.bind(endpoint)
-    env = child_env(hook_path, KFORGE_CACHE_DIR=cache, KFORGE_DAEMON_ENDPOINT=endpoint, KFORGE_MODE="active",
+    env = child_env(hook_path, KFORGE_CACHE_DIR=cache, KFORGE_DAEMON_ENDPOINT=endpoint, KFORGE_MODE="active", KFORGE_CONFIRM_WIN=0,
                     KFORGE_SHADOW_CALLS=5, KFORGE_LOG=1)
     proc = subprocess.Popen([sys.executable, "-c", PRELUDE + textwrap.dedent(NOTICED)], env=env,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -307,7 +308,10 @@ std::string usage() {
   return "usage: kforge-publish-test-entry --cache DIR --signature HEX --backend cpu|cuda --source FILE\n"
          "         --entry NAME[,NAME...] --launch SPEC [--launch SPEC ...] --output OUT [--output OUT ...]\n"
          "         --torch-version V [--so FILE] [--compile-option O ...] [--scratch NAME=BYTES ...]\n"
-         "         [--device N]\n"
+         "         [--device N] [--compiler NAME] [--speedup X]\n"
+         "  --compiler: cpu only, the environment's compiler (default \"c++ (kforge test)\"): another\n"
+         "  compiler is another environment, so another key for the same signature.\n"
+         "  --speedup: recorded as the entry's timings (PyTorch X us, the kernel 1 us).\n"
          "  Publishes one hand-written kernel as a cache entry for the signature (hex of its canonical\n"
          "  encoding, as kforge_hook_stats_json reports it) and prints the entry key.\n"
          "  cpu:  --so is the compiled shared object (blob \"so\"); compile options are recorded.\n"
@@ -375,6 +379,14 @@ StatusOr<TestEntryRequest> parse_arguments(const std::vector<std::string>& args)
       s = once(r.so_path);
     } else if (name == "--compile-option") {
       r.compile_options.push_back(value);
+    } else if (name == "--compiler") {
+      s = once(r.compiler);
+    } else if (name == "--speedup") {
+      char* end = nullptr;
+      r.speedup = std::strtod(value.c_str(), &end);
+      if (end == value.c_str() || *end != '\0' || !(r.speedup > 0)) {
+        return invalid_argument("--speedup: expected a positive number, got '" + value + "'");
+      }
     } else if (name == "--device") {
       StatusOr<uint32_t> d = parse_index(value, "--device");
       if (!d.ok() || have_device) return invalid_argument("--device: expected a device index (once), got '" + value + "'");
@@ -439,7 +451,7 @@ StatusOr<CacheEntry> build_entry(const TestEntryRequest& r) {
     e.blobs.push_back({"cubin", std::move(built->cubin)});
   } else {
     e.environment = cpu_host_environment(r.torch_version);
-    e.environment.compiler = "c++ (kforge test)";
+    e.environment.compiler = r.compiler.empty() ? "c++ (kforge test)" : r.compiler;
     StatusOr<std::string> so = read_file(r.so_path, "shared object");
     if (!so.ok()) return so.status();
     StatusOr<CpuModule> module = CpuModule::load_file(r.so_path);
@@ -453,6 +465,11 @@ StatusOr<CacheEntry> build_entry(const TestEntryRequest& r) {
   }
   if (Status s = check_arch(e.signature, e.environment); !s.ok()) return s;
 
+  if (r.speedup > 0) {
+    e.timings.baseline_ns = r.speedup * 1000;
+    e.timings.candidate_ns = 1000;
+    e.timings.runs = 1;
+  }
   // Hand-written test material: marked passed so the hook takes it, and says so in the report.
   e.verification.trials = 5;
   e.verification.passed = true;

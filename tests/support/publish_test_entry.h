@@ -48,6 +48,8 @@ struct TestEntryRequest {
   std::string so_path;                     // cpu only (required there)
   std::vector<std::string> compile_options;
   int device = 0;                          // cuda only
+  std::string compiler;                    // cpu only: the environment's compiler (another key)
+  double speedup = 0;                      // recorded as Timings (0: none)
 };
 
 // The text forms of the command line (usage() lists them). Errors name the part that is wrong.

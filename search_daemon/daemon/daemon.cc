@@ -509,6 +509,7 @@ Status Daemon::start() {
   po.devices = d.config.devices;
   po.cpu_slots = d.config.cpu_slots;
   po.cpu_threads = d.config.cpu_threads;
+  po.priority = d.config.worker_priority;
   po.program = d.config.worker_program;
   po.python = d.config.worker_python;
   po.build_cache_dir = d.config.state_dir + "/builds";

@@ -158,6 +158,16 @@ const std::vector<Key>& keys() {
       KEY_UINT("workers", "cpu_threads", cpu_threads, 0, 4096, "torch threads per CPU worker, for PyTorch's kernels and the candidates alike (0: torch's default, every core)"),
       KEY_STRING("workers", "program", worker_program, "the kforge-worker launcher (default: beside kforged)", any_string),
       KEY_STRING("workers", "python", worker_python, "python3 with torch for the workers (default: python3 on PATH)", any_string),
+      Key{"workers", "priority", Kind::kString,
+          "idle: workers, and the compilers they start, run at SCHED_IDLE (else nice 19) and never slow the serving "
+          "processes; normal: the daemon's own priority, for a host that only searches",
+          [](DaemonConfig& c, const std::string& s, bool, uint64_t, double, const std::vector<std::string>&) {
+            const std::optional<eval::WorkerPriority> p = eval::parse_worker_priority(s);
+            if (!p) return std::string("expected idle or normal");
+            c.worker_priority = *p;
+            return std::string();
+          },
+          [](const DaemonConfig& c) { return quote(std::string(eval::worker_priority_name(c.worker_priority))); }},
       KEY_UINT("workers", "compile_budget_ms", compile_budget_ms, 100, 3600000, "a build's watchdog"),
       KEY_UINT("workers", "run_budget_ms", run_budget_ms, 100, 3600000, "the watchdog of each of verify and measure"),
       KEY_STRING("search", "strategy", strategy, "mcts, greedy or random", strategy_error),

@@ -18,6 +18,7 @@
 
 #include "cache/cache_dir.h"
 #include "runtime/status.h"
+#include "search_daemon/evaluator/worker_process.h"
 
 namespace kforge::daemon {
 
@@ -58,6 +59,8 @@ struct DaemonConfig {
   uint32_t cpu_threads = 0;            // torch threads of a CPU worker (0: torch's default)
   std::string worker_program;          // kforge-worker; default beside kforged
   std::string worker_python;           // KFORGE_PYTHON for workers; default: theirs (python3)
+  // Note [Idle workers] in evaluator/worker_process.h: "idle" unless a staging host says "normal".
+  eval::WorkerPriority worker_priority = eval::WorkerPriority::kIdle;
   uint32_t compile_budget_ms = 60000;
   uint32_t run_budget_ms = 30000;
   // [search]

@@ -208,12 +208,24 @@ void EvaluatorPool::run_slot(Slot& s) {
   wo.program = options_.program.empty() ? WorkerOptions::default_program() : options_.program;
   wo.device = s.info.device;
   wo.build_cache_dir = options_.build_cache_dir;
+  wo.priority = options_.priority;
   if (!options_.python.empty()) wo.env.emplace_back("KFORGE_PYTHON", options_.python);
+  // Note [Idle workers]: a bounded number of threads, told to torch and to the OpenMP and MKL
+  // runtimes alike (torch's pool follows at::set_num_threads; a library that starts its own pool
+  // reads the variables).
+  std::string threads;
   if (s.backend == Backend::kCpu && !s.info.cpus.empty()) {   // Note [Pinned CPU workers]
+    threads = std::to_string(s.info.cpus.size());
     wo.env.emplace_back("KFORGE_WORKER_CPUS", cpu_list(s.info.cpus));
-    wo.env.emplace_back("KFORGE_WORKER_CPU_THREADS", std::to_string(s.info.cpus.size()));
     wo.env.emplace_back("OMP_PROC_BIND", "close");
     wo.env.emplace_back("OMP_PLACES", "threads");
+  } else if (s.backend == Backend::kCuda) {
+    threads = std::to_string(options_.cpu_threads > 0 ? options_.cpu_threads : 1);
+  }
+  if (!threads.empty()) {
+    wo.env.emplace_back("KFORGE_WORKER_CPU_THREADS", threads);
+    wo.env.emplace_back("OMP_NUM_THREADS", threads);
+    wo.env.emplace_back("MKL_NUM_THREADS", threads);
   }
   // Never the hook inside a worker: its reference is PyTorch's own kernel.
   wo.env.emplace_back("KFORGE_DISABLE", "1");

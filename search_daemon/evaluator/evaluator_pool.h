@@ -55,6 +55,9 @@ struct PoolOptions {
   // Torch threads of each CPU worker, pinned to as many cores of their own (Note [Pinned CPU
   // workers]); 0: the daemon's cores divided among the CPU slots.
   uint32_t cpu_threads = 0;
+  // Every worker's priority (Note [Idle workers] in worker_process.h); a GPU worker's torch and
+  // OpenMP threads are bounded by cpu_threads too (1 when it is 0: its host side only launches).
+  WorkerPriority priority = WorkerPriority::kIdle;
   std::string build_cache_dir;
   std::function<void(const std::string&)> log;   // one line per event worth an operator's eyes
 };

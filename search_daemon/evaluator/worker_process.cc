@@ -1,8 +1,10 @@
 #include "search_daemon/evaluator/worker_process.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <zmq.hpp>
@@ -39,7 +41,52 @@ int ms_until(Clock::time_point deadline) {
   return left > INT_MAX ? INT_MAX : static_cast<int>(left);
 }
 
+// Note [Idle workers]. Between fork and exec, so only system calls: SCHED_IDLE, else nice 19.
+void lower_priority_in_child() {
+  sched_param param{};
+  param.sched_priority = 0;
+  if (::sched_setscheduler(0, SCHED_IDLE, &param) != 0) (void)::setpriority(PRIO_PROCESS, 0, 19);
+}
+
 }  // namespace
+
+std::string_view worker_priority_name(WorkerPriority p) {
+  switch (p) {
+    case WorkerPriority::kIdle: return "idle";
+    case WorkerPriority::kNormal: return "normal";
+  }
+  return "?";
+}
+
+std::optional<WorkerPriority> parse_worker_priority(std::string_view text) {
+  if (text == "idle") return WorkerPriority::kIdle;
+  if (text == "normal") return WorkerPriority::kNormal;
+  return std::nullopt;
+}
+
+std::string scheduling_of(pid_t pid) {
+  const int policy = ::sched_getscheduler(pid);
+  if (policy < 0) return "unknown (" + errno_text("sched_getscheduler") + ")";
+  switch (policy & ~SCHED_RESET_ON_FORK) {
+    case SCHED_IDLE: return "SCHED_IDLE";
+    case SCHED_BATCH:
+    case SCHED_OTHER: {
+      errno = 0;
+      const int nice = ::getpriority(PRIO_PROCESS, static_cast<id_t>(pid));
+      if (nice == -1 && errno != 0) return "unknown (" + errno_text("getpriority") + ")";
+      return std::string((policy & ~SCHED_RESET_ON_FORK) == SCHED_BATCH ? "SCHED_BATCH" : "SCHED_OTHER") + " nice " +
+             std::to_string(nice);
+    }
+    case SCHED_FIFO:
+    case SCHED_RR: {
+      sched_param param{};
+      const int prio = ::sched_getparam(pid, &param) == 0 ? param.sched_priority : -1;
+      return std::string((policy & ~SCHED_RESET_ON_FORK) == SCHED_FIFO ? "SCHED_FIFO " : "SCHED_RR ") +
+             std::to_string(prio);
+    }
+    default: return "scheduling policy " + std::to_string(policy);
+  }
+}
 
 // The ZeroMQ side of one worker: a context, a PAIR socket bound in a private directory (removed
 // with it).
@@ -167,6 +214,7 @@ Status WorkerProcess::start() {
   for (std::string& e : env_strings) envp.push_back(e.data());
   envp.push_back(nullptr);
   const pid_t parent = ::getpid();
+  const bool idle = options_.priority == WorkerPriority::kIdle;
 
   const pid_t pid = ::fork();
   if (pid < 0) {
@@ -177,6 +225,7 @@ Status WorkerProcess::start() {
   if (pid == 0) {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(126);
+    if (idle) lower_priority_in_child();
     ::fcntl(life[1], F_SETFD, 0);   // the write end survives exec: the worker holds it until it dies
     ::execve(argv[0], argv.data(), envp.data());
     ::_exit(127);

@@ -70,6 +70,13 @@ std::optional<std::string> refuse_cpu_option(std::string_view o) {
     if (starts_with_any(name, {"plugin", "dump", "profile", "auto-profile", "use-ld", "ld-path"})) {
       return "loads or writes files outside the compile";
     }
+    // Note [Idle workers] in evaluator/worker_process.h: one compile is one job. GCC runs LTO's
+    // back end as parallel jobs (-flto=auto, =N, =jobserver, and plain -flto since GCC 11 picks
+    // a count itself); a kernel is one source file, so LTO brings it nothing anyway.
+    if (!negative && name == "lto" && value != "1") {
+      return "runs link-time optimization as parallel jobs on the serving host's cores, and a kernel is one "
+             "file (LTO gains nothing); -flto=1 if it must";
+    }
     if (!negative && starts_with_any(name, {"fast-math", "unsafe-math-optimizations", "finite-math-only",
                                             "associative-math", "reciprocal-math", "cx-limited-range",
                                             "cx-fortran-rules"})) {

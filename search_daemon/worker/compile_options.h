@@ -7,9 +7,11 @@
 // Promises: pure functions of the option text (no I/O, nothing throws). An option is refused when
 // it could reach outside the build (an output path, an include directory, a response file, a
 // linker flag, a plugin, dump or profile files), when it would make the object depend on the
-// build host's CPU (-march=native), which the cache key does not cover, or when it trades
-// floating-point accuracy for speed. The reason comes back as text for the build log; the caller
-// never passes a refused option to the compiler.
+// build host's CPU (-march=native), which the cache key does not cover, when it trades
+// floating-point accuracy for speed, or when it would start parallel compile jobs on the serving
+// host's cores (-flto other than -flto=1: Note [Idle workers] in evaluator/worker_process.h). The
+// reason comes back as text for the build log; the caller never passes a refused option to the
+// compiler.
 #pragma once
 
 #include <array>

@@ -1,5 +1,7 @@
 #include "search_daemon/worker/measurer.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cmath>
 #include <exception>
@@ -13,6 +15,17 @@ namespace kforge::eval {
 namespace {
 
 constexpr int64_t kRotationBytes = int64_t{128} << 20;
+
+// Note [Preempted pairs]: how many times one round is timed again when a thread of the worker was
+// preempted during it; after that the round is kept as it is (the median copes with the odd one).
+constexpr int kMaxRoundRetries = 4;
+
+// Involuntary context switches of every thread of this process so far: a change across a timed
+// call means some thread of ours (the caller, or one of torch's pool) lost its core meanwhile.
+long involuntary_switches() {
+  rusage u{};
+  return ::getrusage(RUSAGE_SELF, &u) == 0 ? u.ru_nivcsw : 0;
+}
 
 // One timed call of the candidate as the hook's active path makes it. Throws on a launch error.
 void run_candidate(EvalDevice& device, const LoadedCandidate& c, const ResolvedLaunchPlan& plan,
@@ -62,11 +75,15 @@ MeasureRun measure(EvalDevice& device, const LoadedCandidate& candidate, const M
     for (const TrialInputs& s : sets) pointers.push_back(s.tensor_pointers());
 
     std::vector<at::Tensor> keep;
+    // Set when a timed interval saw one of our threads preempted (Note [Preempted pairs]).
+    bool preempted = false;
     auto time_candidate = [&](size_t set) {
       device.flush_caches();
+      const long switches = involuntary_switches();
       EvalDevice::Interval t = device.start_interval();
       run_candidate(device, candidate, *r.plan, pointers[set], keep);
       const double ns = device.finish_interval(t);
+      preempted = preempted || involuntary_switches() != switches;
       keep.clear();
       return ns;
     };
@@ -74,9 +91,11 @@ MeasureRun measure(EvalDevice& device, const LoadedCandidate& candidate, const M
       if (r.policy.self_baseline) return time_candidate(set);
       torch::jit::Stack stack = sets[set].stack();
       device.flush_caches();
+      const long switches = involuntary_switches();
       EvalDevice::Interval t = device.start_interval();
       r.op.callBoxedForDispatchKey(key, stack);
       const double ns = device.finish_interval(t);
+      preempted = preempted || involuntary_switches() != switches;
       stack.clear();
       return ns;
     };
@@ -101,12 +120,16 @@ MeasureRun measure(EvalDevice& device, const LoadedCandidate& candidate, const M
       for (uint32_t i = 0; i < runs; ++i) {
         const size_t set = i % sets.size();
         TimedPair p;
-        if (i % 2 == 0) {
-          p.baseline_ns = time_baseline(set);
-          p.candidate_ns = time_candidate(set);
-        } else {
-          p.candidate_ns = time_candidate(set);
-          p.baseline_ns = time_baseline(set);
+        for (int retry = 0; retry <= kMaxRoundRetries; ++retry) {
+          preempted = false;
+          if (i % 2 == 0) {
+            p.baseline_ns = time_baseline(set);
+            p.candidate_ns = time_candidate(set);
+          } else {
+            p.candidate_ns = time_candidate(set);
+            p.baseline_ns = time_baseline(set);
+          }
+          if (!preempted) break;
         }
         pairs.push_back(p);
       }

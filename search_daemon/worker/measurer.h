@@ -39,6 +39,18 @@
 // search_daemon/daemon/search_session.h). CPU workers are pinned to their own cores with a fixed
 // number of torch threads (workers.cpu_threads), so baseline and candidate at least share one
 // condition.
+//
+// Note [Preempted pairs]
+// Workers run at idle priority (Note [Idle workers] in evaluator/worker_process.h), so a serving
+// process that wakes takes the worker's core at once, for as long as it wants it. A timed call
+// that lost its core is longer by the time the core was away, which has nothing to do with the
+// kernel, and the side that runs longer is the likelier one to be hit, so under steady contention
+// such stalls would not fall on both sides alike. Each round therefore reads the process's
+// involuntary context switches (getrusage: every thread, torch's pool included) around each timed
+// interval, and a round in which either side was preempted is timed again, up to kMaxRoundRetries
+// times; a round that cannot be timed undisturbed is kept (on a host that busy the paired median,
+// its confidence interval and the plausibility checks above are what remains). The check runs on
+// CUDA workers too: a preempted launch thread leaves the GPU idle inside an event-timed interval.
 #pragma once
 
 #include <ATen/core/dispatch/Dispatcher.h>

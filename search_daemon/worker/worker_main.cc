@@ -20,6 +20,7 @@
 
 #include "runtime/nvrtc.h"
 #include "search_daemon/evaluator/eval_protocol.h"
+#include "search_daemon/evaluator/worker_process.h"
 #include "search_daemon/worker/builder.h"
 #include "search_daemon/worker/eval_device.h"
 #include "search_daemon/worker/job_runner.h"
@@ -155,6 +156,9 @@ int worker_main(int argc, char** argv) {
   char floor[64];
   std::snprintf(floor, sizeof floor, "; smallest call %.0f ns", dev.call_floor_ns());
   note += floor;
+  // What the supervisor set before exec (Note [Idle workers] in evaluator/worker_process.h): the
+  // daemon's log says whether a worker got SCHED_IDLE, the nice 19 fallback, or normal.
+  note += "; scheduling " + scheduling_of(0);
 
   Channel channel;
   if (Status s = channel.open(args.endpoint); !s.ok()) return fail(s.message());

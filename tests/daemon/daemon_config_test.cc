@@ -87,6 +87,24 @@ max_cost_usd = 5
   CHECK(f->devices == std::vector<std::string>{"cpu"});
 }
 
+TEST_CASE("daemon config: workers.priority is idle unless a host that only searches says normal") {
+  // Note [Idle workers]: by default the search never competes with the serving processes.
+  StatusOr<DaemonConfig> d = load_daemon_config({}, kEnv);
+  REQUIRE(d.ok());
+  CHECK(d->worker_priority == eval::WorkerPriority::kIdle);
+  CHECK_THAT(d->to_string(), Catch::Contains("workers.priority=\"idle\""));
+  StatusOr<DaemonConfig> t = parse_daemon_config("[workers]\npriority = \"normal\"\n", "k.toml", kEnv);
+  INFO(t.status().to_string());
+  REQUIRE(t.ok());
+  CHECK(t->worker_priority == eval::WorkerPriority::kNormal);
+  StatusOr<DaemonConfig> f = load_daemon_config({"--set", "workers.priority=normal"}, kEnv);
+  REQUIRE(f.ok());
+  CHECK(f->worker_priority == eval::WorkerPriority::kNormal);
+  StatusOr<DaemonConfig> bad = load_daemon_config({"--set", "workers.priority=low"}, kEnv);
+  REQUIRE_FALSE(bad.ok());
+  CHECK_THAT(bad.status().message(), Catch::Contains("workers.priority=\"low\": expected idle or normal"));
+}
+
 TEST_CASE("daemon config: every bad value is one error naming the key and what is allowed") {
   struct Bad {
     const char* toml;

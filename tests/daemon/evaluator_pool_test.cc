@@ -2,12 +2,23 @@
 // slots that can run a job, the one whose GPU no serving process uses takes it, else the least
 // used, else the earliest. The pool's placement with real workers on real GPUs (who used the GPU a
 // timing ran on, flagged by the daemon) is tested end to end on a GPU host:
-// tests/python/test_daemon_cuda.py. wait_started() is tested here with workers that cannot start.
+// tests/python/test_daemon_cuda.py. wait_started() is tested here with workers that cannot start,
+// and the priority and thread variables a worker starts with (Note [Idle workers]) with a stand-in
+// worker that writes them down.
 #include <catch2/catch.hpp>
 
+#include <sched.h>
+#include <sys/resource.h>
+
+#include <cerrno>
 #include <condition_variable>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <mutex>
+#include <sstream>
+#include <string>
+#include <vector>
 
 #include "search_daemon/evaluator/evaluator_pool.h"
 #include "tests/support/temp_dir.h"
@@ -145,4 +156,93 @@ TEST_CASE("Evaluator promise: a job no slot can run is answered at once, naming 
   std::lock_guard<std::mutex> lock(cb.mu);
   REQUIRE(cb.calls.count(7) == 1);
   CHECK(cb.results.at(7).message == "no evaluation slot runs cuda sm_90 signatures");
+}
+
+namespace {
+
+// How a process recorded itself: the policy and nice fields of its /proc/<pid>/stat line (fields
+// 41 and 19; counted after the ')' that ends the command name, which may hold spaces).
+struct Scheduling {
+  int policy = -1;
+  int nice = 99;
+};
+
+Scheduling parse_stat(const std::string& stat) {
+  Scheduling s;
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos) return s;
+  std::istringstream in(stat.substr(close + 2));
+  std::vector<std::string> fields;   // fields[0] is field 3 (state)
+  for (std::string f; in >> f;) fields.push_back(f);
+  if (fields.size() >= 39) {
+    s.nice = std::stoi(fields[19 - 3]);
+    s.policy = std::stoi(fields[41 - 3]);
+  }
+  return s;
+}
+
+std::string read_text(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// A stand-in for kforge-worker that writes down how it was started (its /proc stat line and the
+// thread variables it was given), then exits: the slot's start fails, after the record is written.
+std::string recording_worker(const kforge::test_support::TempDir& t) {
+  const std::string script = t / "record-worker.sh";
+  std::ofstream(script) << "#!/bin/sh\n"
+                        << "cat /proc/$$/stat > '" << (t / "stat") << ".tmp'\n"
+                        << "echo \"$KFORGE_WORKER_CPU_THREADS $OMP_NUM_THREADS $MKL_NUM_THREADS\" > '" << (t / "threads")
+                        << "'\n"
+                        << "mv '" << (t / "stat") << ".tmp' '" << (t / "stat") << "'\n"
+                        << "exit 3\n";
+  std::filesystem::permissions(script, std::filesystem::perms::owner_all);
+  return script;
+}
+
+Scheduling start_recording_slot(const kforge::test_support::TempDir& t, PoolOptions o) {
+  o.devices = {"cpu"};
+  o.cpu_slots = 1;
+  o.cpu_threads = 1;
+  o.program = recording_worker(t);
+  o.build_cache_dir = t / "builds";
+  EvaluatorPool pool(o);
+  REQUIRE(pool.start().ok());
+  REQUIRE(pool.wait_started(std::chrono::seconds(60)));
+  REQUIRE(std::filesystem::exists(t.path / "stat"));
+  return parse_stat(read_text(t.path / "stat"));
+}
+
+}  // namespace
+
+TEST_CASE("Note [Idle workers]: a pool's worker starts at SCHED_IDLE (else nice 19) with its thread count told to torch and OpenMP and MKL") {
+  const kforge::test_support::TempDir t("kforge-pool-test");
+  const Scheduling s = start_recording_slot(t, PoolOptions{});
+  INFO("policy " << s.policy << ", nice " << s.nice);
+  CHECK((s.policy == SCHED_IDLE || (s.policy == SCHED_OTHER && s.nice == 19)));
+  // On Linux an unprivileged process may always enter SCHED_IDLE: the fallback is for sandboxes.
+  CHECK(s.policy == SCHED_IDLE);
+  CHECK(read_text(t.path / "threads") == "1 1 1\n");
+}
+
+TEST_CASE("Note [Idle workers]: workers.priority = normal leaves the worker at the daemon's own priority") {
+  const kforge::test_support::TempDir t("kforge-pool-test");
+  PoolOptions o;
+  o.priority = WorkerPriority::kNormal;
+  const Scheduling s = start_recording_slot(t, o);
+  CHECK(s.policy == ::sched_getscheduler(0));
+  errno = 0;
+  CHECK(s.nice == ::getpriority(PRIO_PROCESS, 0));
+}
+
+TEST_CASE("worker priority names: idle and normal, nothing else") {
+  CHECK(parse_worker_priority("idle") == WorkerPriority::kIdle);
+  CHECK(parse_worker_priority("normal") == WorkerPriority::kNormal);
+  CHECK_FALSE(parse_worker_priority("low").has_value());
+  CHECK_FALSE(parse_worker_priority("").has_value());
+  CHECK(worker_priority_name(WorkerPriority::kIdle) == "idle");
+  CHECK(scheduling_of(0).rfind("SCHED_", 0) == 0);
+  CHECK_THAT(scheduling_of(-5), Catch::Contains("unknown ("));
 }

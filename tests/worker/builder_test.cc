@@ -235,6 +235,9 @@ TEST_CASE("builder: a compile option outside the allow-list is refused by name a
       std::vector<std::string>{"-fno-signed-zeros"},
       std::vector<std::string>{"-Ofast"},
       std::vector<std::string>{"-march=native"},          // depends on the host, not on the key
+      std::vector<std::string>{"-flto=auto"},             // parallel jobs on the serving host's cores
+      std::vector<std::string>{"-flto=8"},
+      std::vector<std::string>{"-flto"},                  // GCC >= 11 picks a job count itself
       std::vector<std::string>{"-std=c++17; rm -rf /"},
       std::vector<std::string>{""});
   TempDir t{"kforge-builder-test"};

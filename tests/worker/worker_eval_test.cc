@@ -10,9 +10,16 @@
 // KFORGE_WORKER_LIB_DIR where the worker library is not beside the launcher's ../lib.
 #include <catch2/catch.hpp>
 
+#include <sched.h>
+#include <sys/resource.h>
+
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <functional>
+#include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/environment.h"
@@ -554,6 +561,105 @@ TEST_CASE("worker: CUDA candidates that cheat are rejected with the right reason
   one_pass.replace(one_pass.find(final_var), final_var.size(), "rsqrt((double)((float)(red[0] / cols) - (float)mean * (float)mean) + eps)");
   run_corpus("cuda:0", sm, ln, cuda_corpus(sm), row_spec(Backend::kCuda, cuda_softmax("")),
              layer_norm_spec(Backend::kCuda, kCudaLayerNorm), layer_norm_spec(Backend::kCuda, one_pass), "cuda_events");
+}
+
+namespace {
+
+// The scheduling policy and nice value in a /proc/<pid>/stat line (fields 41 and 19, counted
+// after the ')' that ends the command name).
+std::pair<int, int> policy_and_nice(const std::string& stat) {
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos) return {-1, 99};
+  std::istringstream in(stat.substr(close + 2));
+  std::vector<std::string> f;   // f[0] is field 3
+  for (std::string x; in >> x;) f.push_back(x);
+  if (f.size() < 39) return {-1, 99};
+  return {std::stoi(f[41 - 3]), std::stoi(f[19 - 3])};
+}
+
+std::string read_all(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Every thread of `pid` (python's, torch's pool) with its policy and nice.
+std::vector<std::pair<int, int>> thread_scheduling(pid_t pid) {
+  std::vector<std::pair<int, int>> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task")) {
+    out.push_back(policy_and_nice(read_all(e.path() / "stat")));
+  }
+  return out;
+}
+
+// Starts a real worker whose CPU compiler is a wrapper that appends its own stat line to
+// `record` before it runs c++, builds one candidate, and returns the worker's threads' and every
+// compiler run's (policy, nice).
+struct Observed {
+  std::vector<std::pair<int, int>> worker_threads;
+  std::vector<std::pair<int, int>> compiler_runs;
+  std::string note;
+};
+
+Observed observe_worker(WorkerPriority priority) {
+  TempDir t("kforge-worker-priority-test");
+  const std::string record = t / "compiler-runs";
+  const std::string wrapper = t / "cxx-wrapper.sh";
+  std::ofstream(wrapper) << "#!/bin/sh\ncat /proc/$$/stat >> '" << record << "'\nexec c++ \"$@\"\n";
+  std::filesystem::permissions(wrapper, std::filesystem::perms::owner_all);
+  WorkerOptions o = worker_options("cpu", t / "builds");
+  o.priority = priority;
+  o.env.emplace_back("KFORGE_CXX", wrapper);
+  WorkerProcess w(o);
+  const Status started = w.start();
+  INFO(started.to_string());
+  REQUIRE(started.ok());
+  Observed seen;
+  seen.note = w.ready()->note;
+  seen.worker_threads = thread_scheduling(w.pid());
+  // A build: the compiler runs for the candidate, not only for its --version at start.
+  const OpSignature sm = softmax_signature(Backend::kCpu, cpu_host_environment("").arch);
+  Case c{"correct", row_spec(Backend::kCpu, cpu_softmax("")), EvalStatus::kVerified, "", "", "", 60000, sm};
+  const EvalResult r = w.evaluate(job_for(1, c));
+  INFO(r.message << "\n" << r.build_log.substr(0, 2000));
+  CHECK(r.status == EvalStatus::kVerified);
+  std::istringstream lines(read_all(record));
+  for (std::string line; std::getline(lines, line);) seen.compiler_runs.push_back(policy_and_nice(line));
+  return seen;
+}
+
+}  // namespace
+
+// Note [Idle workers] in evaluator/worker_process.h: the search must not take the serving
+// processes' cores. The worker, every thread torch starts in it, and every compiler it runs are at
+// SCHED_IDLE; workers.priority = normal (a host that only searches) leaves all of them as the
+// supervisor is.
+TEST_CASE("worker: a started worker with its threads and the compilers it runs is at idle priority (or all normal when asked)",
+          "[cpu]") {
+  const Observed idle = observe_worker(WorkerPriority::kIdle);
+  INFO("note: " << idle.note);
+  CHECK_THAT(idle.note, Catch::Contains("scheduling SCHED_IDLE"));
+  REQUIRE(idle.worker_threads.size() >= 2);   // python's thread and torch's pool at least
+  for (const auto& [policy, nice] : idle.worker_threads) CHECK(policy == SCHED_IDLE);
+  REQUIRE(idle.compiler_runs.size() >= 2);    // --version at start, then the build
+  for (const auto& [policy, nice] : idle.compiler_runs) CHECK(policy == SCHED_IDLE);
+
+  const Observed normal = observe_worker(WorkerPriority::kNormal);
+  const int own_policy = ::sched_getscheduler(0);
+  const int own_nice = ::getpriority(PRIO_PROCESS, 0);
+  INFO("note: " << normal.note);
+  CHECK_THAT(normal.note, Catch::Contains("scheduling SCHED_OTHER nice " + std::to_string(own_nice)));
+  REQUIRE(!normal.worker_threads.empty());
+  for (const auto& [policy, nice] : normal.worker_threads) {
+    CHECK(policy == own_policy);
+    CHECK(nice == own_nice);
+  }
+  REQUIRE(normal.compiler_runs.size() >= 2);
+  for (const auto& [policy, nice] : normal.compiler_runs) {
+    CHECK(policy == own_policy);
+    CHECK(nice == own_nice);
+  }
 }
 
 // The CUDA corpus is compiled by the GPU run only; here NVRTC (no GPU needed) checks that every

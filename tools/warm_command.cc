@@ -138,7 +138,7 @@ int run_warm_command(const std::vector<std::string>& args, const std::string& ca
   DaemonRequest daemon;
   size_t i = 0;
   for (; i < args.size(); ++i) {
-    const std::string& a = args[i];
+    std::string a = args[i];
     if (a == "--") {
       ++i;
       break;
@@ -148,11 +148,17 @@ int run_warm_command(const std::vector<std::string>& args, const std::string& ca
       return 0;
     }
     if (a.empty() || a[0] != '-') break;
-    if (i + 1 >= args.size()) {
+    // --name=value or --name value
+    std::string v;
+    if (const size_t eq = a.find('='); a.rfind("--", 0) == 0 && eq != std::string::npos) {
+      v = a.substr(eq + 1);
+      a.resize(eq);
+    } else if (i + 1 < args.size()) {
+      v = args[++i];
+    } else {
       err << who << ": " << a << (a.rfind("--", 0) == 0 ? " needs a value or is unknown" : ": unknown option") << " (kforge warm --help)\n";
       return 2;
     }
-    const std::string v = args[++i];
     char* end = nullptr;
     if (a == "--minutes") {
       minutes = std::strtod(v.c_str(), &end);

@@ -3,8 +3,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <climits>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include <charconv>
@@ -144,6 +146,7 @@ std::string HookConfig::to_string() const {
   s += " deny_ops=" + (deny_ops.empty() ? std::string("(none)") : join(deny_ops));
   s += std::string(" capture_inputs=") + (capture_inputs ? "on" : "off");
   if (bench_toggle) s += " bench_toggle=on";
+  if (!summary_dir.empty()) s += " summary_dir=" + summary_dir;
   return s;
 }
 
@@ -206,7 +209,40 @@ HookConfig parse_config(const EnvLookup& env) {
   c.capture_inputs = read_flag(env, "KFORGE_CAPTURE_INPUTS", false, w);
   c.log = read_flag(env, "KFORGE_LOG", false, w);
   c.bench_toggle = read_flag(env, "KFORGE_BENCH_TOGGLE", false, w);
+  // Empty is unset (no summary); blanks alone are a mistake worth a line.
+  if (std::optional<std::string> d = env("KFORGE_SUMMARY_DIR"); d && !d->empty()) {
+    if (trim(*d).empty()) {
+      w.push_back(bad_value("KFORGE_SUMMARY_DIR", *d, "a directory", "no summary"));
+    } else {
+      c.summary_dir = *d;
+    }
+  }
   return c;
+}
+
+SummaryDir resolve_summary_dir(const std::string& value) {
+  SummaryDir out;
+  auto refuse = [&](const std::string& why) {
+    out.problem = "KFORGE_SUMMARY_DIR='" + value + "' " + why + "; no summary will be written";
+    return out;
+  };
+  struct stat st {};
+  if (::stat(value.c_str(), &st) != 0) {
+    if (errno == ENOENT || errno == ENOTDIR) return refuse("does not exist");
+    return refuse(std::string("cannot be examined (") + std::strerror(errno) + ")");
+  }
+  if (!S_ISDIR(st.st_mode)) return refuse("is not a directory");
+  // Writing a file into it needs write and search permission on the directory.
+  if (::access(value.c_str(), W_OK | X_OK) != 0) {
+    return refuse(std::string("is not writable (") + std::strerror(errno) + ")");
+  }
+  // Absolute now: the program may change its working directory before it exits.
+  char resolved[PATH_MAX];
+  if (::realpath(value.c_str(), resolved) == nullptr) {
+    return refuse(std::string("cannot be resolved (") + std::strerror(errno) + ")");
+  }
+  out.path = resolved;
+  return out;
 }
 
 }  // namespace kforge::hook

@@ -35,7 +35,14 @@
 //   KFORGE_CAPTURE_INPUTS       0/1 (also off/on, false/true, no/yes); default off. On: the inputs
 //                               of a few calls per signature go to the daemon (input_sampler.h);
 //                               they are user data
-//   KFORGE_LOG                  0/1 (same spellings): log the configuration and registrations
+//   KFORGE_LOG                  0/1 (same spellings): log the configuration and registrations.
+//                               Off (the default), a process prints nothing unless something is
+//                               wrong (a bad value, a failure)
+//   KFORGE_SUMMARY_DIR          an existing, writable directory: at a normal exit each process
+//                               (each forked or spawned child too) writes kforge-summary-<pid>.json
+//                               there (Note [Exit summary] in hook_main.cc). Unset or empty: none.
+//                               A directory that is missing, not a directory or not writable gets
+//                               one line at start (resolve_summary_dir) and no file
 //   KFORGE_BENCH_TOGGLE         0/1 (same spellings); default off. For benchmarks only: lets
 //                               kforge_hook_bench_set_interceptors() take the interceptors out of
 //                               the dispatcher and put them back (Note [Bench toggle] in
@@ -77,6 +84,7 @@ struct HookConfig {
   bool capture_inputs = false;
   bool log = false;
   bool bench_toggle = false;             // KFORGE_BENCH_TOGGLE
+  std::string summary_dir;               // KFORGE_SUMMARY_DIR as given; empty: no exit summary
   // Lines to log once at start, whatever KFORGE_LOG says: bad values, unknown operator names,
   // modes that are not implemented yet.
   std::vector<std::string> warnings;
@@ -89,6 +97,16 @@ struct HookConfig {
 };
 
 HookConfig parse_config(const EnvLookup& env);
+
+// KFORGE_SUMMARY_DIR checked against the file system (so not in parse_config, which stays a pure
+// function of the lookup): `path` is the directory as an absolute path, or empty with `problem`
+// the one line to log, naming the variable and the value:
+//   "KFORGE_SUMMARY_DIR='/x' does not exist; no summary will be written"
+struct SummaryDir {
+  std::string path;
+  std::string problem;
+};
+SummaryDir resolve_summary_dir(const std::string& value);
 
 // Shared with the daemon and the CLI (runtime/daemon_endpoint.h).
 using kforge::default_daemon_endpoint;

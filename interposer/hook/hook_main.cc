@@ -19,10 +19,33 @@
 //   int kforge_hook_report_now(int timeout_ms);  asks the reporter for a report now and, with
 //                                                timeout_ms > 0, waits until it was built and
 //                                                offered; 1 if it was, else 0
+//
+// Exit summary (Note [Exit summary]): with KFORGE_SUMMARY_DIR set to a writable directory, each
+// process that exits normally writes <dir>/kforge-summary-<pid>.json (atomically: a hidden temp file
+// in the same directory, renamed), for `kforge run` to read. The object is kforge_hook_stats_json()'s
+// (its "signatures" with "id", "op", "signature", "calls", "sampled_calls", "sampled_ns", "state",
+// for a loaded entry "entry", "backend", "shadow_calls", "active_calls", "fallbacks", ...; "swap",
+// "registered", "skipped", ...) plus:
+//   "summary_format"  1
+//   "pid", "ppid"     this process and its parent when it exited
+//   "argv0"           the process's name (argv[0] without its directory)
+//   "torch"           torch's version the hook was built for ("2.11.0+cu130")
+//   "mode"            observe | shadow | active
+//   "wall_s"          seconds from the hook's load (a forked child: from the fork) to the exit
+//   per signature:
+//   "mean_ns"         sampled_ns / sampled_calls: PyTorch's mean time per call of the signature
+//                     (CPU: host clock; CUDA: device time from events), null when none was timed
+//   "estimated_ns"    calls x mean_ns: the signature's estimated total time in PyTorch's kernel
+//                     (null without mean_ns); calls are estimates unless KFORGE_OBSERVE_EVERY=1
 
+#include <pthread.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -39,6 +62,7 @@
 #include "interposer/hook/target_arch.h"
 #include "runtime/cuda_driver.h"
 #include "runtime/environment.h"
+#include "runtime/file_io.h"
 #include "runtime/version.h"
 
 #ifndef KFORGE_TORCH_VERSION_STRING
@@ -57,10 +81,25 @@ struct Hook {
   CudaTimer* timer = nullptr;
   ActiveGpus* gpus = nullptr;
   RegistrationSummary registration;
+  // Note [Exit summary]: where to write it (absolute; empty: nowhere) and the process's name, read
+  // at load so that the exit handler needs nothing but the hook's own data.
+  std::string summary_dir;
+  std::string argv0;
 };
 
 // Set once by the constructor; never freed (intercepted calls may come until the process ends).
 std::atomic<const Hook*> g_hook{nullptr};
+
+// Note [Exit summary]
+std::atomic<int64_t> g_life_start_ns{0};        // steady clock at the hook's load; a forked child's fork
+std::atomic<int32_t> g_summary_written_by{0};   // the pid that wrote (or tried to): once per process
+
+int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+void install_exit_summary(Hook& hook);
 
 std::string process_name() {
   std::ifstream in("/proc/self/cmdline", std::ios::binary);
@@ -109,6 +148,7 @@ std::vector<wire::DeviceInfo> devices(const Environment& cpu, ActiveGpus& gpus) 
 void start() noexcept {
   try {
     auto* hook = new Hook();
+    g_life_start_ns.store(steady_ns(), std::memory_order_relaxed);
     hook->config = parse_config(process_env());
     const HookConfig& config = hook->config;
     for (const std::string& w : config.warnings) log_line(w);
@@ -167,6 +207,7 @@ void start() noexcept {
     if (config.mode != HookMode::kObserve) swapper->install_process_handlers();
     hook->recorder->start();
     gpus->install_fork_handler();   // after the Recorder's: see ActiveGpus::install_fork_handler
+    install_exit_summary(*hook);   // after the Recorder's exit handler, so it runs before it
 
     hook->registration = register_catalog(config, *hook->recorder, *hook->arch, hook->sampler, hook->timer);
     if (config.log) {
@@ -315,6 +356,99 @@ std::string stats_json() {
                       {"dropped_stale", tc.dropped_stale},
                       {"skipped_budget", tc.skipped_budget}};
   return j.dump();
+}
+
+// Note [Exit summary]
+// `kforge run` shows what kforge did for a program and all its processes from one file per process:
+// with KFORGE_SUMMARY_DIR set, the hook writes kforge_hook_stats_json()'s object with the process's
+// identity and times (the fields are listed at the top of this file) when the process exits
+// normally: exit(), a return from main, Python's normal end and sys.exit, in the process that loaded
+// the hook and in each child it forks (which inherits the handler; its counters start from zero at
+// the fork, and so does its wall_s) or spawns (a new program under the shim loads its own hook).
+// What skips every exit handler writes nothing: a crash, a kill, _exit/os._exit, and so the
+// children of Python's multiprocessing "fork" and "forkserver" start methods, which end in
+// os._exit (the "spawn" method's children exit normally and do write one).
+// The handler is registered after the Recorder's, so it runs first, while the reporter still runs;
+// it uses only the hook's own objects (torch may be partly torn down by then), is bounded (one
+// small file, no fsync), catches everything, and writes once per process. The directory is checked
+// at start: a bad one costs one line there and no handler. A failed write costs one line at exit.
+// The file appears whole or not at all: it is written as a hidden temp file in the same directory
+// (O_EXCL, 0600) and renamed.
+std::string summary_json(const Hook& hook) {
+  nlohmann::json j = nlohmann::json::parse(stats_json());
+  j["summary_format"] = 1;
+  j["pid"] = ::getpid();
+  j["ppid"] = ::getppid();
+  j["argv0"] = hook.argv0;
+  j["torch"] = KFORGE_TORCH_VERSION_STRING;
+  j["mode"] = std::string(hook_mode_name(hook.config.mode));
+  j["wall_s"] = static_cast<double>(steady_ns() - g_life_start_ns.load(std::memory_order_relaxed)) * 1e-9;
+  for (nlohmann::json& sig : j["signatures"]) {
+    const uint64_t sampled = sig.value("sampled_calls", uint64_t{0});
+    if (sampled == 0) {
+      sig["mean_ns"] = nullptr;
+      sig["estimated_ns"] = nullptr;
+      continue;
+    }
+    const double mean = static_cast<double>(sig.value("sampled_ns", uint64_t{0})) / static_cast<double>(sampled);
+    sig["mean_ns"] = mean;
+    sig["estimated_ns"] = mean * static_cast<double>(sig.value("calls", uint64_t{0}));
+  }
+  return j.dump();
+}
+
+// "" when written, else why not.
+std::string write_summary(const Hook& hook) {
+  const std::string pid = std::to_string(::getpid());
+  const std::string final_path = hook.summary_dir + "/kforge-summary-" + pid + ".json";
+  // The suffix keeps a temp file left by a killed process of the same pid from blocking O_EXCL.
+  const std::string temp_path =
+      hook.summary_dir + "/.kforge-summary-" + pid + "." + std::to_string(steady_ns()) + ".tmp";
+  const std::string text = summary_json(hook);
+  if (Status st = file_io::write_new_file(temp_path, text); !st.ok()) {
+    ::unlink(temp_path.c_str());
+    return st.message();
+  }
+  if (::rename(temp_path.c_str(), final_path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(temp_path.c_str());
+    return "cannot rename " + temp_path + " to " + final_path + ": " + std::strerror(err);
+  }
+  return "";
+}
+
+void write_summary_at_exit() noexcept {
+  try {
+    const Hook* hook = g_hook.load(std::memory_order_acquire);
+    if (hook == nullptr || hook->summary_dir.empty()) return;
+    const auto pid = static_cast<int32_t>(::getpid());
+    if (g_summary_written_by.exchange(pid, std::memory_order_acq_rel) == pid) return;
+    const std::string error = write_summary(*hook);
+    if (!error.empty()) log_line("no exit summary (KFORGE_SUMMARY_DIR): " + error);
+  } catch (const std::exception& e) {
+    log_line(std::string("no exit summary (KFORGE_SUMMARY_DIR): ") + e.what());
+  } catch (...) {
+    log_line("no exit summary (KFORGE_SUMMARY_DIR): an unexpected error");
+  }
+}
+
+void restart_life_clock_in_child() noexcept { g_life_start_ns.store(steady_ns(), std::memory_order_relaxed); }
+
+// Checks KFORGE_SUMMARY_DIR (one line if it is bad) and registers the exit handler.
+void install_exit_summary(Hook& hook) {
+  hook.argv0 = process_name();
+  if (hook.config.summary_dir.empty()) return;
+  const SummaryDir dir = resolve_summary_dir(hook.config.summary_dir);
+  if (!dir.problem.empty()) {
+    log_line(dir.problem);
+    return;
+  }
+  hook.summary_dir = dir.path;
+  ::pthread_atfork(nullptr, nullptr, &restart_life_clock_in_child);
+  if (std::atexit(&write_summary_at_exit) != 0) {
+    log_line("no exit summary (KFORGE_SUMMARY_DIR): cannot register an exit handler");
+    hook.summary_dir.clear();
+  }
 }
 
 // Runs when the library is loaded: after torch's own initializers (it depends on torch's

@@ -4,6 +4,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <ATen/core/boxing/impl/boxing.h>
+#include <c10/util/Exception.h>
 #include <torch/library.h>
 
 // #include <ATen/ops/<base>_ops.h> for every KFORGE_CATALOG_OPERATORS line (interposer/hook/CMakeLists.txt).
@@ -325,6 +326,52 @@ std::string register_interceptor(torch::Library& library, const std::string& imp
   return how;
 }
 
+// Note [Quiet registration]
+// Registering an interceptor at a key where aten already has a kernel makes PyTorch warn, once per
+// process, "Warning only once for all operators, other operators may also be overridden.
+// Overriding a previously registered kernel for the same operator and the same dispatch key ...
+// registered at <file>:<line>": several lines on stderr of every hooked process (every server
+// worker, every multiprocessing child), naming a path of the machine the hook was built on.
+// Overriding is exactly what kforge means to do, so while (and only while) kforge registers, a
+// c10 warning handler of its own is installed on the registering thread (c10's handler is
+// thread-local) that drops that one warning, counts it, and passes every other warning to the
+// handler that was there before; a guard restores that handler afterwards, whatever happens.
+// Consequences: the warning is TORCH_WARN_ONCE, so having been raised (and dropped) here, it is
+// not raised again for a later override by the program itself; KFORGE_LOG=1 says in one line that
+// it was suppressed. The libraries name their source as kLibrarySource (PyTorch quotes it in
+// errors about our registrations), and the hook is compiled with -ffile-prefix-map, so no path of
+// the build machine can reach a user's logs.
+constexpr const char* kLibrarySource = "kforge/interceptor.cc";
+
+class RegistrationWarningFilter final : public c10::WarningHandler {
+ public:
+  RegistrationWarningFilter() : previous_(c10::WarningUtils::get_warning_handler()) {}
+
+  void process(const c10::Warning& warning) override {
+    if (warning.msg().find("Overriding a previously registered kernel for the same operator") != std::string::npos) {
+      ++suppressed_;
+      return;
+    }
+    if (previous_ != nullptr) previous_->process(warning);
+  }
+  uint32_t suppressed() const { return suppressed_; }
+
+ private:
+  c10::WarningHandler* previous_;
+  uint32_t suppressed_ = 0;
+};
+
+// Installs a RegistrationWarningFilter on this thread for its life; the previous handler after.
+class QuietRegistration {
+ public:
+  QuietRegistration() : guard_(&filter_) {}
+  uint32_t suppressed() const { return filter_.suppressed(); }
+
+ private:
+  RegistrationWarningFilter filter_;   // constructed first: it reads the previous handler
+  c10::WarningUtils::WarningHandlerGuard guard_;
+};
+
 // Note [Bench toggle]
 // What a benchmark needs to measure kforge's cost inside one process: with KFORGE_BENCH_TOGGLE=1,
 // register_catalog keeps its libraries and registrations here, and set_interceptors_registered()
@@ -368,8 +415,9 @@ std::string set_interceptors_registered(bool on) noexcept {
       return "";
     }
     toggle->registered = true;   // from here on, a partial failure is still "registered": off undoes it
+    QuietRegistration quiet;     // Note [Quiet registration]
     for (int i = 0; i < 2; ++i) {
-      toggle->libraries[i] = new torch::Library(torch::Library::IMPL, "aten", toggle->keys[i], __FILE__, __LINE__);
+      toggle->libraries[i] = new torch::Library(torch::Library::IMPL, "aten", toggle->keys[i], kLibrarySource, __LINE__);
     }
     for (const BenchToggle::Registration& r : toggle->registrations) {
       register_interceptor(*toggle->libraries[r.key], r.impl_name, *r.cat, r.op);
@@ -386,6 +434,7 @@ RegistrationSummary register_catalog(const HookConfig& config, Recorder& recorde
                                      InputSampler* sampler, CudaTimer* timer) noexcept {
   RegistrationSummary summary;
   try {
+    QuietRegistration quiet;   // Note [Quiet registration]: until this function returns
     struct Key {
       c10::DispatchKey key;
       Backend backend;
@@ -401,7 +450,7 @@ RegistrationSummary register_catalog(const HookConfig& config, Recorder& recorde
     BenchToggle* toggle = config.bench_toggle ? new BenchToggle : nullptr;
     for (Key& k : keys) {
       try {
-        k.library = new torch::Library(torch::Library::IMPL, "aten", k.key, __FILE__, __LINE__);
+        k.library = new torch::Library(torch::Library::IMPL, "aten", k.key, kLibrarySource, __LINE__);
       } catch (const std::exception& e) {
         summary.skipped.push_back(std::string("every operator@") + key_name(k.key) +
                                   ": cannot open a library: " + e.what());
@@ -464,6 +513,11 @@ RegistrationSummary register_catalog(const HookConfig& config, Recorder& recorde
     if (toggle != nullptr) {
       for (int i = 0; i < 2; ++i) toggle->libraries[i] = keys[i].library;
       g_toggle.store(toggle, std::memory_order_release);
+    }
+    if (config.log) {
+      std::string line = "registered " + std::to_string(summary.registered.size()) + " interceptors";
+      if (quiet.suppressed() > 0) line += " (PyTorch's 'overriding a registered kernel' warning suppressed)";
+      log_line(line);
     }
   } catch (...) {
     summary.skipped.push_back("registration stopped by an unexpected error");

@@ -15,6 +15,8 @@
 
 #include <bit>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 #include <map>
 #include <thread>
@@ -27,6 +29,7 @@
 #include "interposer/hook/signature_writer.h"
 #include "interposer/hook/target_arch.h"
 #include "runtime/op_signature.h"
+#include "tests/support/temp_dir.h"
 
 using namespace kforge;
 using kforge::hook::SignatureWriter;
@@ -442,6 +445,61 @@ TEST_CASE("HookConfig: defaults, one warning per bad value, and operator selecti
   CHECK(empty_cache.cache_dir.empty());
   CHECK(op_name_matches("aten::add", "aten::add", "Tensor"));
   CHECK_FALSE(op_name_matches("add.Scalar", "aten::add", "Tensor"));
+}
+
+TEST_CASE("HookConfig: KFORGE_SUMMARY_DIR is recorded as given and checked against the file system") {
+  using namespace kforge::hook;
+  auto env_of = [](std::map<std::string, std::string> m) -> EnvLookup {
+    return [m](const char* name) -> std::optional<std::string> {
+      auto it = m.find(name);
+      if (it == m.end()) return std::nullopt;
+      return it->second;
+    };
+  };
+  // Unset or empty: no summary, no line. Blanks alone: one line, no summary.
+  CHECK(parse_config(env_of({})).summary_dir.empty());
+  HookConfig empty = parse_config(env_of({{"KFORGE_SUMMARY_DIR", ""}}));
+  CHECK(empty.summary_dir.empty());
+  CHECK(empty.warnings.empty());
+  HookConfig blank = parse_config(env_of({{"KFORGE_SUMMARY_DIR", "  "}}));
+  CHECK(blank.summary_dir.empty());
+  REQUIRE(blank.warnings.size() == 1);
+  CHECK(blank.warnings[0] == "KFORGE_SUMMARY_DIR='  ' is not a directory; using no summary");
+  HookConfig set = parse_config(env_of({{"KFORGE_SUMMARY_DIR", "out/summaries"}}));
+  CHECK(set.warnings.empty());
+  CHECK(set.summary_dir == "out/summaries");   // as given: the file system is resolve_summary_dir's
+  CHECK(set.to_string().find(" summary_dir=out/summaries") != std::string::npos);
+  CHECK(parse_config(env_of({})).to_string().find("summary_dir") == std::string::npos);
+
+  // A writable directory comes back absolute (the program may chdir before it exits).
+  kforge::test_support::TempDir t("kforge-summary-dir");
+  const SummaryDir ok = resolve_summary_dir(t.path.string());
+  CHECK(ok.problem.empty());
+  CHECK(ok.path == std::filesystem::canonical(t.path).string());
+  const std::filesystem::path cwd = std::filesystem::current_path();
+  std::filesystem::current_path(t.path.parent_path());
+  const SummaryDir relative = resolve_summary_dir(t.path.filename().string());
+  std::filesystem::current_path(cwd);
+  CHECK(relative.path == ok.path);
+
+  // Each bad directory: no path, and one line naming the variable, the value and what is wrong.
+  const SummaryDir missing = resolve_summary_dir(t / "missing");
+  CHECK(missing.path.empty());
+  CHECK(missing.problem == "KFORGE_SUMMARY_DIR='" + (t / "missing") + "' does not exist; no summary will be written");
+  { std::ofstream(t / "file") << "x"; }
+  const SummaryDir file = resolve_summary_dir(t / "file");
+  CHECK(file.path.empty());
+  CHECK(file.problem == "KFORGE_SUMMARY_DIR='" + (t / "file") + "' is not a directory; no summary will be written");
+  CHECK(resolve_summary_dir(t / "file/below").problem.find("' does not exist;") != std::string::npos);
+  // Root may write anywhere, so the permission case is only checkable as another user.
+  if (::geteuid() != 0) {
+    std::filesystem::create_directory(t / "ro");
+    ::chmod((t / "ro").c_str(), 0500);
+    const SummaryDir ro = resolve_summary_dir(t / "ro");
+    CHECK(ro.path.empty());
+    CHECK(ro.problem.find("KFORGE_SUMMARY_DIR='" + (t / "ro") + "' is not writable (") == 0);
+    ::chmod((t / "ro").c_str(), 0700);
+  }
 }
 
 // ---- Recorder: the per-thread counters behind the fast path -----------------------------------

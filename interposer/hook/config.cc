@@ -134,7 +134,7 @@ bool HookConfig::op_selected(std::string_view name, std::string_view overload) c
 std::string HookConfig::to_string() const {
   std::string s = "mode=" + std::string(hook_mode_name(mode));
   if (requested_mode != mode) s += " (requested " + std::string(hook_mode_name(requested_mode)) + ")";
-  s += " endpoint=" + daemon_endpoint;
+  s += " endpoint=" + (daemon_endpoint.empty() ? std::string("none") : daemon_endpoint);
   if (!daemon_server_key.empty()) s += " server_key=" + daemon_server_key;   // a public key
   s += " cache_dir=" + (cache_dir.empty() ? std::string("(default)") : cache_dir);
   s += " sample_rate=" + std::to_string(sample_rate);
@@ -159,7 +159,9 @@ HookConfig parse_config(const EnvLookup& env) {
   if (std::optional<std::string> e = env("KFORGE_DAEMON_ENDPOINT"); e && !e->empty()) {
     const bool ipc = e->starts_with("ipc://") && e->size() > 6;
     const bool tcp = e->starts_with("tcp://") && e->size() > 6;
-    if (ipc || tcp) {
+    if (*e == "none") {
+      c.daemon_endpoint.clear();   // `kforge run --no-daemon`: the cache only, nothing reported
+    } else if (ipc || tcp) {
       c.daemon_endpoint = *e;
     } else {
       w.push_back(bad_value("KFORGE_DAEMON_ENDPOINT", *e, "an ipc:// or tcp:// endpoint",
@@ -169,7 +171,9 @@ HookConfig parse_config(const EnvLookup& env) {
 
   StatusOr<std::string> key = client_server_key(c.daemon_endpoint, env("KFORGE_DAEMON_SERVER_KEY").value_or(""),
                                                 "KFORGE_DAEMON_SERVER_KEY");
-  if (!key.ok()) {
+  if (c.daemon_endpoint.empty()) {
+    // No daemon: no key to check.
+  } else if (!key.ok()) {
     if (c.daemon_endpoint.starts_with("tcp://")) {
       c.daemon_endpoint = default_daemon_endpoint(xdg, static_cast<unsigned>(::getuid()));
       w.push_back(key.status().message() + "; using " + c.daemon_endpoint);

@@ -6,7 +6,10 @@
 //
 // Variables (a bad value gives one warning naming the variable and the value, and the default):
 //   KFORGE_DAEMON_ENDPOINT      ipc://... or tcp://...; default ipc://$XDG_RUNTIME_DIR/kforge/
-//                               daemon.sock, else ipc:///tmp/kforge-<uid>/daemon.sock
+//                               daemon.sock, else ipc:///tmp/kforge-<uid>/daemon.sock; "none": no
+//                               daemon (the cache only; counters stay in the process, nothing is
+//                               reported or dropped: `kforge run --no-daemon`). daemon_endpoint is
+//                               then empty
 //   KFORGE_DAEMON_SERVER_KEY    with a tcp:// endpoint (required there, refused with ipc://): the
 //                               daemon's CURVE public key, 40 z85 characters (kforged
 //                               --curve-keygen prints it). A tcp:// endpoint without a valid key

@@ -71,8 +71,8 @@ class WindowAttention(nn.Module):
         def heads(z):
             return self.norm1(z.reshape(z.shape[0], s * s, self.heads, hd).transpose(1, 2))
 
-        q, k, v = heads(q), heads(k), v.reshape(v.shape[0], s * s, self.heads, hd).transpose(1, 2)
-        att = torch.softmax((q @ k.transpose(-1, -2)) * hd ** -0.5, dim=-1)
+        q, k, v = heads(q) * hd ** -0.5, heads(k), v.reshape(v.shape[0], s * s, self.heads, hd).transpose(1, 2)
+        att = torch.softmax(q @ k.transpose(-1, -2), dim=-1)
         o = (att @ v).transpose(1, 2).reshape(-1, s * s, c)
         t = t + self.proj(o)
         t = t + self.mlp2(F.gelu(self.mlp1(self.norm2(t))))

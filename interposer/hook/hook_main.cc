@@ -289,6 +289,7 @@ std::string stats_json() {
       j_sig["devices"] = e.devices;
       j_sig["unloaded_device_calls"] = e.unloaded_device_calls;
       j_sig["capture_shadow_skips"] = e.capture_shadow_skips;
+      j_sig["memory_shadow_skips"] = e.memory_shadow_skips;
       j_sig["pytorch_median_ns"] = e.pytorch_median_ns;
       j_sig["entry_median_ns"] = e.entry_median_ns;
       j_sig["timed_calls"] = e.timed_calls;
@@ -311,6 +312,7 @@ std::string stats_json() {
                        {"devices", e.devices},
                        {"unloaded_device_calls", e.unloaded_device_calls},
                        {"capture_shadow_skips", e.capture_shadow_skips},
+                       {"memory_shadow_skips", e.memory_shadow_skips},
                        {"pytorch_median_ns", e.pytorch_median_ns},
                        {"entry_median_ns", e.entry_median_ns},
                        {"timed_calls", e.timed_calls},

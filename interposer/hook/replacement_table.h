@@ -53,6 +53,7 @@ struct SwapCounters {
   // CUDA only. Shadow-state calls while the stream was capturing a CUDA graph: PyTorch's kernel
   // only, no comparison (it would synchronize), not counted in shadow_calls (Note [Swap states]).
   std::atomic<uint64_t> capture_shadow_skips{0};
+  std::atomic<uint64_t> memory_shadow_skips{0};   // Note [Out of memory in a shadow call]
   // The trial's timings (Note [In-process win] in swapper.h): PyTorch's kernel and the entry on
   // the same inputs, one pair per clean shadow call, in a ring of the last kTimedPairs. A calling
   // thread takes a slot with timed_pairs, stores both times, then counts its clean call with an

@@ -420,8 +420,27 @@ namespace {
 
 // A shadow comparison's verdict: one more clean call (with its times, 0: untimed), or the entry
 // disabled.
+// Note [Out of memory in a shadow call]
+// A shadow call allocates what PyTorch's kernel alone would not: the inputs' snapshot, the
+// candidate's outputs, the comparison's temporaries. When the device (or host) has no memory
+// left for them, that says nothing about the entry: its kernel did not run wrong. Such a call is
+// not compared: PyTorch's result is returned as always, the call counts as memory_shadow_skips
+// (neither clean nor failed), and the trial goes on with the next calls. Before this, an H200
+// process whose memory a search worker had taken disabled and quarantined a correct softmax
+// entry ("shadow mismatch: ... CUDA out of memory"). A launch failure of the entry itself is
+// still a failure. Error texts keep their first line: c10 errors carry a C++ backtrace.
+constexpr const char kOutOfMemory[] = "\x01out of memory";   // a why that is not a verdict
+
+std::string error_text(const std::exception& e) {
+  if (const auto* c10e = dynamic_cast<const c10::Error*>(&e)) return c10e->what_without_backtrace();
+  const std::string w = e.what();
+  return w.substr(0, w.find('\n'));
+}
+
 void shadow_verdict(const Replacement& r, const std::string& why, uint64_t pytorch_ns = 0, uint64_t entry_ns = 0) {
-  if (why.empty()) {
+  if (why == kOutOfMemory) {
+    r.counters->memory_shadow_skips.fetch_add(1, std::memory_order_relaxed);
+  } else if (why.empty()) {
     r.owner->shadow_clean(r, pytorch_ns, entry_ns);
   } else {
     r.owner->fail(r, "shadow mismatch: " + why);
@@ -473,8 +492,10 @@ static void run_shadow(const InterceptedOp& op, const Replacement& r, const c10:
       why = run_candidate(op, r, args.data(), cand, nullptr);
       entry_ns = elapsed_ns(t0);
       if (std::string wrote = restore_inputs(args, snapshot); !wrote.empty() && why.empty()) why = wrote;
+    } catch (const c10::OutOfMemoryError&) {
+      why = kOutOfMemory;   // Note [Out of memory in a shadow call]
     } catch (const std::exception& e) {
-      why = std::string("shadow call threw: ") + e.what();
+      why = std::string("shadow call threw: ") + error_text(e);
     } catch (...) {
       why = "shadow call threw";
     }
@@ -489,8 +510,10 @@ static void run_shadow(const InterceptedOp& op, const Replacement& r, const c10:
     try {
       SwapScope scope;
       why = compare_with_reference(op, handle, keys, args, *stack, cand);
+    } catch (const c10::OutOfMemoryError&) {
+      why = kOutOfMemory;   // Note [Out of memory in a shadow call]
     } catch (const std::exception& e) {
-      why = std::string("shadow call threw: ") + e.what();
+      why = std::string("shadow call threw: ") + error_text(e);
     } catch (...) {
       why = "shadow call threw";
     }
@@ -510,7 +533,7 @@ static void run_active(const InterceptedOp& op, const Replacement& r, const c10:
     SwapScope scope;
     why = run_candidate(op, r, stack->data() + (stack->size() - n), outs, nullptr);
   } catch (const std::exception& e) {
-    why = std::string("threw: ") + e.what();
+    why = std::string("threw: ") + error_text(e);
   } catch (...) {
     why = "threw";
   }
@@ -567,7 +590,7 @@ static void run_cuda(const InterceptedOp& op, const Replacement& r, const c10::O
         why = run_candidate(op, r, stack->data() + (stack->size() - n), outs, &call);
       }
     } catch (const std::exception& e) {
-      why = std::string("threw: ") + e.what();
+      why = std::string("threw: ") + error_text(e);
     } catch (...) {
       why = "threw";
     }
@@ -619,8 +642,10 @@ static void run_cuda(const InterceptedOp& op, const Replacement& r, const c10::O
       // disturb) a graph another thread captures in global mode (ScopedCaptureMode).
       const ScopedCaptureMode relaxed(cu, CU_STREAM_CAPTURE_MODE_RELAXED);
       if (std::string wrote = restore_inputs(args, snapshot); !wrote.empty() && why.empty()) why = wrote;
+    } catch (const c10::OutOfMemoryError&) {
+      why = kOutOfMemory;   // Note [Out of memory in a shadow call]
     } catch (const std::exception& e) {
-      why = std::string("shadow call threw: ") + e.what();
+      why = std::string("shadow call threw: ") + error_text(e);
     } catch (...) {
       why = "shadow call threw";
     }
@@ -629,8 +654,10 @@ static void run_cuda(const InterceptedOp& op, const Replacement& r, const c10::O
     SwapScope scope;
     snapshot = snapshot_inputs(op, args);   // stream-ordered on the current stream
     events.emplace(cu);
+  } catch (const c10::OutOfMemoryError&) {
+    why = kOutOfMemory;   // Note [Out of memory in a shadow call]
   } catch (const std::exception& e) {
-    why = std::string("shadow call threw: ") + e.what();
+    why = std::string("shadow call threw: ") + error_text(e);
   } catch (...) {
     why = "shadow call threw";
   }
@@ -650,8 +677,10 @@ static void run_cuda(const InterceptedOp& op, const Replacement& r, const c10::O
         entry_ns = events->between(0, 1);
         pytorch_ns = events->between(2, 3);
       }
+    } catch (const c10::OutOfMemoryError&) {
+      why = kOutOfMemory;   // Note [Out of memory in a shadow call]
     } catch (const std::exception& e) {
-      why = std::string("shadow call threw: ") + e.what();
+      why = std::string("shadow call threw: ") + error_text(e);
     } catch (...) {
       why = "shadow call threw";
     }

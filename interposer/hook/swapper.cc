@@ -303,6 +303,7 @@ SwapStats Swapper::stats() const {
     e.clean_shadow_calls = rec.counters->clean_shadow_calls.load(std::memory_order_relaxed);
     e.unloaded_device_calls = rec.counters->unloaded_device_calls.load(std::memory_order_relaxed);
     e.capture_shadow_skips = rec.counters->capture_shadow_skips.load(std::memory_order_relaxed);
+    e.memory_shadow_skips = rec.counters->memory_shadow_skips.load(std::memory_order_relaxed);
     if (rec.cuda != nullptr) {
       for (int d = 0; d < CudaModules::kMaxDevices; ++d) {
         if (rec.cuda->on_device(d) != nullptr) e.devices.push_back(d);

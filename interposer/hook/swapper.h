@@ -200,6 +200,7 @@ struct SwapStats {
     std::string previous_state;
     uint64_t shadow_calls = 0, active_calls = 0, fallbacks = 0, clean_shadow_calls = 0;
     uint64_t unloaded_device_calls = 0, capture_shadow_skips = 0;   // CUDA only
+    uint64_t memory_shadow_skips = 0;   // shadow calls not compared: out of memory (swap_call.cc)
     std::vector<int> devices;      // CUDA: the device ordinals the entry is loaded on
   };
   bool enabled = false;            // mode is shadow or active

@@ -7,7 +7,7 @@ environment (the hook preloaded); `kforge demo --help` says what the phases are.
 The model: a convolution stem, then blocks of group norm + SiLU + convolution (a diffusion-style
 residual block) and windowed self-attention written out (layer norm, q/k/v projections, q @ k^T,
 softmax, @ v) with a GELU MLP. On CUDA it runs in float16 at sizes where the normalizations and the
-softmax dominate; on the CPU it runs in float32 at the shapes where kforge's CPU kernel templates
+softmax dominate (1024-wide rows); on the CPU it runs in float32 at the shapes where kforge's CPU kernel templates
 are known to beat PyTorch's (short softmax rows, narrow layer norms), and `kforge demo` lets the
 hook report only those two operators there (KFORGE_OPS), so that a few minutes of search on a small
 machine have something to find. Both are stated in the demo's output.
@@ -95,11 +95,11 @@ class DemoModel(nn.Module):
 
 # Per device: the model's sizes, its dtype and the input's shape. The CPU shapes: softmax rows of
 # 4 (2 x 2 windows) and layer norms over 8 channels per head, where the CPU templates win; CUDA:
-# float16, 4096-wide softmax rows (64 x 64 windows), group norm over large groups.
+# float16, 1024-wide softmax rows (32 x 32 windows), group norm over large groups.
 CONFIGS = {
     "cpu": dict(model=dict(channels=16, groups=4, heads=2, window=2, blocks=2), dtype=torch.float32,
                 input=(2, 3, 64, 64)),
-    "cuda": dict(model=dict(channels=64, groups=8, heads=8, window=64, blocks=2), dtype=torch.float16,
+    "cuda": dict(model=dict(channels=64, groups=8, heads=8, window=32, blocks=2), dtype=torch.float16,
                  input=(2, 3, 128, 128)),
 }
 

@@ -71,6 +71,7 @@ RunSummary read_run_summary(const std::string& dir) {
       continue;
     }
     ++s.processes;
+    if (j.contains("ab") && j["ab"].is_object()) s.ab.push_back(j["ab"]);
     s.wall_s = std::max(s.wall_s, num(j, "wall_s"));
     if (s.mode.empty()) s.mode = str(j, "mode");
     if (j.contains("swap") && j["swap"].is_object() && s.cache_dir.empty()) s.cache_dir = str(j["swap"], "cache_dir");

@@ -48,6 +48,7 @@ struct RunSummary {
   double op_time_ns = 0;
   double saved_ns = 0;
   std::vector<std::string> problems;       // unreadable or malformed files, named
+  std::vector<nlohmann::json> ab;          // each process's "ab" object (KFORGE_AB_WINDOW_MS runs)
   uint32_t active() const;
 };
 

@@ -9,10 +9,13 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <sstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
+#include <tuple>
 
+#include "tools/cache_commands.h"
 #include "tools/daemon_launch.h"
 #include "tools/install_layout.h"
 #include "tools/png_chart.h"
@@ -40,11 +43,18 @@ constexpr const char kWarmUsage[] =
     "  --max-evaluations N     stop after the daemon made N evaluations since warm started\n"
     "  --max-runs N            stop after N runs of CMD\n"
     "  --report DIR            where the report goes (default ./kforge-warm-report)\n"
+    "  --no-e2e                skip the end-to-end check (below)\n"
+    "  --window-ms N           its windows (default 250)\n"
     "  --endpoint E, --server-key K, --daemon-arg ARG   as for `kforge run`\n"
     "  -h, --help              this text\n"
     "\n"
     "It stops early when a whole run of CMD passed with no search running and no evaluation made:\n"
     "every signature CMD reports has been searched (or cannot be).\n"
+    "End-to-end check: then CMD runs once more on the cache alone, and inside that one process\n"
+    "the hook switches window by window among all active kernels, none, and all but one, counting\n"
+    "the catalog operators' calls: with a workload that repeats one step, the call rate is the\n"
+    "step rate. A kernel whose step rate with it is not above the rate without it is disabled in\n"
+    "the cache (\"no end-to-end gain\"), so production never runs it.\n"
     "exit status: 0 done; 1 CMD failed (its exit status is reported; warm stops); 2 usage error;\n"
     "125 kforge failed (no daemon, no install, ...); 126/127 CMD could not be run.\n";
 
@@ -127,6 +137,52 @@ std::string fixed(double v, int d) {
 
 std::string short_sig(const std::string& s) { return s.size() > 70 ? s.substr(0, 67) + "..." : s; }
 
+// Note [End-to-end A/B] (interposer/hook/ab_driver.h): the windows of one process, paired.
+// Each window that is not "all" is paired with the "all" window next to it (the one before, else
+// the one after); its ratio rate(all) / rate(this) is how much faster the step is with every
+// entry than with this table. Per label: the median of those ratios and their spread.
+struct AbResult {
+  struct Ratio {
+    double median = 0, low = 0, high = 0;
+    size_t pairs = 0;
+  };
+  std::map<std::string, Ratio> by_label;   // "none", or a signature id (hex)
+  std::map<std::string, std::string> entry_of;   // signature id -> entry key
+  double seconds = 0;
+};
+
+AbResult analyse_ab(const std::vector<json>& per_process) {
+  AbResult out;
+  std::map<std::string, std::vector<double>> ratios;
+  for (const json& ab : per_process) {
+    for (const json& e : ab.value("entries", json::array())) {
+      out.entry_of[e.value("signature_id", "")] = e.value("entry", "");
+    }
+    std::vector<std::tuple<std::string, double>> w;   // label, rate
+    for (const json& x : ab.value("windows", json::array())) {
+      if (!x.is_array() || x.size() != 3 || !x[1].is_number() || !x[2].is_number()) continue;
+      const double ns = x[2].get<double>();
+      out.seconds += ns / 1e9;
+      if (ns > 0) w.emplace_back(x[0].get<std::string>(), x[1].get<double>() / ns);
+    }
+    for (size_t i = 0; i < w.size(); ++i) {
+      if (std::get<0>(w[i]) == "all" || std::get<1>(w[i]) <= 0) continue;
+      const size_t j = i > 0 && std::get<0>(w[i - 1]) == "all" ? i - 1 : i + 1;
+      if (j >= w.size() || std::get<0>(w[j]) != "all") continue;
+      ratios[std::get<0>(w[i])].push_back(std::get<1>(w[j]) / std::get<1>(w[i]));
+    }
+  }
+  for (auto& [label, r] : ratios) {
+    std::sort(r.begin(), r.end());
+    AbResult::Ratio& q = out.by_label[label];
+    q.pairs = r.size();
+    q.median = r.size() % 2 ? r[r.size() / 2] : (r[r.size() / 2 - 1] + r[r.size() / 2]) / 2;
+    q.low = r[r.size() / 4];
+    q.high = r[(3 * r.size()) / 4];
+  }
+  return out;
+}
+
 }  // namespace
 
 int run_warm_command(const std::vector<std::string>& args, const std::string& cache_dir_flag, std::ostream& out,
@@ -135,6 +191,8 @@ int run_warm_command(const std::vector<std::string>& args, const std::string& ca
   double minutes = 30;
   uint64_t max_evals = 0, max_runs = 0;
   std::string report_dir = "kforge-warm-report";
+  bool no_e2e = false;
+  uint32_t ab_window_ms = 250;
   DaemonRequest daemon;
   size_t i = 0;
   for (; i < args.size(); ++i) {
@@ -148,6 +206,10 @@ int run_warm_command(const std::vector<std::string>& args, const std::string& ca
       return 0;
     }
     if (a.empty() || a[0] != '-') break;
+    if (a == "--no-e2e") {
+      no_e2e = true;
+      continue;
+    }
     // --name=value or --name value
     std::string v;
     if (const size_t eq = a.find('='); a.rfind("--", 0) == 0 && eq != std::string::npos) {
@@ -173,6 +235,13 @@ int run_warm_command(const std::vector<std::string>& args, const std::string& ca
         return 2;
       }
       (a == "--max-runs" ? max_runs : max_evals) = n;
+    } else if (a == "--window-ms") {
+      const unsigned long n = std::strtoul(v.c_str(), &end, 10);
+      if (*end != '\0' || n < 50 || n > 60000) {
+        err << who << ": --window-ms needs milliseconds in 50..60000, got '" << v << "'\n";
+        return 2;
+      }
+      ab_window_ms = static_cast<uint32_t>(n);
     } else if (a == "--report") {
       report_dir = v;
     } else if (a == "--endpoint") {
@@ -311,6 +380,56 @@ int run_warm_command(const std::vector<std::string>& args, const std::string& ca
   }
   history = monitor.history();
   last_status = monitor.last_status();
+
+  // The end-to-end check (Note [End-to-end A/B]): one more run, the cache only, the hook
+  // alternating its tables window by window; entries that do not pay are disabled in the cache.
+  std::string ab_text;
+  std::vector<std::string> left_out;
+  if (rc == 0 && !runs.empty() && runs.back().summary.active() > 0 && !no_e2e) {
+    out << "warm: end-to-end check: one more run, kforge's kernels in and out in " << ab_window_ms
+        << " ms windows\n" << std::flush;
+    HookedRun ab = how;
+    ab.no_daemon = true;
+    ab.extra_env["KFORGE_AB_WINDOW_MS"] = std::to_string(ab_window_ms);
+    HookedResult r = run_hooked(ab, argv, who, err);
+    const AbResult res = analyse_ab(r.summary.ab);
+    std::ostringstream t;
+    const auto none = res.by_label.find("none");
+    if (!r.program.started || r.program.exit_code != 0) {
+      t << "The end-to-end run failed (" << describe_result(r.program) << "); nothing was left out.\n";
+    } else if (none == res.by_label.end() || none->second.pairs < 3) {
+      t << "Not measured: the run gave " << (none == res.by_label.end() ? 0 : none->second.pairs)
+        << " window pairs (at least 3 are needed; the entries finish their trials first, then each window is "
+        << ab_window_ms << " ms): make the workload longer.\n";
+    } else {
+      t << "Step rate with every kernel in, against PyTorch's kernels alone, in one process ("
+        << fixed(res.seconds, 1) << " s of " << ab_window_ms << " ms windows): **" << fixed(none->second.median, 3)
+        << "x** (median of " << none->second.pairs << " adjacent window pairs; quartiles " << fixed(none->second.low, 3)
+        << "-" << fixed(none->second.high, 3) << ").\n\n| entry | with it / without it | pairs | verdict |\n| --- | --- | --- | --- |\n";
+      for (const auto& [label, q] : res.by_label) {
+        if (label == "none") continue;
+        const std::string key = res.entry_of.count(label) ? res.entry_of.at(label) : label;
+        // Leave out what does not pay: with it, the step is not faster than without it.
+        const bool pays = q.pairs >= 3 && q.median > 1.0;
+        t << "| `" << key << "` | " << fixed(q.median, 3) << " (" << fixed(q.low, 3) << "-" << fixed(q.high, 3) << ") | "
+          << q.pairs << " | " << (pays ? "kept" : q.pairs < 3 ? "kept (too few windows to judge)" : "**left out**") << " |\n";
+        if (!pays && q.pairs >= 3) {
+          std::ostringstream o, e;
+          const int drc = run_cache_command({"disable", key, "--reason", "kforge warm: no end-to-end gain (with it / without it " +
+                                                                           fixed(q.median, 3) + ")"},
+                                            how.cache_dir, o, e);
+          if (drc == 0) {
+            left_out.push_back(key);
+          } else {
+            err << who << ": could not disable " << key << ": " << e.str();
+          }
+        }
+      }
+      out << "warm: end to end, every kernel in vs none: " << fixed(none->second.median, 3) << "x ("
+          << none->second.pairs << " window pairs); " << left_out.size() << " entries left out\n";
+    }
+    ab_text = t.str();
+  }
   const double total_s = std::chrono::duration<double>(Clock::now() - t0).count();
 
   // The chart: best speedup over time per signature, numbered as in the report's table.
@@ -380,6 +499,13 @@ int run_warm_command(const std::vector<std::string>& args, const std::string& ca
       r << "| " << states << " | " << (k.pytorch_median_ns > 0 ? human_duration_ns(k.pytorch_median_ns) : "-") << " | "
         << (k.entry_median_ns > 0 ? human_duration_ns(k.entry_median_ns) : "-") << " | `" << k.signature << "` |\n";
     }
+  }
+  r << "\n## End to end\n\n"
+    << (ab_text.empty() ? std::string("Not measured (no kernel was active in the last run, or --no-e2e).\n") : ab_text);
+  if (!left_out.empty()) {
+    r << "\nLeft out (disabled in the cache: `kforge cache enable KEY` takes one back):";
+    for (const std::string& k : left_out) r << " `" << k << "`";
+    r << "\n";
   }
   r << "\n## Next\n\n```sh\nkforge --cache-dir " << how.cache_dir
     << " cache export kernels.kfb --sign staging.key   # ship it\nkforge cache import kernels.kfb --trusted-key staging.pub   # in production\n"

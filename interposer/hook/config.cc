@@ -142,6 +142,7 @@ std::string HookConfig::to_string() const {
   if (mode != HookMode::kObserve) s += " shadow_calls=" + std::to_string(shadow_calls);
   if (mode != HookMode::kObserve) s += std::string(" confirm_win=") + (confirm_win ? "on" : "off");
   s += " report_interval_ms=" + std::to_string(report_interval_ms);
+  if (ab_window_ms != 0) s += " ab_window_ms=" + std::to_string(ab_window_ms);
   s += " ops=" + (!ops_restricted ? std::string("(all)") : "[" + join(allow_ops) + "]");
   s += " deny_ops=" + (deny_ops.empty() ? std::string("(none)") : join(deny_ops));
   s += std::string(" capture_inputs=") + (capture_inputs ? "on" : "off");
@@ -207,6 +208,15 @@ HookConfig parse_config(const EnvLookup& env) {
   c.shadow_calls = read_uint(env, "KFORGE_SHADOW_CALLS", 1, 1000000, 20, w);
   c.confirm_win = read_flag(env, "KFORGE_CONFIRM_WIN", true, w);
   c.report_interval_ms = read_uint(env, "KFORGE_REPORT_INTERVAL_MS", 10, 3600000, 1000, w);
+  // Note [End-to-end A/B] (ab_driver.h): the windows are the reporter's rounds, and every call of
+  // every window is observed alike.
+  if (std::optional<std::string> ab = env("KFORGE_AB_WINDOW_MS"); ab && !ab->empty() && *ab != "0") {
+    c.ab_window_ms = read_uint(env, "KFORGE_AB_WINDOW_MS", 50, 60000, 0, w);
+    if (c.ab_window_ms != 0) {
+      c.report_interval_ms = c.ab_window_ms;
+      c.observe_every = 1;
+    }
+  }
   c.allow_ops = read_op_list(env, "KFORGE_OPS", "every catalog operator", w);
   c.ops_restricted = !c.allow_ops.empty();
   c.deny_ops = read_op_list(env, "KFORGE_DENY_OPS", "none denied", w);

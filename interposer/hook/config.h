@@ -46,6 +46,12 @@
 //                               there (Note [Exit summary] in hook_main.cc). Unset or empty: none.
 //                               A directory that is missing, not a directory or not writable gets
 //                               one line at start (resolve_summary_dir) and no file
+//   KFORGE_AB_WINDOW_MS         0 (default, off) or 50..60000: `kforge warm`'s end-to-end check
+//                               (Note [End-to-end A/B] in ab_driver.h): the reporter alternates,
+//                               window by window, among the replacement tables with all, none and
+//                               all but one of the active entries and counts calls in each; sets
+//                               the report interval to the window and KFORGE_OBSERVE_EVERY to 1.
+//                               Never in production (each switch publishes a table never freed)
 //   KFORGE_BENCH_TOGGLE         0/1 (same spellings); default off. For benchmarks only: lets
 //                               kforge_hook_bench_set_interceptors() take the interceptors out of
 //                               the dispatcher and put them back (Note [Bench toggle] in
@@ -80,6 +86,7 @@ struct HookConfig {
   uint32_t shadow_calls = 20;
   bool confirm_win = true;               // KFORGE_CONFIRM_WIN
   uint32_t report_interval_ms = 1000;
+  uint32_t ab_window_ms = 0;              // KFORGE_AB_WINDOW_MS (kforge warm's last run); 0: off
   // KFORGE_OPS named catalog operators: only allow_ops are intercepted.
   bool ops_restricted = false;
   std::vector<std::string> allow_ops;    // as written, trimmed

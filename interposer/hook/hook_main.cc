@@ -51,6 +51,7 @@
 #include <string>
 
 #include "cache/cache_dir.h"
+#include "interposer/hook/ab_driver.h"
 #include "interposer/hook/config.h"
 #include "interposer/hook/cuda_devices.h"
 #include "interposer/hook/cuda_timer.h"
@@ -80,6 +81,7 @@ struct Hook {
   InputSampler* sampler = nullptr;
   CudaTimer* timer = nullptr;
   ActiveGpus* gpus = nullptr;
+  AbDriver* ab = nullptr;     // KFORGE_AB_WINDOW_MS only
   RegistrationSummary registration;
   // Note [Exit summary]: where to write it (absolute; empty: nowhere) and the process's name, read
   // at load so that the exit handler needs nothing but the hook's own data.
@@ -189,8 +191,15 @@ void start() noexcept {
     hook->swapper = new Swapper(std::move(swap));
     Swapper* swapper = hook->swapper;
     options.on_message = [swapper](const wire::WireMessage& m) { swapper->on_daemon_message(m); };
-    options.on_round = [swapper](const std::vector<std::shared_ptr<const OpSignature>>& fresh) {
+    if (config.ab_window_ms != 0 && config.mode == HookMode::kActive) hook->ab = new AbDriver(config.ab_window_ms);
+    options.on_round = [swapper, hook](const std::vector<std::shared_ptr<const OpSignature>>& fresh) {
       swapper->on_round(fresh);
+      if (hook->ab != nullptr && hook->recorder != nullptr) {
+        // Note [End-to-end A/B]: the catalog operators' calls so far (every call is observed).
+        uint64_t calls = 0;
+        for (const RecorderStats::Signature& sig : hook->recorder->stats().signatures) calls += sig.calls;
+        hook->ab->tick(calls, *swapper);
+      }
     };
     hook->sampler = new InputSampler(config.capture_inputs);
     InputSampler* sampler = hook->sampler;
@@ -330,6 +339,7 @@ std::string stats_json() {
                {"revoked_in_cache", swap.revoked_in_cache},
                {"entries", std::move(entries)}};
   j["signatures"] = std::move(sigs);
+  if (hook->ab != nullptr) j["ab"] = nlohmann::json::parse(hook->ab->to_json(), nullptr, false);
   j["unknown_calls"] = st.unknown_calls;
   j["overflow_calls"] = st.overflow_calls;
   j["id_mismatches"] = st.id_mismatches;

@@ -180,10 +180,47 @@ void Swapper::publish_locked() {
   ObserveMask observe_mask;   // the operators with a replacement: every call of them is observed
   for (const auto& [id, rec] : records_) {
     if (rec.current == nullptr) continue;
+    // Note [End-to-end A/B]: a table without some active entries, for a window. Entries on trial
+    // stay (the driver only switches when none is).
+    if (rec.current->state == SwapState::kActive &&
+        (ab_table_ == AbTable::kNone || (ab_table_ == AbTable::kWithout && id == ab_without_))) {
+      continue;
+    }
     entries.emplace_back(id, rec.current);
     observe_mask |= rec.observe_bits;
   }
   ReplacementTable::publish(ReplacementTable::build(std::move(entries), observe_mask));
+}
+
+void Swapper::set_ab_table(AbTable table, SignatureId without) noexcept {
+  try {
+    std::lock_guard<std::mutex> lock(mu_);
+    ab_table_ = table;
+    ab_without_ = without;
+    publish_locked();
+  } catch (...) {
+    // Out of memory building a table: the previous one stays; the window is then mislabelled,
+    // which an allocation failure here makes the least of the process's problems.
+  }
+}
+
+bool Swapper::ab_ready(std::vector<std::pair<SignatureId, std::string>>* active) const noexcept {
+  try {
+    std::lock_guard<std::mutex> lock(mu_);
+    active->clear();
+    bool ready = true;
+    for (const auto& [id, rec] : records_) {
+      if (rec.current == nullptr) continue;
+      if (rec.current->state == SwapState::kActive) {
+        active->emplace_back(id, rec.key.hex());
+      } else if (!rec.trial_ended) {
+        ready = false;   // on trial
+      }
+    }
+    return ready;
+  } catch (...) {
+    return false;
+  }
 }
 
 std::string Swapper::drop_current_locked(Record& rec, const std::string& state, const std::string& reason) {

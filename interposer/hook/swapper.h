@@ -233,6 +233,14 @@ class Swapper {
   // next round and wakes the reporter. Never throws, no I/O.
   void on_daemon_message(const wire::WireMessage& message) noexcept;
 
+  // Note [End-to-end A/B] (ab_driver.h), reporter thread only. Which replacement table to publish:
+  // every entry in use, none (PyTorch's kernels), or every entry but the one for `without`.
+  enum class AbTable { kAll, kNone, kWithout };
+  void set_ab_table(AbTable table, SignatureId without) noexcept;
+  // True when no entry is on trial and no event waits; `active` gets (signature, entry key) of
+  // every active entry, by signature.
+  bool ab_ready(std::vector<std::pair<SignatureId, std::string>>* active) const noexcept;
+
   // Calling threads. Never throw, never do I/O. shadow_clean's times (0: not timed) are PyTorch's
   // kernel's and the entry's in that call (Note [In-process win]).
   void shadow_clean(const Replacement& r, uint64_t pytorch_ns, uint64_t entry_ns) noexcept;
@@ -330,6 +338,8 @@ class Swapper {
 
   mutable std::mutex mu_;                  // guards the members below, up to the next comment
   std::map<SignatureId, Record> records_;
+  AbTable ab_table_ = AbTable::kAll;       // under mu_ (Note [End-to-end A/B])
+  SignatureId ab_without_;
   std::vector<Event> events_;
   struct Notice {
     bool revoke = false;

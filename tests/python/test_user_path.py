@@ -82,7 +82,10 @@ def test_warm_export_import_then_run_without_daemon(build_dir, env, tmp_path):
     print(w.stdout, w.stderr, sep="\n")
     assert w.returncode == 0, w.stderr
     assert "warm: run 1 done" in w.stdout
+    # The end-to-end check ran in one process: the kernel pays (this workload is all softmax).
+    assert "warm: end to end, every kernel in vs none:" in w.stdout, w.stdout
     md = (report / "report.md").read_text()
+    assert "| kept |" in md, md
     assert "aten::_softmax(float32[16384,3]" in md
     png = (report / "best-speedup.png").read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10000

@@ -4,8 +4,8 @@
 daemon of its own, and reads the JSON it writes to --result. Run by hand it needs the same
 environment (the hook preloaded); `kforge demo --help` says what the phases are.
 
-The model: a convolution stem, then blocks of group norm + SiLU + convolution (a diffusion-style
-residual block) and windowed self-attention written out (layer norm, q/k/v projections, q @ k^T,
+The model: a convolution stem, then diffusion-style residual blocks ((group norm, SiLU, convolution)
+twice) and windowed self-attention written out (layer norm, q/k/v projections, q @ k^T,
 softmax, @ v) with a GELU MLP. On CUDA it runs in float16 at sizes where the normalizations and the
 softmax dominate (1024-wide rows); on the CPU it runs in float32 at the shapes where kforge's CPU kernel templates
 are known to beat PyTorch's (short softmax rows, narrow layer norms), and `kforge demo` lets the
@@ -39,13 +39,17 @@ import torch.nn.functional as F
 
 
 class ResBlock(nn.Module):
+    """A diffusion UNet's residual block: (group norm, SiLU, 3x3 convolution) twice, plus the input."""
+
     def __init__(self, channels, groups):
         super().__init__()
-        self.norm = nn.GroupNorm(groups, channels)
-        self.conv = nn.Conv2d(channels, channels, 3, padding=1)
+        self.norm1 = nn.GroupNorm(groups, channels)
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1)
+        self.norm2 = nn.GroupNorm(groups, channels)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1)
 
     def forward(self, x):
-        return x + self.conv(F.silu(self.norm(x)))
+        return x + self.conv2(F.silu(self.norm2(self.conv1(F.silu(self.norm1(x))))))
 
 
 class WindowAttention(nn.Module):

@@ -72,8 +72,8 @@ class WindowAttention(nn.Module):
         q, k, v = self.qkv(t).chunk(3, dim=-1)
         hd = c // self.heads
 
-        def heads(z):
-            return self.norm1(z.reshape(z.shape[0], s * s, self.heads, hd).transpose(1, 2))
+        def heads(z):   # per-head layer norm (QK-norm) on contiguous rows, then heads first
+            return self.norm1(z.reshape(z.shape[0], s * s, self.heads, hd)).transpose(1, 2)
 
         q, k, v = heads(q) * hd ** -0.5, heads(k), v.reshape(v.shape[0], s * s, self.heads, hd).transpose(1, 2)
         att = torch.softmax(q @ k.transpose(-1, -2), dim=-1)

@@ -272,6 +272,8 @@ int run_demo_command(const std::vector<std::string>& args, std::ostream& out, st
                    who, err);
     daemon_status = watch.last();
   }
+  // The watcher's last poll can predate the last winners: ask once more before stopping it.
+  if (StatusOr<json> st = query_daemon_status(d->endpoint, "", 3000); st.ok()) daemon_status = *st;
   if (d->started_here && !keep) stop_daemon(d->pid);
   if (!r.program.started) return r.program.exit_code;
   if (r.program.exit_code != 0) {

@@ -168,3 +168,18 @@ def test_run_starts_a_daemon_and_reports(build_dir, env, tmp_path):
     assert st.returncode == 0
     sigs = [x["signature"] for x in json.loads(st.stdout)["signatures"]]
     assert any(x.startswith("aten::_softmax(float32[16384,3]") for x in sigs), sigs
+
+
+def test_demo_runs_on_the_cpu(build_dir, env, tmp_path):
+    """`kforge demo` end to end on the CPU backend, with a one-minute search: it prints a measured
+    before/after and the output check, and exits 0 only with the output within the criterion."""
+    r = kforge(build_dir, env, "demo", "--device", "cpu", "--minutes", "1", "--json", timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    res = json.loads(r.stdout[r.stdout.index("\n{") + 1:])
+    assert res["check"]["passed"] and res["before_median_ms"] > 0 and res["after_median_ms"] > 0
+    assert len(res["before_ms"]) == len(res["after_ms"]) >= 10
+    assert set(res["operators"]) == {"aten::_softmax", "aten::native_layer_norm"}   # KFORGE_OPS on the CPU
+    # The demo's daemon is stopped: nothing answers at its endpoint any more.
+    sock = pathlib.Path(env["XDG_STATE_HOME"]) / "kforge" / "demo" / "daemon.sock"
+    st = kforge(build_dir, env, "status", "--endpoint", f"ipc://{sock}", "--timeout-ms", "500")
+    assert st.returncode == 3, st.stdout + st.stderr

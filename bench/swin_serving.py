@@ -91,6 +91,8 @@ def main():
     ap.add_argument("--warm-minutes", type=float, default=10)
     ap.add_argument("--window-s", type=float, default=30)
     ap.add_argument("--pairs", type=int, default=8)
+    ap.add_argument("--daemon-arg", action="append", default=[], help="passed to the kforged that kforge run starts")
+    ap.add_argument("--search-only", action="store_true", help="phase 1 only")
     args = ap.parse_args()
 
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="kforge-swin-"))
@@ -108,7 +110,8 @@ def main():
     print(f"# {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}, {os.cpu_count()} CPUs, {sys.executable}")
     # 1. search slowdown
     total = args.search_minutes * 60
-    p = subprocess.Popen([args.kforge, *cache, "run", "--", sys.executable, str(child), "steps", str(total)],
+    daemon_args = [f"--daemon-arg={a}" for a in args.daemon_arg]
+    p = subprocess.Popen([args.kforge, *cache, "run", *daemon_args, "--", sys.executable, str(child), "steps", str(total)],
                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     steps = []
     reader = threading.Thread(target=lambda: steps.extend(json.loads(line) for line in p.stdout if line.startswith("[")))
@@ -150,6 +153,10 @@ def main():
     print("daemon after phase 1:", json.dumps({s["signature"][:60]: (s["state"], s["evaluations"], s["best_speedup"])
                                                for s in st["signatures"]}) if st else "none")
 
+    if args.search_only:
+        if st:
+            os.kill(st["daemon"]["pid"], signal.SIGTERM)
+        return
     # 2. warm, then eager vs kforge in one process
     w = subprocess.run([args.kforge, *cache, "warm", "--minutes", str(args.warm_minutes), "--report", str(tmp / "report"),
                         "--", sys.executable, str(child), "steps", "20"], env=env, capture_output=True, text=True)

@@ -155,7 +155,7 @@ const std::vector<Key>& keys() {
           },
           [](const DaemonConfig& c) { return join(c.devices); }},
       KEY_UINT("workers", "cpu_slots", cpu_slots, 0, 256, "CPU workers (0: none, CPU signatures are not searched)"),
-      KEY_UINT("workers", "cpu_threads", cpu_threads, 0, 4096, "torch threads per CPU worker, for PyTorch's kernels and the candidates alike (0: torch's default, every core)"),
+      KEY_UINT("workers", "cpu_threads", cpu_threads, 0, 4096, "torch threads per CPU worker, for PyTorch's kernels and the candidates alike (0: half the daemon's cores divided among the CPU slots, all of them with workers.priority = normal)"),
       KEY_STRING("workers", "program", worker_program, "the kforge-worker launcher (default: beside kforged)", any_string),
       KEY_STRING("workers", "python", worker_python, "python3 with torch for the workers (default: python3 on PATH)", any_string),
       Key{"workers", "priority", Kind::kString,

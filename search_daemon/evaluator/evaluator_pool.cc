@@ -18,10 +18,12 @@ struct EvaluatorPool::Slot {
   std::thread thread;
 };
 
-std::vector<std::vector<int>> cpu_slot_cores(const std::vector<int>& allowed, uint32_t slots, uint32_t threads) {
+std::vector<std::vector<int>> cpu_slot_cores(const std::vector<int>& allowed, uint32_t slots, uint32_t threads,
+                                             bool share_host) {
   std::vector<std::vector<int>> out(slots);
   if (allowed.empty() || slots == 0) return out;
-  const size_t n = std::min<size_t>(allowed.size(), threads > 0 ? threads : std::max<size_t>(1, allowed.size() / slots));
+  const size_t usable = share_host ? allowed.size() / 2 : allowed.size();
+  const size_t n = std::min<size_t>(allowed.size(), threads > 0 ? threads : std::max<size_t>(1, usable / slots));
   for (uint32_t i = 0; i < slots; ++i) {
     for (size_t k = 0; k < n; ++k) out[i].push_back(allowed[(i * n + k) % allowed.size()]);
   }
@@ -92,7 +94,8 @@ Status EvaluatorPool::start() {
   }
   if (slots.empty()) return invalid_argument("no evaluation slots: no GPU and workers.cpu_slots = 0");
   const std::vector<std::vector<int>> cores = cpu_slot_cores(
-      allowed_cpus(), static_cast<uint32_t>(std::count(slots.begin(), slots.end(), "cpu")), options_.cpu_threads);
+      allowed_cpus(), static_cast<uint32_t>(std::count(slots.begin(), slots.end(), "cpu")), options_.cpu_threads,
+      options_.priority == WorkerPriority::kIdle);
   std::lock_guard<std::mutex> lock(mu_);
   size_t cpu_index = 0;
   for (const std::string& d : slots) {

@@ -82,10 +82,17 @@ struct SlotInfo {
 // for thread, whatever torch's default would be, and two CPU slots never share a core while there
 // are cores enough. The cores are those the daemon itself may run on (its affinity mask), taken
 // in order: slot i gets n of them starting at i*n (wrapping round when there are fewer), n =
-// workers.cpu_threads, or the cores divided among the slots when it is 0. Contention from other
-// processes on those cores remains; Note [Plausible timing] in worker/measurer.h catches what
-// it breaks.
-std::vector<std::vector<int>> cpu_slot_cores(const std::vector<int>& allowed, uint32_t slots, uint32_t threads);
+// workers.cpu_threads, or, when it is 0, the cores divided among the slots: half of them when
+// the workers share the host with serving processes (workers.priority idle, the default), all of
+// them on a host that only searches (normal). Half, because a worker's threads on every core
+// reach the serving process even at SCHED_IDLE: on a 2-core VM, torchvision swin_t (one torch
+// thread) ran +64.5% slower per step while a worker pinned to both cores searched, +8.5% with the
+// worker on one core (bench/swin_serving.py; a SCHED_IDLE spin loop on the other core costs it
+// nothing measurable: the wakeups of a worker's threads on the serving core do). Contention from
+// other processes on those cores remains; Note [Plausible timing] in worker/measurer.h catches
+// what it breaks.
+std::vector<std::vector<int>> cpu_slot_cores(const std::vector<int>& allowed, uint32_t slots, uint32_t threads,
+                                             bool share_host = true);
 // The cores this process may run on (sched_getaffinity), in order.
 std::vector<int> allowed_cpus();
 // "0,1,4": a core list, as KFORGE_WORKER_CPUS and the logs write it.

@@ -54,10 +54,16 @@ TEST_CASE("EvaluatorPool::wait_started: returns once every slot's first start is
 
 TEST_CASE("Note [Pinned CPU workers]: each CPU slot gets cores of its own, as many as its torch threads") {
   const std::vector<int> cores = {0, 1, 2, 3, 4, 5, 6, 7};
-  // The default (threads 0): the cores divided among the slots.
-  CHECK(cpu_slot_cores(cores, 1, 0) == std::vector<std::vector<int>>{{0, 1, 2, 3, 4, 5, 6, 7}});
-  CHECK(cpu_slot_cores(cores, 2, 0) == std::vector<std::vector<int>>{{0, 1, 2, 3}, {4, 5, 6, 7}});
-  CHECK(cpu_slot_cores(cores, 3, 0) == std::vector<std::vector<int>>{{0, 1}, {2, 3}, {4, 5}});
+  // The default (threads 0) on a host that only searches (priority normal): the cores divided
+  // among the slots.
+  CHECK(cpu_slot_cores(cores, 1, 0, false) == std::vector<std::vector<int>>{{0, 1, 2, 3, 4, 5, 6, 7}});
+  CHECK(cpu_slot_cores(cores, 2, 0, false) == std::vector<std::vector<int>>{{0, 1, 2, 3}, {4, 5, 6, 7}});
+  CHECK(cpu_slot_cores(cores, 3, 0, false) == std::vector<std::vector<int>>{{0, 1}, {2, 3}, {4, 5}});
+  // Sharing the host with serving processes (priority idle, the default): half of them, at least one.
+  CHECK(cpu_slot_cores(cores, 1, 0) == std::vector<std::vector<int>>{{0, 1, 2, 3}});
+  CHECK(cpu_slot_cores(cores, 2, 0) == std::vector<std::vector<int>>{{0, 1}, {2, 3}});
+  CHECK(cpu_slot_cores({0, 1}, 1, 0) == std::vector<std::vector<int>>{{0}});
+  CHECK(cpu_slot_cores({3}, 1, 0) == std::vector<std::vector<int>>{{3}});
   // A fixed number of threads: that many cores each; fewer cores than asked: they wrap round.
   CHECK(cpu_slot_cores(cores, 2, 1) == std::vector<std::vector<int>>{{0}, {1}});
   CHECK(cpu_slot_cores({0, 1}, 2, 2) == std::vector<std::vector<int>>{{0, 1}, {0, 1}});

@@ -85,6 +85,10 @@ int run_ops_command(const std::vector<std::string>& args, std::ostream& out, std
   for (const std::string& a : args) {
     if (a == "--json") {
       as_json = true;
+    } else if (a == "-h" || a == "--help") {
+      out << "usage: kforge ops [--json]\n\nThe operator catalog: per operator its backends, the hook's interceptor, the\n"
+             "template families, the LLM's semantics and the in-place/out variants.\n";
+      return 0;
     } else {
       err << "kforge ops: unknown option '" << a << "' (usage: kforge ops [--json])\n";
       return 2;

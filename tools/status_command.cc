@@ -126,6 +126,13 @@ int run_status_command(const std::vector<std::string>& args, std::ostream& out, 
   if (const char* k = std::getenv("KFORGE_DAEMON_SERVER_KEY"); k != nullptr) server_key = k;
   const char* key_what = "KFORGE_DAEMON_SERVER_KEY";
   for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "-h" || args[i] == "--help") {
+      out << "usage: kforge status [--json] [--limit N] [--endpoint E] [--server-key K] [--timeout-ms N]\n\n"
+             "What the running kforged does: slots, processes, signatures (largest time share first),\n"
+             "searches, budgets, best speedups. Exit 0; 3 no daemon answers at the endpoint; 4 a daemon\n"
+             "holds it but did not answer in time (busy); 2 usage.\n";
+      return 0;
+    }
     if (args[i] == "--json") {
       as_json = true;
     } else if (args[i] == "--endpoint" && i + 1 < args.size()) {

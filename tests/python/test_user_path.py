@@ -136,19 +136,16 @@ def test_run_passes_on_exit_status_and_signals(build_dir, env, tmp_path):
 def test_run_forwards_a_signal_sent_to_kforge(build_dir, env, tmp_path):
     """A supervisor's SIGTERM to kforge reaches the program, which decides how to exit."""
     script = tmp_path / "graceful.py"
-    ready = tmp_path / "ready"
-    script.write_text(textwrap.dedent(f"""
-        import pathlib, signal, sys, time
+    script.write_text(textwrap.dedent("""
+        import signal, sys, time
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(42))
-        pathlib.Path({str(ready)!r}).write_text("x")
-        time.sleep(60)
+        print("ready", flush=True)
+        time.sleep(60)   # the workload: waits for the signal
     """))
     p = subprocess.Popen([str(build_dir / "tools" / "kforge"), "--cache-dir", str(tmp_path / "cache"), "run",
                           "--no-daemon", "--quiet", "--", sys.executable, str(script)], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while not ready.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    assert p.stdout.readline() == "ready\n"   # the handler is installed
     p.send_signal(signal.SIGTERM)
     _, err = p.communicate(timeout=60)
     assert p.returncode == 42, err

@@ -437,6 +437,19 @@ std::string error_text(const std::exception& e) {
   return w.substr(0, w.find('\n'));
 }
 
+// Inside a catch block of a shadow call: what the exception in flight means for the verdict.
+std::string shadow_exception_why() {
+  try {
+    throw;
+  } catch (const c10::OutOfMemoryError&) {
+    return kOutOfMemory;   // Note [Out of memory in a shadow call]
+  } catch (const std::exception& e) {
+    return std::string("shadow call threw: ") + error_text(e);
+  } catch (...) {
+    return "shadow call threw";
+  }
+}
+
 void shadow_verdict(const Replacement& r, const std::string& why, uint64_t pytorch_ns = 0, uint64_t entry_ns = 0) {
   if (why == kOutOfMemory) {
     r.counters->memory_shadow_skips.fetch_add(1, std::memory_order_relaxed);
@@ -492,12 +505,8 @@ static void run_shadow(const InterceptedOp& op, const Replacement& r, const c10:
       why = run_candidate(op, r, args.data(), cand, nullptr);
       entry_ns = elapsed_ns(t0);
       if (std::string wrote = restore_inputs(args, snapshot); !wrote.empty() && why.empty()) why = wrote;
-    } catch (const c10::OutOfMemoryError&) {
-      why = kOutOfMemory;   // Note [Out of memory in a shadow call]
-    } catch (const std::exception& e) {
-      why = std::string("shadow call threw: ") + error_text(e);
     } catch (...) {
-      why = "shadow call threw";
+      why = shadow_exception_why();
     }
   };
   if (entry_first) run_entry();
@@ -510,12 +519,8 @@ static void run_shadow(const InterceptedOp& op, const Replacement& r, const c10:
     try {
       SwapScope scope;
       why = compare_with_reference(op, handle, keys, args, *stack, cand);
-    } catch (const c10::OutOfMemoryError&) {
-      why = kOutOfMemory;   // Note [Out of memory in a shadow call]
-    } catch (const std::exception& e) {
-      why = std::string("shadow call threw: ") + error_text(e);
     } catch (...) {
-      why = "shadow call threw";
+      why = shadow_exception_why();
     }
   }
   shadow_verdict(r, why, pytorch_ns, entry_ns);
@@ -642,24 +647,16 @@ static void run_cuda(const InterceptedOp& op, const Replacement& r, const c10::O
       // disturb) a graph another thread captures in global mode (ScopedCaptureMode).
       const ScopedCaptureMode relaxed(cu, CU_STREAM_CAPTURE_MODE_RELAXED);
       if (std::string wrote = restore_inputs(args, snapshot); !wrote.empty() && why.empty()) why = wrote;
-    } catch (const c10::OutOfMemoryError&) {
-      why = kOutOfMemory;   // Note [Out of memory in a shadow call]
-    } catch (const std::exception& e) {
-      why = std::string("shadow call threw: ") + error_text(e);
     } catch (...) {
-      why = "shadow call threw";
+      why = shadow_exception_why();
     }
   };
   try {
     SwapScope scope;
     snapshot = snapshot_inputs(op, args);   // stream-ordered on the current stream
     events.emplace(cu);
-  } catch (const c10::OutOfMemoryError&) {
-    why = kOutOfMemory;   // Note [Out of memory in a shadow call]
-  } catch (const std::exception& e) {
-    why = std::string("shadow call threw: ") + error_text(e);
   } catch (...) {
-    why = "shadow call threw";
+    why = shadow_exception_why();
   }
   if (why.empty() && entry_first) run_entry();
   // PyTorch's kernel on the same stream, under the same device and context (torch's own). An
@@ -677,12 +674,8 @@ static void run_cuda(const InterceptedOp& op, const Replacement& r, const c10::O
         entry_ns = events->between(0, 1);
         pytorch_ns = events->between(2, 3);
       }
-    } catch (const c10::OutOfMemoryError&) {
-      why = kOutOfMemory;   // Note [Out of memory in a shadow call]
-    } catch (const std::exception& e) {
-      why = std::string("shadow call threw: ") + error_text(e);
     } catch (...) {
-      why = "shadow call threw";
+      why = shadow_exception_why();
     }
   }
   events.reset();

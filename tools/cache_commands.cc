@@ -12,6 +12,7 @@
 #include "cache/bundle.h"
 #include "cache/cache_dir.h"
 #include "cache/store.h"
+#include "runtime/human_units.h"
 
 namespace kforge {
 
@@ -155,18 +156,6 @@ StatusOr<Store> open_store(const std::string& cache_dir) {
   return Store::open(dir.path());
 }
 
-std::string format_ns(uint64_t ns) {
-  char buf[32];
-  if (ns >= 10'000'000) {
-    std::snprintf(buf, sizeof buf, "%.1f ms", static_cast<double>(ns) / 1e6);
-  } else if (ns >= 10'000) {
-    std::snprintf(buf, sizeof buf, "%.1f us", static_cast<double>(ns) / 1e3);
-  } else {
-    std::snprintf(buf, sizeof buf, "%llu ns", static_cast<unsigned long long>(ns));
-  }
-  return buf;
-}
-
 // The no-win records of an entry (Note [In-process win] in interposer/hook/swapper.h): processes
 // in which it was correct but not faster, so they run PyTorch's kernel. Unreadable: none shown.
 std::vector<Store::NoWinRecord> no_wins(const Store& store, const EntryKey& key) {
@@ -175,8 +164,8 @@ std::vector<Store::NoWinRecord> no_wins(const Store& store, const EntryKey& key)
 }
 
 std::string describe_no_win(const Store::NoWinRecord& r) {
-  return "no win in process " + std::to_string(r.pid) + " (" + format_ns(r.entry_ns) + " vs " +
-         format_ns(r.pytorch_ns) + ")";
+  return "no win in process " + std::to_string(r.pid) + " (" + human_duration_ns(static_cast<double>(r.entry_ns)) + " vs " +
+         human_duration_ns(static_cast<double>(r.pytorch_ns)) + ")";
 }
 
 json no_wins_json(const std::vector<Store::NoWinRecord>& records) {

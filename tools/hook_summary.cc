@@ -28,20 +28,6 @@ std::string str(const json& j, const char* key) {
 
 }  // namespace
 
-std::string human_duration_ns(double ns) {
-  char buf[64];
-  if (ns < 1e3) {
-    std::snprintf(buf, sizeof buf, "%.0f ns", ns);
-  } else if (ns < 1e6) {
-    std::snprintf(buf, sizeof buf, "%.1f us", ns / 1e3);
-  } else if (ns < 1e9) {
-    std::snprintf(buf, sizeof buf, "%.1f ms", ns / 1e6);
-  } else {
-    std::snprintf(buf, sizeof buf, "%.2f s", ns / 1e9);
-  }
-  return buf;
-}
-
 uint32_t RunSummary::active() const {
   uint32_t n = 0;
   for (const Kernel& k : kernels) n += k.states.count("active") != 0 ? 1 : 0;

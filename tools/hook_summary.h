@@ -22,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "runtime/human_units.h"
+
 namespace kforge {
 
 struct RunSummary {
@@ -55,8 +57,5 @@ struct RunSummary {
 RunSummary read_run_summary(const std::string& dir);
 void print_run_summary(const RunSummary& s, std::ostream& out);
 nlohmann::json run_summary_json(const RunSummary& s);
-
-// "1.23 s", "456 us".
-std::string human_duration_ns(double ns);
 
 }  // namespace kforge

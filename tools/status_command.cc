@@ -11,6 +11,7 @@
 #include <cstdlib>
 
 #include "runtime/control_message.h"
+#include "runtime/human_units.h"
 #include "runtime/transport.h"
 #include "runtime/unique_fd.h"
 
@@ -27,13 +28,6 @@ std::string fixed(double v, int digits) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.*f", digits, v);
   return buf;
-}
-
-std::string human_ns(double ns) {
-  if (ns <= 0) return "-";
-  if (ns < 1e3) return fixed(ns, 0) + " ns";
-  if (ns < 1e6) return fixed(ns / 1e3, 1) + " us";
-  return fixed(ns / 1e6, 2) + " ms";
 }
 
 // When an ipc:// daemon did not answer: whether one holds the endpoint's lock (kforged keeps an
@@ -102,7 +96,7 @@ void print_table(const json& st, std::ostream& out) {
   for (const json& s : st["signatures"]) {
     const double best = s.value("best_speedup", 0.0);
     std::snprintf(line, sizeof line, "  %-11s %10llu %10s %6.1f%% %6llu %8s  %s\n", s.value("state", "?").c_str(),
-                  static_cast<unsigned long long>(s.value("calls", 0ull)), human_ns(s.value("mean_ns", 0.0)).c_str(),
+                  static_cast<unsigned long long>(s.value("calls", 0ull)), human_duration_ns(s.value("mean_ns", 0.0)).c_str(),
                   100.0 * s.value("time_share", 0.0), static_cast<unsigned long long>(s.value("evaluations", 0ull)),
                   best > 0 ? (fixed(best, 2) + "x").c_str() : "-", s.value("signature", "?").c_str());
     out << line;

@@ -15,6 +15,7 @@
 #include "interposer/hook/cuda_devices.h"
 #include "interposer/hook/log.h"
 #include "runtime/cpu_backend.h"
+#include "runtime/human_units.h"
 #include "runtime/kernel_spec.h"
 
 namespace kforge::hook {
@@ -56,20 +57,8 @@ std::string content_of(const StoredEntry& e) { return content_of(e.blobs, e.spec
 
 std::string lost_id(const SignatureId& key, const std::string& content) { return key.hex() + "/" + content; }
 
-std::string ns_text(uint64_t ns) {
-  char buf[32];
-  if (ns >= 10'000'000) {
-    std::snprintf(buf, sizeof buf, "%.1f ms", static_cast<double>(ns) / 1e6);
-  } else if (ns >= 10'000) {
-    std::snprintf(buf, sizeof buf, "%.1f us", static_cast<double>(ns) / 1e3);
-  } else {
-    std::snprintf(buf, sizeof buf, "%llu ns", static_cast<unsigned long long>(ns));
-  }
-  return buf;
-}
-
 std::string verdict_text(const WinVerdict& v) {
-  return "entry " + ns_text(v.entry_median_ns) + " vs PyTorch " + ns_text(v.pytorch_median_ns) + " (medians of " +
+  return "entry " + human_duration_ns(static_cast<double>(v.entry_median_ns)) + " vs PyTorch " + human_duration_ns(static_cast<double>(v.pytorch_median_ns)) + " (medians of " +
          std::to_string(v.pairs) + " paired calls, entry faster in " + std::to_string(v.entry_faster) + ")";
 }
 

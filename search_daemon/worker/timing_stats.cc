@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <string>
 
+#include "runtime/human_units.h"
+
 namespace kforge::eval {
 
 double quantile(std::vector<double> values, double q) {
@@ -70,18 +72,6 @@ double expected_op_ns(double bytes, double ceiling_bytes_per_s, double call_floo
   return memory_ns + std::max(call_floor_ns, 0.0);
 }
 
-namespace {
-
-std::string ns_text(double ns) {
-  char buf[48];
-  if (ns >= 1e6) std::snprintf(buf, sizeof buf, "%.3g ms", ns / 1e6);
-  else if (ns >= 1e3) std::snprintf(buf, sizeof buf, "%.3g us", ns / 1e3);
-  else std::snprintf(buf, sizeof buf, "%.3g ns", ns);
-  return buf;
-}
-
-}  // namespace
-
 std::string implausibility(double baseline_median_ns, double candidate_median_ns, double bytes,
                            double ceiling_bytes_per_s, double call_floor_ns, double max_baseline_ratio) {
   if (ceiling_bytes_per_s <= 0) return "";
@@ -89,13 +79,13 @@ std::string implausibility(double baseline_median_ns, double candidate_median_ns
   if (max_baseline_ratio > 0 && expected > 0 && baseline_median_ns > max_baseline_ratio * expected) {
     char ratio[32];
     std::snprintf(ratio, sizeof ratio, "%.0f", baseline_median_ns / expected);
-    return "PyTorch's kernel measured " + ns_text(baseline_median_ns) + ", " + ratio + "x the cost model's " +
-           ns_text(expected) + " (" + ns_text(bytes / ceiling_bytes_per_s * 1e9) + " to move its bytes + a " +
-           ns_text(call_floor_ns) + " call): a broken measurement (a contended host?)";
+    return "PyTorch's kernel measured " + human_duration_ns(baseline_median_ns) + ", " + ratio + "x the cost model's " +
+           human_duration_ns(expected) + " (" + human_duration_ns(bytes / ceiling_bytes_per_s * 1e9) + " to move its bytes + a " +
+           human_duration_ns(call_floor_ns) + " call): a broken measurement (a contended host?)";
   }
   const double memory_floor = bytes / ceiling_bytes_per_s * 1e9;
   if (candidate_median_ns < 0.25 * memory_floor) {
-    return "the candidate measured " + ns_text(candidate_median_ns) + ", under a quarter of the " + ns_text(memory_floor) +
+    return "the candidate measured " + human_duration_ns(candidate_median_ns) + ", under a quarter of the " + human_duration_ns(memory_floor) +
            " its bytes take at the device's copy bandwidth";
   }
   return "";

@@ -83,15 +83,15 @@ TEST_CASE("plausible timing: a baseline far over the cost model, or a candidate 
   CHECK(expected_op_ns(bytes, bw, 1000) == Approx(bytes / bw * 1e9 + 1000));
   // PyTorch measured 15,986,840 ns against 62,548 ns for the candidate: 239x, and 2100x the model.
   const std::string why = implausibility(15986840, 62548, bytes, bw, 1000, 50);
-  CHECK_THAT(why, Catch::Contains("PyTorch's kernel measured 16 ms"));
-  CHECK_THAT(why, Catch::Contains("2102x the cost model's 7.6 us (6.6 us to move its bytes + a 1 us call)"));
+  CHECK_THAT(why, Catch::Contains("PyTorch's kernel measured 16.0 ms"));
+  CHECK_THAT(why, Catch::Contains("2102x the cost model's 7.60 us (6.60 us to move its bytes + a 1.00 us call)"));
   // A slow but believable baseline (20x the model) and a candidate near the roofline pass.
   CHECK(implausibility(20 * 7620, 8000, bytes, bw, 1000, 50).empty());
   // No ratio given: only the candidate's floor is checked.
   CHECK(implausibility(15986840, 62548, bytes, bw, 1000, 0).empty());
   // A candidate at a fifth of the time its bytes take at the copy bandwidth is not a kernel that
   // works; at a third it may be one whose writes are still in the cache when it ends.
-  CHECK_THAT(implausibility(20000, 1300, bytes, bw, 1000, 50), Catch::Contains("under a quarter of the 6.6 us"));
+  CHECK_THAT(implausibility(20000, 1300, bytes, bw, 1000, 50), Catch::Contains("under a quarter of the 6.60 us"));
   CHECK(implausibility(20000, 2200, bytes, bw, 1000, 50).empty());
   // An unknown ceiling checks nothing.
   CHECK(implausibility(1e9, 1, bytes, 0, 1000, 50).empty());

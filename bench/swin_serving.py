@@ -93,6 +93,7 @@ def main():
     ap.add_argument("--pairs", type=int, default=8)
     ap.add_argument("--daemon-arg", action="append", default=[], help="passed to the kforged that kforge run starts")
     ap.add_argument("--search-only", action="store_true", help="phase 1 only")
+    ap.add_argument("--warm-only", action="store_true", help="phase 2 only")
     args = ap.parse_args()
 
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="kforge-swin-"))
@@ -108,7 +109,19 @@ def main():
         return json.loads(r.stdout) if r.returncode == 0 else None
 
     print(f"# {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}, {os.cpu_count()} CPUs, {sys.executable}")
-    # 1. search slowdown
+    if args.search_only and args.warm_only:
+        sys.exit("--search-only and --warm-only exclude each other")
+    if not args.warm_only:
+        search_slowdown(args, env, child, cache, status)
+    if not args.search_only:
+        warm_then_compare(args, env, child, cache, status, tmp)
+    st = status()
+    if st:
+        os.killpg(st["daemon"]["pid"], signal.SIGTERM)
+
+
+def search_slowdown(args, env, child, cache, status):
+    """Phase 1."""
     total = args.search_minutes * 60
     daemon_args = [f"--daemon-arg={a}" for a in args.daemon_arg]
     p = subprocess.Popen([args.kforge, *cache, "run", *daemon_args, "--", sys.executable, str(child), "steps", str(total)],
@@ -153,11 +166,9 @@ def main():
     print("daemon after phase 1:", json.dumps({s["signature"][:60]: (s["state"], s["evaluations"], s["best_speedup"])
                                                for s in st["signatures"]}) if st else "none")
 
-    if args.search_only:
-        if st:
-            os.kill(st["daemon"]["pid"], signal.SIGTERM)
-        return
-    # 2. warm, then eager vs kforge in one process
+
+def warm_then_compare(args, env, child, cache, status, tmp):
+    """Phase 2: warm, then eager vs kforge in one process."""
     w = subprocess.run([args.kforge, *cache, "warm", "--minutes", str(args.warm_minutes), "--report", str(tmp / "report"),
                         "--", sys.executable, str(child), "steps", "20"], env=env, capture_output=True, text=True)
     print("\n".join(line for line in w.stdout.splitlines() if not line.startswith("[")))
@@ -171,9 +182,6 @@ def main():
           f"(block pairs {ratios[0]:.3f}-{ratios[-1]:.3f}; >= 1: not slower)")
     print("kernels in that process:", json.dumps(res["kernels"]))
     print("\n".join(r.stderr.strip().splitlines()[-8:]))
-    st = status()
-    if st:
-        os.killpg(st["daemon"]["pid"], signal.SIGTERM)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 
+#include "interposer/hook/hook_work.h"
 #include "runtime/cuda_driver.h"
 
 namespace kforge::hook {
@@ -77,6 +78,7 @@ void InputSampler::sample(const SignatureId& id, const c10::IValue* args, uint32
 }
 
 void InputSampler::drain(int32_t pid, RoundExtras& round) noexcept {
+  HookWorkScope own_work;   // the statistics below call catalog operators (mul)
   std::vector<Pending> work;
   {
     std::lock_guard<std::mutex> lock(mu_);

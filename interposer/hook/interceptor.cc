@@ -22,6 +22,7 @@
 #include <type_traits>
 
 #include "interposer/hook/cuda_timer.h"
+#include "interposer/hook/hook_work.h"
 #include "interposer/hook/intercepted_op.h"
 #include "interposer/hook/log.h"
 #include "interposer/hook/replacement_table.h"
@@ -85,7 +86,9 @@ uint32_t next_gap(uint32_t every) noexcept {
 
 // 0: do not observe this call (run PyTorch's kernel and nothing else). Otherwise the number of
 // calls this observed one stands for (Recorder::on_call's weight).
+// Also 0 for kforge's own calls (Note [The hook's own tensor work] in hook_work.h).
 [[gnu::always_inline]] inline uint32_t observe(const InterceptedOp& op) noexcept {
+  if (in_hook_work()) [[unlikely]] return 0;
   if (op.observe_slot >= kObserveSlots) return 1;
   ObserveCountdown& c = t_observe[op.observe_slot];
   const uint32_t left = --c.left;
@@ -144,7 +147,7 @@ class Interceptor final : public c10::OperatorKernel {
 
     // Observe mode publishes no replacements; shadow and active modes take this branch (a
     // shadow/active call is not timed by the recorder's sampling).
-    if (r != nullptr && !in_swap_call() && !call.id_mismatch) [[unlikely]] {
+    if (r != nullptr && !call.id_mismatch) [[unlikely]] {
       run_replacement(op, *r, handle, keys, stack);
       return;
     }
@@ -239,7 +242,7 @@ struct TypedInterceptor<R(A...)> {
         op.recorder->on_call(id, &make_signature, &pending, !cuda || (op.timer != nullptr && cuda_index >= 0), weight);
     if (call.id_mismatch) [[unlikely]] op.disable("signature encoders disagree");
 
-    if (r != nullptr && !in_swap_call() && !call.id_mismatch) [[unlikely]] {
+    if (r != nullptr && !call.id_mismatch) [[unlikely]] {
       std::optional<torch::jit::Stack> stack;
       try {
         stack.emplace(c10::impl::boxArgs<A...>(args...));

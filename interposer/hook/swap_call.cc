@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "interposer/hook/hook_work.h"
 #include "interposer/hook/log.h"
 #include "interposer/hook/swapper.h"
 #include "runtime/accuracy.h"
@@ -25,16 +26,6 @@
 namespace kforge::hook {
 
 namespace {
-
-// Set while kforge's own shadow/active code runs on this thread: an intercepted call made from
-// there (kforge's code avoids catalog operators, so this is a safety net) goes to PyTorch's kernel.
-// Read only on a hit, never on the miss path.
-thread_local bool t_in_swap = false;
-
-struct SwapScope {
-  SwapScope() { t_in_swap = true; }
-  ~SwapScope() { t_in_swap = false; }
-};
 
 c10::ScalarType scalar_type_of(DType t) {
   switch (t) {
@@ -198,6 +189,12 @@ std::string run_candidate_cuda(const InterceptedOp& op, const Replacement& r, co
     if (!args[i].isTensor()) continue;
     const at::Tensor& t = args[i].toTensor();
     if (!t.defined()) continue;
+    if (t.is_cpu() && t.numel() == 1) {
+      // A Python number (Note [Tensor values] in runtime/kernel_spec.cc): the host address, which
+      // only a value binding reads; the worker verified the entry with this argument on the CPU.
+      io.inputs[i] = reinterpret_cast<CUdeviceptr>(t.const_data_ptr());
+      continue;
+    }
     if (!t.is_cuda() || t.get_device() != call.device) {
       return "input " + std::to_string(i) + " is not on cuda:" + std::to_string(call.device);
     }
@@ -413,8 +410,6 @@ class ShadowEvents {
 
 }  // namespace
 
-bool in_swap_call() noexcept { return t_in_swap; }
-
 // Shared by the CPU and CUDA paths below.
 namespace {
 
@@ -488,7 +483,7 @@ static void run_shadow(const InterceptedOp& op, const Replacement& r, const c10:
   std::vector<at::Tensor> snapshot;
   try {
     args.assign(stack->end() - n, stack->end());
-    SwapScope scope;
+    HookWorkScope scope;
     snapshot = snapshot_inputs(op, args);
   } catch (...) {
     op.original.callBoxed(handle, keys, stack);   // nothing to compare with: PyTorch's kernel alone
@@ -500,7 +495,7 @@ static void run_shadow(const InterceptedOp& op, const Replacement& r, const c10:
   uint64_t entry_ns = 0, pytorch_ns = 0;
   auto run_entry = [&]() noexcept {
     try {
-      SwapScope scope;
+      HookWorkScope scope;
       const auto t0 = std::chrono::steady_clock::now();
       why = run_candidate(op, r, args.data(), cand, nullptr);
       entry_ns = elapsed_ns(t0);
@@ -517,7 +512,7 @@ static void run_shadow(const InterceptedOp& op, const Replacement& r, const c10:
   if (!entry_first) run_entry();
   if (why.empty()) {
     try {
-      SwapScope scope;
+      HookWorkScope scope;
       why = compare_with_reference(op, handle, keys, args, *stack, cand);
     } catch (...) {
       why = shadow_exception_why();
@@ -535,7 +530,7 @@ static void run_active(const InterceptedOp& op, const Replacement& r, const c10:
   std::vector<at::Tensor> outs;
   std::string why;
   try {
-    SwapScope scope;
+    HookWorkScope scope;
     why = run_candidate(op, r, stack->data() + (stack->size() - n), outs, nullptr);
   } catch (const std::exception& e) {
     why = std::string("threw: ") + error_text(e);
@@ -584,7 +579,7 @@ static void run_cuda(const InterceptedOp& op, const Replacement& r, const c10::O
     std::vector<at::Tensor> outs;
     bool pytorch = false;
     try {
-      SwapScope scope;
+      HookWorkScope scope;
       std::string driver_error = enter_device(cu, call);
       if (!driver_error.empty()) {
         log_cuda_passthrough(r, driver_error);
@@ -615,7 +610,7 @@ static void run_cuda(const InterceptedOp& op, const Replacement& r, const c10::O
   std::string driver_error;
   try {
     args.assign(stack->end() - n, stack->end());
-    SwapScope scope;
+    HookWorkScope scope;
     driver_error = enter_device(cu, call);
   } catch (const std::exception& e) {
     driver_error = std::string("cannot copy the arguments: ") + e.what();
@@ -639,7 +634,7 @@ static void run_cuda(const InterceptedOp& op, const Replacement& r, const c10::O
   uint64_t entry_ns = 0, pytorch_ns = 0;
   auto run_entry = [&]() noexcept {
     try {
-      SwapScope scope;
+      HookWorkScope scope;
       if (events) events->record(0, call.stream);
       why = run_candidate(op, r, args.data(), cand, &call);
       if (events) events->record(1, call.stream);
@@ -652,7 +647,7 @@ static void run_cuda(const InterceptedOp& op, const Replacement& r, const c10::O
     }
   };
   try {
-    SwapScope scope;
+    HookWorkScope scope;
     snapshot = snapshot_inputs(op, args);   // stream-ordered on the current stream
     events.emplace(cu);
   } catch (...) {
@@ -667,7 +662,7 @@ static void run_cuda(const InterceptedOp& op, const Replacement& r, const c10::O
   if (why.empty() && !entry_first) run_entry();
   if (why.empty()) {
     try {
-      SwapScope scope;
+      HookWorkScope scope;
       const ScopedCaptureMode relaxed(cu, CU_STREAM_CAPTURE_MODE_RELAXED);
       why = compare_with_reference(op, handle, keys, args, *stack, cand);
       if (why.empty() && events) {

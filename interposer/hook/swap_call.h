@@ -11,7 +11,10 @@
 // uncounted, because the comparison synchronizes. Calling threads only: no I/O (beyond one log line
 // the first time a CUDA call cannot enter its device), no lock but Swapper's on a state change.
 //
-//   if (r != nullptr && !in_swap_call()) run_replacement(op, *r, handle, keys, stack);
+//   if (r != nullptr) run_replacement(op, *r, handle, keys, stack);   // never inside HookWorkScope
+//
+// Everything it runs besides the entry (PyTorch's kernel, the reference, the comparison) runs in a
+// HookWorkScope (Note [The hook's own tensor work] in hook_work.h).
 #pragma once
 
 #include <ATen/core/stack.h>
@@ -20,10 +23,6 @@
 #include "interposer/hook/replacement_table.h"
 
 namespace kforge::hook {
-
-// True while kforge's own shadow/active code runs on this thread: an intercepted call made from
-// there goes straight to PyTorch's kernel.
-bool in_swap_call() noexcept;
 
 // `stack` holds the op's arguments on top, as the dispatcher passed them; on return it holds the
 // op's outputs, as the original kernel would leave them. An exception from PyTorch's own kernel in

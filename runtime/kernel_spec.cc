@@ -146,7 +146,7 @@ Status read_expr3(const Reader& r, std::array<std::string, 3>* out) {
 StatusOr<ArgBinding> read_binding(const Reader& r) {
   KFORGE_RETURN_IF_ERROR(r.expect_array(4));
   ArgBinding b;
-  KFORGE_ASSIGN_OR_RETURN(int64_t kind, child(r, 0, r.path() + ".kind").i64_in(0, 4));
+  KFORGE_ASSIGN_OR_RETURN(int64_t kind, child(r, 0, r.path() + ".kind").i64_in(0, 5));
   b.kind = static_cast<ArgBinding::Kind>(kind);
   KFORGE_ASSIGN_OR_RETURN(b.index, read_u32(child(r, 1, r.path() + ".index"), std::numeric_limits<uint32_t>::max()));
   KFORGE_ASSIGN_OR_RETURN(int64_t type, child(r, 2, r.path() + ".type").i64_in(0, 5));
@@ -222,6 +222,37 @@ StatusOr<const TensorMeta*> tensor_arg(const std::string& field, const OpSignatu
                                   std::string(arg_kind_name(sig.args[i])) + ", not a tensor");
   }
   return t;
+}
+
+// Note [Tensor values]
+// ~~~~~~~~~~~~~~~~~~~~
+// Python numbers reach Tensor parameters as one-element CPU tensors: `x * 0.5` is mul.Tensor(x,
+// tensor(0.5, dtype=float64)), on CPU even when x is on a GPU (PyTorch lets a 0-dimensional CPU
+// tensor take part in a CUDA operation as a value). Its value is not in the signature, so a
+// schedule that scales by a different number each step keeps one signature and one kernel. A
+// kTensorValue binding passes that value: resolving checks that the argument is a one-element CPU
+// tensor of a dtype the launcher can read (float64, float32, int64, int32, bool) and records the
+// dtype; at each call the launcher reads the element through the host pointer the caller gives as
+// the input's buffer and converts it to the binding's type, as c10::Scalar's conversion does.
+bool readable_value_dtype(DType t) {
+  return t == DType::kFloat64 || t == DType::kFloat32 || t == DType::kInt64 || t == DType::kInt32 ||
+         t == DType::kBool;
+}
+
+Status resolve_tensor_value(const std::string& field, const OpSignature& sig, const ArgBinding& b,
+                            ResolvedArg& out) {
+  KFORGE_ASSIGN_OR_RETURN(const TensorMeta* t, tensor_arg(field, sig, b.index));
+  const std::string what = "argument " + std::to_string(b.index) + " of " + sig.op;
+  if (t->device != DeviceType::kCpu || t->numel() != 1) {
+    return field_error(field, what + " is not a one-element CPU tensor (a value binding reads a Python number)");
+  }
+  if (!readable_value_dtype(t->dtype)) {
+    return field_error(field, what + " has dtype " + std::string(dtype_name(t->dtype)) +
+                                  ": a value binding reads float64, float32, int64, int32 or bool");
+  }
+  out.index = b.index;
+  out.int_value = static_cast<int64_t>(t->dtype);
+  return Status();
 }
 
 Status resolve_scalar(const std::string& field, const OpSignature& sig, const ArgBinding& b, ResolvedArg& out) {
@@ -341,6 +372,9 @@ ArgBinding ArgBinding::size(std::string expr, ValueType type) {
   return ArgBinding{Kind::kSize, 0, type, std::move(expr)};
 }
 ArgBinding ArgBinding::scalar(uint32_t arg, ValueType type) { return ArgBinding{Kind::kScalar, arg, type, {}}; }
+ArgBinding ArgBinding::tensor_value(uint32_t arg, ValueType type) {
+  return ArgBinding{Kind::kTensorValue, arg, type, {}};
+}
 
 // ---- encode / decode -----------------------------------------------------------------------------
 
@@ -567,11 +601,12 @@ Status KernelSpec::validate() const {
       switch (b.kind) {
         case ArgBinding::Kind::kInput:
         case ArgBinding::Kind::kScalar:
+        case ArgBinding::Kind::kTensorValue:
           if (b.index >= kMaxSignatureArgs) {
             return field_error(fa + ".index", "argument " + std::to_string(b.index) + " is beyond the " +
                                                   std::to_string(kMaxSignatureArgs) + " a signature can have");
           }
-          if (b.kind == ArgBinding::Kind::kScalar && b.type == ValueType::kPointer) {
+          if (b.kind != ArgBinding::Kind::kInput && b.type == ValueType::kPointer) {
             return field_error(fa + ".type", "a scalar is passed by value, not as a pointer");
           }
           break;
@@ -703,6 +738,7 @@ StatusOr<ResolvedLaunchPlan> KernelSpec::resolve(const OpSignature& sig) const {
           break;
         }
         case ArgBinding::Kind::kScalar: KFORGE_RETURN_IF_ERROR(resolve_scalar(fa, sig, b, ra)); break;
+        case ArgBinding::Kind::kTensorValue: KFORGE_RETURN_IF_ERROR(resolve_tensor_value(fa, sig, b, ra)); break;
       }
       r.args.push_back(ra);
     }

@@ -113,6 +113,11 @@ struct ArgBinding {
     kScratch = 2,   // pointer to scratch buffer `index` (type kPointer)
     kSize = 3,      // the value of LaunchExpr `expr` (type kInt64, or kInt32 with a range check)
     kScalar = 4,    // scalar argument `index` of the signature (int, float or bool), converted
+    // The value of tensor argument `index`, a one-element CPU tensor (a Python number passed to a
+    // Tensor parameter: `x * 0.5` calls mul.Tensor with 0.5 as a 0-dimensional float64 tensor),
+    // read at each call and converted to `type` (int64, int32, float64, float32 or bool). Note
+    // [Tensor values] in kernel_spec.cc.
+    kTensorValue = 5,
   };
   Kind kind = Kind::kInput;
   uint32_t index = 0;               // 0 for kSize
@@ -124,6 +129,7 @@ struct ArgBinding {
   static ArgBinding scratch(uint32_t scratch_index);
   static ArgBinding size(std::string expr, ValueType type = ValueType::kInt64);
   static ArgBinding scalar(uint32_t arg, ValueType type);
+  static ArgBinding tensor_value(uint32_t arg, ValueType type);
   friend bool operator==(const ArgBinding&, const ArgBinding&) = default;
 };
 
@@ -163,8 +169,9 @@ struct ResolvedOutput {
 struct ResolvedArg {
   ArgBinding::Kind kind = ArgBinding::Kind::kInput;
   ValueType type = ValueType::kPointer;
-  uint32_t index = 0;         // kInput, kOutput, kScratch: which tensor or buffer
-  int64_t int_value = 0;      // kInt64, kInt32 (in range), kBool (0 or 1)
+  uint32_t index = 0;         // kInput, kOutput, kScratch, kTensorValue: which tensor or buffer
+  int64_t int_value = 0;      // kInt64, kInt32 (in range), kBool (0 or 1); kTensorValue: the
+                              // tensor's DType, for reading its element
   double real_value = 0;      // kFloat64, kFloat32 (already rounded to float)
   friend bool operator==(const ResolvedArg&, const ResolvedArg&) = default;
 };

@@ -62,6 +62,48 @@ Status bind_launch_args(const ResolvedLaunch& l, std::span<ParamSlot> slots, std
         s.ptr = pointer(a.kind, a.index);
         if (s.ptr == 0 && !missing_scratch_ok(a.index)) return missing(a.kind);
         break;
+      case ArgBinding::Kind::kTensorValue: {
+        // Note [Tensor values] in kernel_spec.cc: the input's buffer is a host pointer to one
+        // element of the DType resolve() recorded.
+        const uint64_t host = pointer(ArgBinding::Kind::kInput, a.index);
+        if (host == 0) return missing(ArgBinding::Kind::kInput);
+        const void* p = reinterpret_cast<const void*>(static_cast<uintptr_t>(host));
+        double real = 0;
+        int64_t integer = 0;
+        bool is_real = false;
+        switch (static_cast<DType>(a.int_value)) {
+          case DType::kFloat64: real = *static_cast<const double*>(p), is_real = true; break;
+          case DType::kFloat32: real = *static_cast<const float*>(p), is_real = true; break;
+          case DType::kInt64: integer = *static_cast<const int64_t*>(p); break;
+          case DType::kInt32: integer = *static_cast<const int32_t*>(p); break;
+          case DType::kBool: integer = *static_cast<const bool*>(p) ? 1 : 0; break;
+          default:
+            return invalid_argument(where() + ", arg " + std::to_string(ai) + ": a value of an unreadable dtype");
+        }
+        const bool integer_type = a.type == ValueType::kInt64 || a.type == ValueType::kInt32;
+        if (is_real && integer_type) {
+          // A float value bound as an integer must be one exactly (as resolve_scalar requires).
+          if (!(real == real) || real < -9.0e18 || real > 9.0e18 || static_cast<double>(static_cast<int64_t>(real)) != real) {
+            return invalid_argument(where() + ", arg " + std::to_string(ai) + ": the value " + std::to_string(real) +
+                                    " is not an integer");
+          }
+          integer = static_cast<int64_t>(real);
+        }
+        if (a.type == ValueType::kInt32 && (integer < INT32_MIN || integer > INT32_MAX)) {
+          return invalid_argument(where() + ", arg " + std::to_string(ai) + ": the value " + std::to_string(integer) +
+                                  " does not fit int32");
+        }
+        switch (a.type) {
+          case ValueType::kInt64: s.i64 = integer; break;
+          case ValueType::kInt32: s.i32 = static_cast<int32_t>(integer); break;
+          case ValueType::kFloat64: s.f64 = is_real ? real : static_cast<double>(integer); break;
+          case ValueType::kFloat32: s.f32 = is_real ? static_cast<float>(real) : static_cast<float>(integer); break;
+          case ValueType::kBool: s.b = is_real ? real != 0 : integer != 0; break;
+          case ValueType::kPointer:
+            return invalid_argument(where() + ", arg " + std::to_string(ai) + ": a value argument cannot be a pointer");
+        }
+        break;
+      }
       case ArgBinding::Kind::kSize:
       case ArgBinding::Kind::kScalar:
         switch (a.type) {

@@ -247,6 +247,8 @@ std::string describe_binding(const ArgBinding& b) {
     case ArgBinding::Kind::kSize: return std::string(value_type_name(b.type)) + " " + b.expr;
     case ArgBinding::Kind::kScalar:
       return std::string(value_type_name(b.type)) + " scalar arg " + std::to_string(b.index);
+    case ArgBinding::Kind::kTensorValue:
+      return std::string(value_type_name(b.type)) + " value of tensor arg " + std::to_string(b.index);
   }
   return "?";
 }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "runtime/kernel_spec.h"
+#include "runtime/launch_args.h"
 #include "runtime/launch_expr.h"
 #include "runtime/msgpack_codec.h"
 
@@ -252,7 +253,7 @@ TEST_CASE("KernelSpec::decode: scalar fields of the wrong type or range name the
   check_field(decode_error(replaced(s, {8, 1, 0}, with_int(1))), "launches[1].entry");
   check_field(decode_error(replaced(s, {8, 0, 1}, with_str("1"))), "launches[0].grid");
   check_field(decode_error(replaced(s, {8, 0, 2, 2}, with_int(1))), "launches[0].block[2]");
-  check_field(decode_error(replaced(s, {8, 1, 4, 2, 0}, with_int(5))), "launches[1].args[2].kind");
+  check_field(decode_error(replaced(s, {8, 1, 4, 2, 0}, with_int(6))), "launches[1].args[2].kind");
   check_field(decode_error(replaced(s, {8, 1, 4, 2, 1}, with_int(-1))), "launches[1].args[2].index");
   check_field(decode_error(replaced(s, {8, 1, 4, 2, 2}, with_int(6))), "launches[1].args[2].type");
   check_field(decode_error(replaced(s, {8, 1, 4, 2}, with_int(0))), "launches[1].args[2]");
@@ -544,6 +545,71 @@ TEST_CASE("KernelSpec::resolve: scalars convert to the parameter type, exactly o
              Catch::Contains("does not fit float32"));
   CHECK_THAT(resolve_one(ArgBinding::scalar(5, ValueType::kFloat64)).status().message(),
              Catch::Contains("is None, not a scalar"));
+}
+
+TEST_CASE("KernelSpec::resolve: a value binding takes a one-element CPU tensor, and the launch reads it") {
+  auto cpu_tensor = [](DType dt, std::vector<int64_t> sizes) {
+    TensorMeta t = tensor(dt, std::move(sizes));
+    t.device = DeviceType::kCpu;
+    return t;
+  };
+  OpSignature sig{"aten::mul", "Tensor",
+                  {Arg::tensor(tensor(DType::kFloat32, {8})), Arg::tensor(cpu_tensor(DType::kFloat64, {})),
+                   Arg::tensor(cpu_tensor(DType::kInt64, {})), Arg::tensor(cpu_tensor(DType::kFloat32, {2})),
+                   Arg::tensor(cpu_tensor(DType::kComplex64, {})), Arg::real(2.0)},
+                  Target{Backend::kCpu, "x86_64"}};
+  auto resolve_one = [&](ArgBinding b) -> StatusOr<ResolvedLaunch> {
+    KernelSpec s = cpu_spec();
+    s.plan.launches[0].args = {b};
+    auto r = s.resolve(sig);
+    if (!r.ok()) return r.status();
+    return r->launches[0];
+  };
+  StatusOr<ResolvedLaunch> f = resolve_one(ArgBinding::tensor_value(1, ValueType::kFloat32));
+  REQUIRE(f.ok());
+  CHECK(f->args[0].kind == ArgBinding::Kind::kTensorValue);
+  CHECK(f->args[0].index == 1);
+  CHECK(f->args[0].int_value == static_cast<int64_t>(DType::kFloat64));
+  // Refusals, each naming what the argument is: a CUDA tensor, more than one element, an
+  // unreadable dtype, a scalar argument, and a value passed as a pointer (validate()).
+  sig.args[0] = Arg::tensor(tensor(DType::kFloat32, {}));
+  CHECK_THAT(resolve_one(ArgBinding::tensor_value(0, ValueType::kFloat32)).status().message(),
+             Catch::Contains("not a one-element CPU tensor"));
+  CHECK_THAT(resolve_one(ArgBinding::tensor_value(3, ValueType::kFloat32)).status().message(),
+             Catch::Contains("not a one-element CPU tensor"));
+  CHECK_THAT(resolve_one(ArgBinding::tensor_value(4, ValueType::kFloat32)).status().message(),
+             Catch::Contains("has dtype complex64"));
+  CHECK_THAT(resolve_one(ArgBinding::tensor_value(5, ValueType::kFloat32)).status().message(),
+             Catch::Contains("not a tensor"));
+  KernelSpec bad = cpu_spec();
+  bad.plan.launches[0].args = {ArgBinding::tensor_value(1, ValueType::kPointer)};
+  CHECK_THAT(bad.validate().message(), Catch::Contains("passed by value"));
+
+  // The launch converts the element it is pointed at, read at each call.
+  auto bind = [](const ResolvedLaunch& l, const void* host, ParamSlot& slot) {
+    void* param = nullptr;
+    return bind_launch_args(
+        l, std::span<ParamSlot>(&slot, 1), std::span<void*>(&param, 1),
+        [&](ArgBinding::Kind, uint32_t) -> uint64_t { return reinterpret_cast<uintptr_t>(host); },
+        [] { return std::string("launch 0"); }, [](uint32_t) { return false; },
+        [](ArgBinding::Kind) { return "no tensor for input"; });
+  };
+  ParamSlot slot{};
+  double half = 0.5, third = 1.0 / 3;
+  REQUIRE(bind(*f, &half, slot).ok());
+  CHECK(slot.f32 == 0.5f);
+  REQUIRE(bind(*f, &third, slot).ok());
+  CHECK(slot.f32 == static_cast<float>(1.0 / 3));
+  StatusOr<ResolvedLaunch> i = resolve_one(ArgBinding::tensor_value(2, ValueType::kInt32));
+  REQUIRE(i.ok());
+  int64_t seven = 7, big = int64_t{1} << 40;
+  REQUIRE(bind(*i, &seven, slot).ok());
+  CHECK(slot.i32 == 7);
+  CHECK_THAT(bind(*i, &big, slot).message(), Catch::Contains("does not fit int32"));
+  StatusOr<ResolvedLaunch> d = resolve_one(ArgBinding::tensor_value(1, ValueType::kInt64));
+  REQUIRE(d.ok());
+  CHECK_THAT(bind(*d, &half, slot).message(), Catch::Contains("is not an integer"));
+  CHECK_THAT(bind(*f, nullptr, slot).message(), Catch::Contains("no tensor for input 1"));
 }
 
 TEST_CASE("KernelSpec::resolve: an output like an input follows torch.empty_like's strides") {

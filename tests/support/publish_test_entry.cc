@@ -214,17 +214,17 @@ StatusOr<ArgBinding> parse_arg_binding(std::string_view text) {
     if (trim(expr).empty()) return invalid_argument(where + ": size needs an expression (size:EXPR[:i64|i32])");
     return ArgBinding::size(std::string(trim(expr)), type);
   }
-  if (kind == "scalar") {
+  if (kind == "scalar" || kind == "value") {
     const size_t c = rest.find(':');
-    if (c == std::string_view::npos) return invalid_argument(where + ": expected scalar:N:TYPE");
+    if (c == std::string_view::npos) return invalid_argument(where + ": expected " + std::string(kind) + ":N:TYPE");
     StatusOr<uint32_t> i = parse_index(rest.substr(0, c), where);
     if (!i.ok()) return i.status();
     StatusOr<ValueType> t = parse_value_type(rest.substr(c + 1));
     if (!t.ok()) return invalid_argument(where + ": " + t.status().message());
-    return ArgBinding::scalar(*i, *t);
+    return kind == "scalar" ? ArgBinding::scalar(*i, *t) : ArgBinding::tensor_value(*i, *t);
   }
   return invalid_argument(where + ": unknown kind '" + std::string(kind) +
-                          "' (use input:N, output:N, scratch:N, size:EXPR[:TYPE] or scalar:N:TYPE)");
+                          "' (use input:N, output:N, scratch:N, size:EXPR[:TYPE], scalar:N:TYPE or value:N:TYPE)");
 }
 
 StatusOr<Launch> parse_launch(std::string_view text) {
@@ -318,6 +318,7 @@ std::string usage() {
          "  cuda: the source is compiled with NVRTC for device N (default 0); blob \"cubin\".\n"
          "  SPEC: entry=NAME;grid=E[,E[,E]];block=E[,E[,E]];smem=E;args=ARG,ARG,...\n"
          "  ARG:  input:N | output:N | scratch:N | size:E[:i64|i32] | scalar:N:i64|i32|f64|f32|bool\n"
+         "        | value:N:i64|i32|f64|f32|bool (the value of a one-element CPU tensor argument)\n"
          "  OUT:  like:N[:DTYPE] | explicit:DTYPE:E,E,...:E,E,...  (sizes, then strides)\n"
          "  E is a launch expression over the signature's named sizes (numel0, size0_1, ...).\n"
          "  Exit status: 0 published, 1 a check or step failed, 2 usage error.\n";

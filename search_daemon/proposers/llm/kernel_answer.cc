@@ -218,8 +218,16 @@ StatusOr<ArgBinding> read_arg(const Reader& r) {
                                                          ValueType::kFloat32, ValueType::kBool}));
     return ArgBinding::scalar(i, t);
   }
+  if (std::optional<Reader> m = r.member("value")) {
+    KFORGE_RETURN_IF_ERROR(r.expect_object({"value", "type"}));
+    KFORGE_ASSIGN_OR_RETURN(uint32_t i, m->index());
+    KFORGE_ASSIGN_OR_RETURN(Reader ty, r.required("type"));
+    KFORGE_ASSIGN_OR_RETURN(ValueType t, value_type(ty, {ValueType::kInt64, ValueType::kInt32, ValueType::kFloat64,
+                                                         ValueType::kFloat32, ValueType::kBool}));
+    return ArgBinding::tensor_value(i, t);
+  }
   return r.error("expected one of {\"input\": i}, {\"output\": k}, {\"scratch\": k}, {\"size\": expr}, "
-                 "{\"scalar\": i, \"type\": t}");
+                 "{\"scalar\": i, \"type\": t}, {\"value\": i, \"type\": t}");
 }
 
 StatusOr<OutputSpec> read_output(const Reader& r) {
@@ -461,6 +469,9 @@ std::string plan_json(const KernelSpec& spec, std::string_view summary) {
           break;
         case ArgBinding::Kind::kScalar:
           args.push_back({{"scalar", b.index}, {"type", std::string(value_type_name(b.type))}});
+          break;
+        case ArgBinding::Kind::kTensorValue:
+          args.push_back({{"value", b.index}, {"type", std::string(value_type_name(b.type))}});
           break;
       }
     }

@@ -74,7 +74,8 @@ constexpr std::string_view kPlanLanguage = R"txt(The launch plan (the json block
 - "launches" run in order on one stream: "entry", "grid" and "block" (1 to 3 expressions: x, y, z; block x*y*z <= 1024, grid x < 2^31, y and z <= 65535), "shared_mem_bytes" (dynamic shared memory, default 0) and "args", the kernel's parameters in order:
   {"input": i} the data pointer of tensor argument i (it points at the first element; index it with its strides unless the signature shows it contiguous; a None argument cannot be bound),
   {"output": k}, {"scratch": k}, {"size": expr, "type": "int64" or "int32"} (default int64),
-  {"scalar": i, "type": "int64", "int32", "float64", "float32" or "bool"} (argument i's value, converted).
+  {"scalar": i, "type": "int64", "int32", "float64", "float32" or "bool"} (argument i's value, converted),
+  {"value": i, "type": ...} (the value of tensor argument i when it is a one-element CPU tensor, a Python number such as the 0.5 of x * 0.5: read at each call, converted; its value is not in the signature).
 )txt";
 
 constexpr std::string_view kAnswerFormat = R"txt(Answer with exactly two fenced blocks, the source and the plan, and keep any prose outside them short:

@@ -59,6 +59,13 @@ def tiny_calls(torch):
         "aten::gelu": lambda: F.gelu(a),
         "aten::silu": lambda: F.silu(a),
         "aten::native_group_norm": lambda: F.group_norm(g, 2),
+        "aten::relu": lambda: F.relu(a),
+        "aten::sigmoid": lambda: torch.sigmoid(a),
+        "aten::tanh": lambda: torch.tanh(a),
+        "aten::hardswish": lambda: F.hardswish(a),
+        "aten::sub.Tensor": lambda: torch.sub(a, b),
+        "aten::mul.Tensor": lambda: torch.mul(a, b),
+        "aten::div.Tensor": lambda: torch.div(a, b),
     }
 
 

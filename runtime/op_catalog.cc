@@ -14,9 +14,10 @@ using R = ArgRole;
 // texts say what that kernel returns, read off torch 2.11 on CPU and on an H200 (CUDA 13), not
 // what the documentation promises: _softmax's output is contiguous even for a strided input;
 // native_layer_norm's mean and rstd are float32 for float16/bfloat16 input on CUDA but keep the
-// input's dtype on CPU; native_group_norm's keep the input's dtype on both; gelu, silu, add and
-// relu follow TensorIterator's layout rule; relu keeps NaN and -0.0 (it is x < 0 ? 0 : x). A wrong sentence here costs failed "output_layout" checks,
-// so change them only against a torch run.
+// input's dtype on CPU; native_group_norm's keep the input's dtype on both; the pointwise
+// operators follow TensorIterator's layout rule; relu keeps NaN and -0.0 (it is x < 0 ? 0 : x),
+// hardswish keeps NaN. A wrong sentence here costs failed "output_layout" checks, so change them
+// only against a torch run.
 //
 // Note [Op cost model]
 // FLOPs per element of the op's largest tensor argument, counting exp/erf/rsqrt as one operation
@@ -28,6 +29,11 @@ using R = ArgRole;
 //   native_layer_norm    8 (mean, centre, square, sum, rsqrt, scale, weight, bias)
 //   native_group_norm    8
 //   relu                 1 (compare and select)
+//   sigmoid              3 (negate, exp, add and divide as one)
+//   tanh                 1
+//   hardswish            5 (add, two clamps, two multiplies)
+//   sub.Tensor           2, mul.Tensor 1, div.Tensor 1
+//   native_batch_norm    4 (subtract the mean, scale by invstd, weight, bias)
 // Bytes: every tensor argument's elements read once and every output's written once.
 
 constexpr std::string_view kOneOut = "out";
@@ -78,6 +84,25 @@ constexpr std::array<OutputDecl, 3> kGroupNormOutputs = {{
 }};
 constexpr std::array<std::string_view, 2> kGroupNormFamilies = {"group_norm", "cpu.group_norm"};
 
+// ---- native_batch_norm ---------------------------------------------------------------------------
+
+constexpr std::array<ArgDecl, 8> kBatchNormArgs = {{
+    {"input", R::kData},
+    {"weight", R::kParameter},
+    {"bias", R::kParameter},
+    {"running_mean", R::kParameter},
+    {"running_var", R::kParameter, InputRange::kPositive},
+    {"training", R::kMode},
+    {"momentum", R::kScalar},
+    {"eps", R::kEpsilon},
+}};
+constexpr std::array<OutputDecl, 3> kBatchNormOutputs = {{
+    {"out", OutputRule::kLikeInput0},
+    {"save_mean", OutputRule::kBatchNormSaved},
+    {"save_invstd", OutputRule::kBatchNormSaved},
+}};
+constexpr std::array<std::string_view, 2> kBatchNormFamilies = {"batch_norm", "cpu.batch_norm"};
+
 // ---- pointwise -----------------------------------------------------------------------------------
 
 constexpr std::array<ArgDecl, 2> kGeluArgs = {{{"self", R::kData}, {"approximate", R::kMode}}};
@@ -89,6 +114,27 @@ constexpr std::array<OutputDecl, 1> kOneBroadcast = {{{kOneOut, OutputRule::kBro
 constexpr std::array<std::string_view, 2> kAddFamilies = {"add", "cpu.add"};
 constexpr std::array<ArgDecl, 1> kReluArgs = {{{"self", R::kData}}};
 constexpr std::array<std::string_view, 2> kReluFamilies = {"relu", "cpu.relu"};
+constexpr std::array<ArgDecl, 1> kUnaryArgs = {{{"self", R::kData}}};
+constexpr std::array<std::string_view, 2> kSigmoidFamilies = {"sigmoid", "cpu.sigmoid"};
+constexpr std::array<std::string_view, 2> kTanhFamilies = {"tanh", "cpu.tanh"};
+constexpr std::array<std::string_view, 2> kHardswishFamilies = {"hardswish", "cpu.hardswish"};
+constexpr std::array<ArgDecl, 2> kBinaryArgs = {{{"self", R::kData}, {"other", R::kData}}};
+constexpr std::array<std::string_view, 2> kSubFamilies = {"sub", "cpu.sub"};
+constexpr std::array<std::string_view, 2> kMulFamilies = {"mul", "cpu.mul"};
+constexpr std::array<std::string_view, 2> kDivFamilies = {"div", "cpu.div"};
+
+// What every broadcasting binary operator's output is (torch.result_type and TensorIterator).
+#define KFORGE_BROADCAST_OUTPUT                                                                              \
+  "Output 0: sizes = the broadcast shape. dtype = type promotion (torch.result_type): the same dtype when " \
+  "both match; bfloat16 and float32 give float32; but a 0-dimensional operand only counts by category "     \
+  "(bfloat16 [4, 8] and float32 [] give bfloat16). Strides: dense (no gaps), in self's stride order (self "  \
+  "contiguous: contiguous; self's strides when self has the output's sizes and is dense); dimensions where " \
+  "self is broadcast take their order from other."
+#define KFORGE_BROADCAST_RULE \
+  "with broadcasting: sizes align from the last dimension, and a dimension of size 1 (or missing) repeats (index it with stride 0)"
+#define KFORGE_LIKE_SELF_OUTPUT                                                                                \
+  "Output 0: like self ({\"like\": 0}: the sizes of self; self's strides when self is non-overlapping and " \
+  "dense, else dense strides in self's stride order), dtype of self."
 
 // The entries, in KFORGE_CATALOG_OPERATORS order.
 const std::array<OpEntry, kOperatorCount> kEntries = {{
@@ -136,7 +182,46 @@ Output 0: sizes = the broadcast shape. dtype = type promotion (torch.result_type
      R"txt(ReLU, elementwise: out = x < 0 ? 0 : x. NaN stays NaN and -0.0 stays -0.0, as in PyTorch (do not write max(x, 0): fmaxf turns NaN into 0). Exact in every dtype: no conversion rounds.
 Output 0: like self ({"like": 0}: the sizes of self; self's strides when self is non-overlapping and dense, else dense strides in self's stride order), dtype of self.)txt",
      "aten::relu_", "aten::relu.out", kReluFamilies, ""},
+    {"aten::sigmoid", "", "aten::sigmoid(Tensor self) -> Tensor", kUnaryArgs, kOneLikeInput, 3,
+     "Sigmoid, elementwise: out = 1 / (1 + exp(-x)). Compute in float32 for float16/bfloat16 data (float64 for "
+     "float64).\n" KFORGE_LIKE_SELF_OUTPUT,
+     "aten::sigmoid_", "aten::sigmoid.out", kSigmoidFamilies, ""},
+    {"aten::tanh", "", "aten::tanh(Tensor self) -> Tensor", kUnaryArgs, kOneLikeInput, 1,
+     "Hyperbolic tangent, elementwise: out = tanh(x). Compute in float32 for float16/bfloat16 data (float64 for "
+     "float64).\n" KFORGE_LIKE_SELF_OUTPUT,
+     "aten::tanh_", "aten::tanh.out", kTanhFamilies, ""},
+    {"aten::hardswish", "", "aten::hardswish(Tensor self) -> Tensor", kUnaryArgs, kOneLikeInput, 5,
+     "Hardswish, elementwise: out = x * min(max(x + 3, 0), 6) / 6, the clamps as comparisons that keep NaN "
+     "(std::min/std::max, not fminf/fmaxf, which turn NaN into the bound). Compute in float32 for "
+     "float16/bfloat16 data (float64 for float64).\n" KFORGE_LIKE_SELF_OUTPUT,
+     "aten::hardswish_", "aten::hardswish.out", kHardswishFamilies, ""},
+    {"aten::sub", "Tensor", "aten::sub.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor", kAddArgs,
+     kOneBroadcast, 2,
+     "Elementwise out = self - alpha * other (alpha: argument 2, an int or float scalar), " KFORGE_BROADCAST_RULE
+     ". Compute in float32 for float16/bfloat16 results (float64 for float64).\n" KFORGE_BROADCAST_OUTPUT,
+     "aten::sub_.Tensor", "aten::sub.out", kSubFamilies, ""},
+    {"aten::mul", "Tensor", "aten::mul.Tensor(Tensor self, Tensor other) -> Tensor", kBinaryArgs, kOneBroadcast, 1,
+     "Elementwise out = self * other, " KFORGE_BROADCAST_RULE
+     ". Compute in float32 for float16/bfloat16 results (float64 for float64).\n" KFORGE_BROADCAST_OUTPUT,
+     "aten::mul_.Tensor", "aten::mul.out", kMulFamilies, ""},
+    {"aten::div", "Tensor", "aten::div.Tensor(Tensor self, Tensor other) -> Tensor", kBinaryArgs, kOneBroadcast, 1,
+     "Elementwise true division out = self / other, " KFORGE_BROADCAST_RULE
+     ". Compute in float32 for float16/bfloat16 results (float64 for float64); x / 0 is +-inf and 0 / 0 NaN, as "
+     "IEEE division gives; integer inputs give the default float dtype (float32).\n" KFORGE_BROADCAST_OUTPUT,
+     "aten::div_.Tensor", "aten::div.out", kDivFamilies, ""},
+    {"aten::native_batch_norm", "",
+     "aten::native_batch_norm(Tensor input, Tensor? weight, Tensor? bias, Tensor? running_mean, Tensor? running_var, "
+     "bool training, float momentum, float eps) -> (Tensor, Tensor, Tensor)",
+     kBatchNormArgs, kBatchNormOutputs, 4,
+     R"txt(Batch normalization of input [N, C, *] (C = its dimension 1). In inference (training, argument 5, false: what a model in eval() calls): per channel c, invstd = 1 / sqrt(running_var[c] + eps) (eps: float argument 7) and out[n, c, ...] = (x - running_mean[c]) * invstd * weight[c] + bias[c]; weight (argument 1) and bias (argument 2) have C elements and either may be None (then it is left out); running_mean and running_var (arguments 3, 4) have C elements; momentum (argument 6) is unused. Compute in float32 for float16/bfloat16 input (float64 for float64). In training the statistics come from the batch instead (mean and biased variance over every dimension but 1) and the running statistics are updated in place.
+Output 0 (out): like input ({"like": 0}: its sizes, and its strides when it is dense, channels_last included), dtype of input.
+Outputs 1 and 2 (save_mean, save_invstd): in inference empty, sizes [0] (strides [1]), dtype of running_mean (float32 running statistics with a bfloat16 input give float32); in training [C], the batch's mean and invstd.)txt",
+     "", "aten::native_batch_norm.out", kBatchNormFamilies, ""},
 }};
+
+#undef KFORGE_BROADCAST_OUTPUT
+#undef KFORGE_BROADCAST_RULE
+#undef KFORGE_LIKE_SELF_OUTPUT
 
 // The schema's argument count: the comma-separated items at depth 0 between its first '(' and the
 // matching ')', less the keyword-only marker "*".
@@ -308,6 +393,13 @@ std::vector<TensorMeta> expected_outputs(const OpSignature& sig) {
         m.sizes.assign(x->sizes.begin(), x->sizes.end() - static_cast<std::ptrdiff_t>(normalized));
         m.sizes.insert(m.sizes.end(), normalized, 1);
         if (is_16bit(x->dtype)) m.dtype = DType::kFloat32;
+        break;
+      }
+      case OutputRule::kBatchNormSaved: {
+        const auto* training = sig.args.size() > 5 ? std::get_if<bool>(&sig.args[5].value) : nullptr;
+        const TensorMeta* running_mean = tensor_at(sig, 3);
+        if (running_mean != nullptr) m.dtype = running_mean->dtype;
+        m.sizes = {training != nullptr && *training && x->sizes.size() > 1 ? x->sizes[1] : 0};
         break;
       }
       case OutputRule::kGroupStats: {

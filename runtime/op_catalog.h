@@ -42,7 +42,14 @@
   OP(gelu)                                        \
   OP(silu)                                        \
   OP_OVERLOAD(add, Tensor)                        \
-  OP(relu)
+  OP(relu)                                        \
+  OP(sigmoid)                                     \
+  OP(tanh)                                        \
+  OP(hardswish)                                   \
+  OP_OVERLOAD(sub, Tensor)                        \
+  OP_OVERLOAD(mul, Tensor)                        \
+  OP_OVERLOAD(div, Tensor)                        \
+  OP(native_batch_norm)
 
 namespace kforge::catalog {
 
@@ -98,6 +105,8 @@ enum class OutputRule : uint8_t {
   kBroadcast,       // the broadcast of the tensor arguments' sizes, argument 0's dtype
   kNormRowStats,    // argument 0's leading sizes, then 1 per normalized dimension (argument 1's length)
   kGroupStats,      // [N, group]: the int arguments 3 and 6 (native_group_norm)
+  kBatchNormSaved,  // native_batch_norm's save_mean/save_invstd: [0] in inference (argument 5,
+                    // training, false), [C] in training; the dtype of running_mean (argument 3)
 };
 
 struct OutputDecl {

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -101,6 +102,41 @@ OpSignature add(Backend b, DType t, std::vector<int64_t> sizes, Arg alpha = Arg:
                      {Arg::tensor(tensor(b, t, sizes)), Arg::tensor(tensor(b, t, sizes)), std::move(alpha)}, target(b)};
 }
 
+// native_batch_norm in inference over [N, C, *]; parameters of dtype `pd` (the input's by default).
+OpSignature batch_norm(Backend b, DType t, std::vector<int64_t> sizes, bool affine = true,
+                       std::optional<DType> pd = std::nullopt, bool training = false) {
+  const int64_t c = sizes[1];
+  const DType p = pd.value_or(t);
+  return OpSignature{"aten::native_batch_norm",
+                     "",
+                     {Arg::tensor(tensor(b, t, sizes)), affine ? Arg::tensor(tensor(b, p, {c})) : Arg::none(),
+                      affine ? Arg::tensor(tensor(b, p, {c})) : Arg::none(), Arg::tensor(tensor(b, p, {c})),
+                      Arg::tensor(tensor(b, p, {c})), Arg::boolean(training), Arg::real(0.1), Arg::real(1e-5)},
+                     target(b)};
+}
+
+// sigmoid, tanh, hardswish.
+OpSignature unary(const std::string& op, Backend b, DType t, std::vector<int64_t> sizes) {
+  return OpSignature{"aten::" + op, "", {Arg::tensor(tensor(b, t, sizes))}, target(b)};
+}
+
+// add, sub (with alpha), mul, div .Tensor, with broadcasting.
+OpSignature binary(const std::string& op, Backend b, DType t, std::vector<int64_t> a, std::vector<int64_t> other,
+                   Arg alpha = Arg::integer(1)) {
+  OpSignature s{"aten::" + op, "Tensor", {Arg::tensor(tensor(b, t, a)), Arg::tensor(tensor(b, t, other))}, target(b)};
+  if (op == "add" || op == "sub") s.args.push_back(std::move(alpha));
+  return s;
+}
+
+// add, sub, mul, div .Tensor with a Python number: `other` a 0-dimensional CPU tensor.
+OpSignature with_number(const std::string& op, Backend b, DType t, std::vector<int64_t> a,
+                        DType number = DType::kFloat64, Arg alpha = Arg::integer(1)) {
+  TensorMeta n = tensor(Backend::kCpu, number, {});
+  OpSignature s{"aten::" + op, "Tensor", {Arg::tensor(tensor(b, t, a)), Arg::tensor(n)}, target(b)};
+  if (op == "add" || op == "sub") s.args.push_back(std::move(alpha));
+  return s;
+}
+
 // Signatures of every family on one backend, in several shapes (ranks 1 to 4, odd lengths, one row,
 // rows that no block size divides).
 std::vector<OpSignature> signatures(Backend b) {
@@ -124,6 +160,22 @@ std::vector<OpSignature> signatures(Backend b) {
     out.push_back(add(b, t, {2, 3, 1001}, Arg::real(0.5)));
     out.push_back(add(b, t, {1 << 20}));
     out.push_back(relu(b, t, {3, 5, 7, 11}));
+    out.push_back(unary("sigmoid", b, t, {7, 1003}));
+    out.push_back(unary("tanh", b, t, {1 << 16}));
+    out.push_back(unary("hardswish", b, t, {2, 16, 9, 9}));
+    out.push_back(binary("add", b, t, {256, 3, 49, 49}, {1, 3, 49, 49}));   // swin's attention bias
+    out.push_back(binary("sub", b, t, {4, 77}, {77}, Arg::real(2.0)));
+    out.push_back(binary("mul", b, t, {2, 5, 64}, {2, 5, 1}));             // RMSNorm's x * rstd
+    out.push_back(binary("mul", b, t, {3, 8, 6, 6}, {1, 8, 1, 1}));         // a per-channel scale
+    out.push_back(binary("mul", b, t, {1}, {4, 1, 33}));                     // self broadcast
+    out.push_back(binary("div", b, t, {1000, 3}, {1000, 3}));
+    out.push_back(with_number("mul", b, t, {4, 1001}));                      // x * 0.5
+    out.push_back(with_number("add", b, t, {77}, DType::kInt64));            // x + 1
+    out.push_back(with_number("sub", b, t, {3, 64}, DType::kFloat64, Arg::real(0.5)));
+    out.push_back(with_number("div", b, t, {1 << 12}));
+    out.push_back(batch_norm(b, t, {2, 16, 7, 7}));
+    out.push_back(batch_norm(b, t, {5, 24}, false));
+    if (t != DType::kFloat32) out.push_back(batch_norm(b, t, {2, 8, 33}, true, DType::kFloat32));
   }
   return out;
 }
@@ -257,10 +309,14 @@ TEST_CASE("templates: supports() accepts exactly the signatures some family hand
     refused.push_back(s);
   }
   {
+    refused.push_back(binary("mul", G, F, {8, 64}, {8, 63}));                    // sizes that do not broadcast
+    refused.push_back(binary("mul", G, F, {2, 3, 4, 5, 6}, {1, 3, 1, 5, 1}));    // five dimensions after merging
+    refused.push_back(binary("div", G, F, {8, 64}, {}));                         // a 0-dim CUDA tensor: not a number
+    refused.push_back(with_number("mul", G, F, {8, 64}, DType::kComplex64));     // a complex number promotes
+    refused.push_back(batch_norm(G, F, {2, 16, 7, 7}, true, std::nullopt, true));  // training
+    refused.push_back(batch_norm(G, DType::kFloat16, {2, 16, 7}, true, DType::kBFloat16));   // mixed parameters
+    refused.push_back(unary("sigmoid", C, DType::kBFloat16, {8}));
     OpSignature s = add(G, F, {8, 64});
-    s.args[1] = Arg::tensor(tensor(G, F, {64}));   // broadcast
-    refused.push_back(s);
-    s = add(G, F, {8, 64});
     s.args[1] = Arg::tensor(tensor(G, DType::kFloat16, {8, 64}));   // type promotion
     refused.push_back(s);
     s = add(G, F, {8, 64});
@@ -302,9 +358,9 @@ TEST_CASE("templates: every configuration of every family validates and resolves
         const double prior = t.prior(s, c.values);
         CHECK(prior > 0);
         CHECK(prior <= 1);
-        // The first output is always shaped like the input.
+        // The first output is shaped as the catalog says (like the input, or the broadcast shape).
         REQUIRE(!r->outputs.empty());
-        CHECK(r->outputs[0].sizes == std::get<TensorMeta>(s.args[0].value).sizes);
+        CHECK(r->outputs[0].sizes == catalog::expected_outputs(s).at(0).sizes);
         // Enough blocks (CUDA) or tasks (CPU) for every row or element.
         const ResolvedLaunch& l = r->launches.at(0);
         CHECK(l.grid[0] >= 1);
@@ -619,6 +675,15 @@ TEST_CASE("templates: the CUDA families compile with NVRTC for sm_90 over their 
     sigs.push_back(silu(Backend::kCuda, d, {1 << 20}));
     sigs.push_back(add(Backend::kCuda, d, {1 << 20}, Arg::real(-0.5)));
     sigs.push_back(relu(Backend::kCuda, d, {1 << 20}));
+    for (const char* op : {"sigmoid", "tanh", "hardswish"}) sigs.push_back(unary(op, Backend::kCuda, d, {1 << 20}));
+    sigs.push_back(binary("sub", Backend::kCuda, d, {512, 1024}, {1024}, Arg::real(0.5)));
+    sigs.push_back(binary("mul", Backend::kCuda, d, {64, 8, 1024}, {64, 8, 1}));
+    sigs.push_back(binary("mul", Backend::kCuda, d, {8, 64, 16, 16}, {1, 64, 1, 1}));
+    sigs.push_back(binary("div", Backend::kCuda, d, {1 << 20}, {1 << 20}));
+    for (const char* op : {"add", "sub", "mul", "div"}) sigs.push_back(with_number(op, Backend::kCuda, d, {1 << 20}));
+    sigs.push_back(batch_norm(Backend::kCuda, d, {8, 64, 28, 28}));
+    sigs.push_back(batch_norm(Backend::kCuda, d, {8, 64, 28, 28}, false));
+    if (d != DType::kFloat32) sigs.push_back(batch_norm(Backend::kCuda, d, {8, 64, 28, 28}, true, DType::kFloat32));
   }
   std::set<std::string> built;   // the build cache key: each distinct source and options once
   size_t compiled = 0;
@@ -786,6 +851,20 @@ TEST_CASE("templates: CPU instances of every family pass the worker's verificati
   plan(add(B, F, {100003}, Arg::real(-0.75)), 1, 2);
   plan(add(B, F, {4, 129}), 1, 0);
   plan(relu(B, F, {7, 1031}), 1, 2);
+  plan(unary("sigmoid", B, F, {3, 5003}), 1, 1);
+  plan(unary("tanh", B, F, {70001}), 1, 1);
+  plan(unary("hardswish", B, F, {2, 8, 13, 13}), 1, 1);
+  plan(binary("add", B, F, {16, 3, 49, 49}, {1, 3, 49, 49}), 1, 1);
+  plan(binary("sub", B, F, {7, 1001}, {1001}, Arg::real(-0.5)), 1, 1);
+  plan(binary("mul", B, F, {3, 5, 257}, {3, 5, 1}), 1, 1);
+  plan(binary("mul", B, F, {1, 9, 1}, {4, 9, 33}), 1, 1);
+  plan(binary("div", B, F, {2, 6, 7, 7}, {1, 6, 1, 1}), 1, 1);
+  plan(with_number("mul", B, F, {5, 1001}), 1, 1);
+  plan(with_number("add", B, F, {4099}, DType::kInt64), 1, 0);
+  plan(with_number("sub", B, F, {3, 77}, DType::kFloat64, Arg::real(-2.0)), 1, 0);
+  plan(with_number("div", B, F, {7, 33}), 1, 0);
+  plan(batch_norm(B, F, {3, 12, 5, 7}), 1, 2);
+  plan(batch_norm(B, F, {7, 33}, false), 1, 1);
   verify_all("cpu", work);
 }
 
@@ -819,6 +898,19 @@ TEST_CASE("templates: CUDA instances of every family pass the worker's verificat
     plan(silu(B, d, {3, 4099}), 2, 2);
     plan(add(B, d, {100003}, Arg::real(-0.75)), 2, 2);
     plan(relu(B, d, {3, 4099}), 2, 2);
+    for (const char* op : {"sigmoid", "tanh", "hardswish"}) plan(unary(op, B, d, {3, 4099}), 2, 1);
+    plan(binary("add", B, d, {64, 3, 49, 49}, {1, 3, 49, 49}), 2, 2);
+    plan(binary("sub", B, d, {37, 1001}, {1001}, Arg::real(-0.5)), 2, 1);
+    plan(binary("mul", B, d, {5, 7, 256}, {5, 7, 1}), 2, 2);
+    plan(binary("mul", B, d, {1, 9, 1}, {4, 9, 40}), 2, 1);
+    plan(binary("div", B, d, {4, 24, 9, 9}, {1, 24, 1, 1}), 2, 1);
+    plan(with_number("mul", B, d, {3, 4099}), 2, 1);
+    plan(with_number("add", B, d, {37, 1001}, DType::kInt64), 1, 1);
+    plan(with_number("sub", B, d, {5, 77}, DType::kFloat64, Arg::real(0.5)), 1, 0);
+    plan(with_number("div", B, d, {7, 1003}), 1, 1);
+    plan(batch_norm(B, d, {4, 24, 9, 9}), 2, 2);
+    plan(batch_norm(B, d, {37, 40}, false), 1, 1);
+    if (d != DType::kFloat32) plan(batch_norm(B, d, {2, 8, 33}, true, DType::kFloat32), 1, 1);
   }
   verify_all("cuda:0", work);
 }

@@ -123,7 +123,8 @@ if DEV == "cuda":
     torch.use_deterministic_algorithms(True)
 
 class Small(torch.nn.Module):
-    # Every catalog operator, on CPU: layer_norm, group_norm, gelu, silu, add, relu, softmax, log_softmax.
+    # Every catalog operator, on CPU: layer_norm, group_norm, gelu, silu, add, relu, sigmoid, tanh,
+    # hardswish, sub, mul, div, softmax, log_softmax.
     def __init__(self):
         super().__init__()
         self.ln = torch.nn.LayerNorm(32)
@@ -134,6 +135,7 @@ class Small(torch.nn.Module):
         h = h + x
         h = self.gn(h)
         h = F.silu(h) + F.gelu(F.relu(h), approximate="tanh")
+        h = torch.sigmoid(h) * torch.tanh(h) - F.hardswish(h) / (h.abs() + 1)
         return {"softmax": torch.softmax(h, dim=-1), "log_softmax": torch.log_softmax(h, dim=1), "h": h}
 
 torch.manual_seed(0)
@@ -244,6 +246,7 @@ xd = torch.randn(3, 5, dtype=torch.float64)
 xb = torch.randn(2, 6).to(torch.bfloat16)
 img = torch.randn(2, 8, 5, 5)
 w8, b8 = torch.randn(8), torch.randn(8)
+m8, v8 = torch.randn(8), torch.rand(8).add_(0.5)   # add_: not intercepted
 n0 = torch.randn(0, 8)                     # no elements: null data pointer
 cases = [
     (3,  lambda: torch.softmax(x, -1),                 ["aten::_softmax", "", [T(x), [4, -1], [3, False]]]),
@@ -260,6 +263,15 @@ cases = [
     (13, lambda: torch.add(xd, xd, alpha=0.5),         ["aten::add", "Tensor", [T(xd), T(xd), [5, 0.5]]]),
     (14, lambda: F.silu(n0),                           ["aten::silu", "", [T(n0)]]),
     (15, lambda: F.relu(xt),                           ["aten::relu", "", [T(xt)]]),
+    (16, lambda: torch.sigmoid(x),                     ["aten::sigmoid", "", [T(x)]]),
+    (17, lambda: torch.tanh(xd),                       ["aten::tanh", "", [T(xd)]]),
+    (18, lambda: F.hardswish(xb),                      ["aten::hardswish", "", [T(xb)]]),
+    (19, lambda: x - w8,                               ["aten::sub", "Tensor", [T(x), T(w8), [4, 1]]]),
+    (20, lambda: torch.sub(x, xt, alpha=0.25),         ["aten::sub", "Tensor", [T(x), T(xt), [5, 0.25]]]),
+    (21, lambda: img * w8.view(8, 1, 1),               ["aten::mul", "Tensor", [T(img), T(w8.view(8, 1, 1))]]),
+    (22, lambda: xs / xs,                              ["aten::div", "Tensor", [T(xs), T(xs)]]),
+    (23, lambda: F.batch_norm(img, m8, v8, w8, None, False, 0.1, 1e-5),
+                                                       ["aten::native_batch_norm", "", [T(img), T(w8), [0], T(m8), T(v8), [3, False], [5, 0.1], [5, 1e-5]]]),
 ]
 arch = os.environ["KFORGE_TEST_ARCH"]
 expected = {}
@@ -501,7 +513,7 @@ def test_model_signatures_reach_a_daemon(hook_path, dev, tmp_path):
 CAPTURING = """
 DEV = os.environ["KFORGE_TEST_DEVICE"]
 torch.manual_seed(0)
-x = (torch.randn(6, 10) * 3).to(DEV)
+x = torch.randn(6, 10).mul_(3).to(DEV)  # mul_: not a catalog operator, so only the two calls below are sampled
 x[0, 0] = float("nan")
 x[1, 1] = float("-inf")
 x[2, :4] = 0

@@ -464,3 +464,72 @@ def test_kernel_ready_loads_a_new_entry_and_revoke_removes_it(hook_path, tools, 
     err = proc.stderr.read()
     assert proc.returncode == 0, err
     assert "is ready (daemon)" in err and "revoked by the daemon" in err, err
+
+
+# ---- a Python number read at each call (Note [Tensor values] in runtime/kernel_spec.cc) --------------
+
+VALUE_KERNEL = r"""
+#include <cstdint>
+#include "runtime/cpu_kernel_abi.h"
+// y = x * s over a contiguous float32 tensor; s is the value of the call's 0-dimensional operand.
+extern "C" void mul_value(const kforge_cpu_block* b, void* const* params) {
+  (void)b;
+  const float* x = *(const float* const*)params[0];
+  const float s = *(const float*)params[1];
+  float* y = *(float* const*)params[2];
+  const int64_t n = *(const int64_t*)params[3];
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * s;
+}
+"""
+
+VALUE_MODEL = """
+torch.manual_seed(0)
+x = torch.randn(64, 1000)
+x * 0.5                                 # first sight
+lib.kforge_hook_report_now(20000)       # loads the entry
+values = [0.5, -3.0, 1e-3, 7.25, 0.1]
+ys = [x * values[i % len(values)] for i in range(40)]
+torch.save({"x": x, "values": values, "ys": ys}, os.environ["KFORGE_TEST_OUT"])
+emit({"stats": stats()})
+"""
+
+
+def test_one_entry_serves_every_number_of_x_times_a_number(hook_path, build_dir, publish_tool, kernel_include_dir,
+                                                           tmp_path):
+    # `x * v` is mul.Tensor(x, v as a 0-dimensional float64 CPU tensor): v is not in the signature,
+    # so one signature (and one entry) covers every v, and the entry must read v at each call.
+    cxx = shutil.which("c++") or shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    (tmp_path / "value.cc").write_text(VALUE_KERNEL)
+    r = subprocess.run([cxx, "-shared", "-fPIC", f"-I{kernel_include_dir}", "-O2", "-o", str(tmp_path / "value.so"),
+                        str(tmp_path / "value.cc")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    s, _ = run_child("""
+        x = torch.randn(64, 1000)
+        x * 0.5
+        x * -2.0
+        emit(stats())
+    """, child_env(hook_path, KFORGE_OBSERVE_EVERY=1))
+    sigs = [x for x in s["signatures"] if x["signature"].startswith("aten::mul")]
+    assert len(sigs) == 1 and sigs[0]["calls"] == 2, s["signatures"]
+    assert "float64[]" in sigs[0]["signature"], sigs[0]
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    r = subprocess.run([str(publish_tool), "--cache", str(cache), "--signature", sigs[0]["encoding"],
+                        "--backend", "cpu", "--source", str(tmp_path / "value.cc"), "--so", str(tmp_path / "value.so"),
+                        "--entry", "mul_value", "--launch",
+                        "entry=mul_value;grid=1,1,1;block=1,1,1;smem=0;args=input:0,value:1:f32,output:0,size:numel0:i64",
+                        "--output", "like:0", "--torch-version", s["torch_version"], "--compile-option=-O2"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "out.pt"
+    res, err = run_child(VALUE_MODEL, child_env(hook_path, KFORGE_CACHE_DIR=cache, KFORGE_TEST_OUT=out,
+                                                KFORGE_MODE="active", KFORGE_CONFIRM_WIN=0))
+    (sig,) = [x for x in res["stats"]["signatures"] if x["signature"].startswith("aten::mul")]
+    assert sig["state"] == "active", (sig, err)
+    assert sig["shadow_calls"] == 20 and sig["clean_shadow_calls"] == 20 and sig["active_calls"] == 20, sig
+    data = torch.load(out)
+    for i, y in enumerate(data["ys"]):
+        v = data["values"][i % len(data["values"])]
+        assert torch.equal(y, data["x"] * v), (i, v)   # one float multiply: PyTorch's exact result

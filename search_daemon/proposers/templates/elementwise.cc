@@ -1,7 +1,14 @@
-// The pointwise operators: aten::gelu (approximate 'none' or 'tanh'), aten::silu, aten::add.Tensor
-// (two contiguous inputs of the same sizes and dtype, alpha a scalar) and aten::relu. Each element
-// is computed in float with PyTorch's own formula and constants, so the result rounds as
-// PyTorch's does (relu rounds nothing: x < 0 ? 0 : x keeps NaN and -0.0, as clamp_min does).
+// The pointwise operators, in two kernels per backend:
+//   unary     aten::gelu ('none' or 'tanh'), silu, relu, sigmoid, tanh, hardswish: one contiguous
+//             input, the output like it, the tail after the last whole vector handled apart.
+//   binary    the Tensor overloads of add, sub, mul, div with broadcasting (Note [Broadcast
+//             plan]): two contiguous inputs of one dtype, the output contiguous in the broadcast
+//             shape. When `other` is a Python number (a 0-dimensional CPU tensor: `x * 0.5`), the
+//             unary kernel instead, with the number read at each call (a value binding: Note
+//             [Tensor values] in runtime/kernel_spec.cc), so one kernel serves every value.
+// Each element is computed in float with PyTorch's own formula and constants, so the result rounds
+// as PyTorch's does (relu rounds nothing: x < 0 ? 0 : x keeps NaN and -0.0, as clamp_min does;
+// hardswish clamps with comparisons, which keep NaN, as std::min/std::max do in PyTorch's kernel).
 #include <algorithm>
 
 #include "search_daemon/proposers/templates/template_family.h"
@@ -10,14 +17,47 @@ namespace kforge::search::templates {
 
 namespace {
 
-enum class Pointwise : uint8_t { kGelu, kSilu, kAdd, kRelu };
+enum class Pointwise : uint8_t {
+  kGelu, kSilu, kRelu, kSigmoid, kTanh, kHardswish,   // unary
+  kAdd, kSub, kMul, kDiv,                             // two tensors, broadcast
+};
 
-const char* const kCudaPointwise = R"kf(
-// KF_OP: 0 gelu (KF_GELU_TANH 0: erf form, 1: tanh form), 1 silu, 2 add (a + alpha * b), 3 relu.
-// Each thread handles KF_ITEMS vectors of KF_VEC elements, KF_BLOCK apart (coalesced); the
-// n % KF_VEC elements after the last whole vector go to the first threads of block 0.
+struct PointwiseInfo {
+  Pointwise op;
+  std::string_view aten;       // "aten::add"
+  std::string_view overload;   // "Tensor"
+  std::string_view family;     // the CUDA family; the CPU one is "cpu." + this
+  int code;                    // KF_OP (unary kernel) or KF_BIN (binary kernel)
+};
+
+constexpr PointwiseInfo kInfo[] = {
+    {Pointwise::kGelu, "aten::gelu", "", "gelu", 0},
+    {Pointwise::kSilu, "aten::silu", "", "silu", 1},
+    {Pointwise::kRelu, "aten::relu", "", "relu", 3},
+    {Pointwise::kSigmoid, "aten::sigmoid", "", "sigmoid", 4},
+    {Pointwise::kTanh, "aten::tanh", "", "tanh", 5},
+    {Pointwise::kHardswish, "aten::hardswish", "", "hardswish", 6},
+    {Pointwise::kAdd, "aten::add", "Tensor", "add", 0},
+    {Pointwise::kSub, "aten::sub", "Tensor", "sub", 1},
+    {Pointwise::kMul, "aten::mul", "Tensor", "mul", 2},
+    {Pointwise::kDiv, "aten::div", "Tensor", "div", 3},
+};
+
+const PointwiseInfo& info(Pointwise op) { return kInfo[static_cast<size_t>(op)]; }
+bool is_binary(Pointwise op) { return op >= Pointwise::kAdd; }
+bool has_alpha(Pointwise op) { return op == Pointwise::kAdd || op == Pointwise::kSub; }
+
+// The element formulas, shared by the CUDA and CPU sources (KF_DEVICE is __device__ or empty).
+const char* const kPointwiseFormulas = R"kf(
+// KF_OP: 0 gelu (KF_GELU_TANH 0: erf form, 1: tanh form), 1 silu, 3 relu, 4 sigmoid, 5 tanh,
+// 6 hardswish; with a number s (the other operand) and alpha: 7 x + alpha * s, 8 x - alpha * s,
+// 9 x * s, 10 x / s.
+#define KF_SCALAR (KF_OP >= 7)
+#define KF_ALPHA (KF_OP == 7 || KF_OP == 8)
+static KF_DEVICE inline float kf_op(float x, float s, float alpha) {
+  (void)s;
+  (void)alpha;
 #if KF_OP == 0
-__device__ __forceinline__ float kf_op(float x) {
 #if KF_GELU_TANH
   const float kBeta = 0.7978845608028654f;   // sqrt(2) * (2 / sqrt(pi)) * 0.5
   const float kKappa = 0.044715f;
@@ -26,33 +66,158 @@ __device__ __forceinline__ float kf_op(float x) {
 #else
   return x * 0.5f * (1.0f + erff(x * 0.70710678118654752440f));
 #endif
-}
 #elif KF_OP == 1
-__device__ __forceinline__ float kf_op(float x) { return x / (1.0f + expf(-x)); }
+  return x / (1.0f + expf(-x));
 #elif KF_OP == 3
-__device__ __forceinline__ float kf_op(float x) { return x < 0.0f ? 0.0f : x; }
+  return x < 0.0f ? 0.0f : x;
+#elif KF_OP == 4
+  return 1.0f / (1.0f + expf(-x));
+#elif KF_OP == 5
+  return tanhf(x);
+#elif KF_OP == 6
+  float t = x + 3.0f;
+  t = t < 0.0f ? 0.0f : t;
+  t = t > 6.0f ? 6.0f : t;
+  return x * t * KF_SIXTH;
+#elif KF_OP == 7
+  return x + alpha * s;
+#elif KF_OP == 8
+  return x - alpha * s;
+#elif KF_OP == 9
+  return x * s;
+#elif KF_OP == 10
+  return x / s;
 #endif
+}
+)kf";
 
+const char* const kBinaryFormulas = R"kf(
+// KF_BIN: 0 a + alpha * b, 1 a - alpha * b, 2 a * b, 3 a / b.
+#if KF_BIN <= 1
+#define KF_ALPHA 1
+#else
+#define KF_ALPHA 0
+#endif
+static KF_DEVICE inline float kf_bin(float a, float b, float alpha) {
+  (void)alpha;
+#if KF_BIN == 0
+  return a + alpha * b;
+#elif KF_BIN == 1
+  return a - alpha * b;
+#elif KF_BIN == 2
+  return a * b;
+#else
+  return a / b;
+#endif
+}
+
+// Note [Broadcast plan] (elementwise.cc): the output's KF_NDIM (1 to 4) collapsed dimensions,
+// innermost first: sizes KF_D0.., and each input's strides in elements KF_SA<d>, KF_SB<d> (0 where
+// it is broadcast). Output element o is at offset oa of a and ob of b.
+static KF_DEVICE inline void kf_offsets(kf_i64 o, kf_i64* oa, kf_i64* ob) {
+  kf_i64 i = o % KF_D0;
+  o /= KF_D0;
+  *oa = i * KF_SA0;
+  *ob = i * KF_SB0;
+#if KF_NDIM > 1
+  i = o % KF_D1;
+  o /= KF_D1;
+  *oa += i * KF_SA1;
+  *ob += i * KF_SB1;
+#endif
+#if KF_NDIM > 2
+  i = o % KF_D2;
+  o /= KF_D2;
+  *oa += i * KF_SA2;
+  *ob += i * KF_SB2;
+#endif
+#if KF_NDIM > 3
+  *oa += o * KF_SA3;
+  *ob += o * KF_SB3;
+#endif
+}
+)kf";
+
+const char* const kCudaPointwise = R"kf(
+// Each thread handles KF_ITEMS vectors of KF_VEC elements, KF_BLOCK apart (coalesced); the
+// n % KF_VEC elements after the last whole vector go to the first threads of block 0.
 extern "C" __global__ void __launch_bounds__(KF_BLOCK)
 kf_pointwise(const kf_t* __restrict__ a,
-#if KF_OP == 2
-             const kf_t* __restrict__ b, float alpha,
+#if KF_SCALAR
+             float s,
+#endif
+#if KF_ALPHA
+             float alpha,
 #endif
              kf_t* __restrict__ y, kf_i64 n) {
+#if !KF_SCALAR
+  const float s = 0.0f;
+#endif
+#if !KF_ALPHA
+  const float alpha = 1.0f;
+#endif
   const kf_i64 nvec = n / KF_VEC;
   const kf_i64 first = (kf_i64)blockIdx.x * (KF_BLOCK * KF_ITEMS) + threadIdx.x;
   float va[KF_ITEMS][KF_VEC];
-#if KF_OP == 2
-  float vb[KF_ITEMS][KF_VEC];
-#endif
+#pragma unroll
+  for (int it = 0; it < KF_ITEMS; ++it) {
+    const kf_i64 i = first + (kf_i64)it * KF_BLOCK;
+    if (i < nvec) kf_load<KF_VEC>(a, i, va[it]);
+  }
 #pragma unroll
   for (int it = 0; it < KF_ITEMS; ++it) {
     const kf_i64 i = first + (kf_i64)it * KF_BLOCK;
     if (i < nvec) {
-      kf_load<KF_VEC>(a, i, va[it]);
-#if KF_OP == 2
-      kf_load<KF_VEC>(b, i, vb[it]);
+      float o[KF_VEC];
+#pragma unroll
+      for (int k = 0; k < KF_VEC; ++k) o[k] = kf_op(va[it][k], s, alpha);
+      kf_store<KF_VEC>(y, i, o);
+    }
+  }
+#if KF_VEC > 1
+  if (blockIdx.x == 0 && (kf_i64)threadIdx.x < n - nvec * KF_VEC) {
+    const kf_i64 j = nvec * KF_VEC + threadIdx.x;
+    y[j] = kf_from_float(kf_op(kf_to_float(a[j]), s, alpha));
+  }
 #endif
+}
+)kf";
+
+const char* const kCudaBinary = R"kf(
+// An input whose innermost stride is 1 is read in vectors of KF_VEC elements (KF_VEC divides
+// KF_D0, so a vector never crosses a row of the innermost dimension); one whose innermost stride
+// is 0 once per vector. Each thread handles KF_ITEMS vectors, KF_BLOCK apart.
+template <int S>
+__device__ __forceinline__ void kf_read(const kf_t* __restrict__ p, float (&out)[KF_VEC]) {
+  if (S == 1) {
+    kf_load<KF_VEC>(p, 0, out);
+  } else {
+    const float v = kf_to_float(p[0]);
+#pragma unroll
+    for (int k = 0; k < KF_VEC; ++k) out[k] = v;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(KF_BLOCK)
+kf_binary(const kf_t* __restrict__ a, const kf_t* __restrict__ b,
+#if KF_ALPHA
+          float alpha,
+#endif
+          kf_t* __restrict__ y, kf_i64 n) {
+#if !KF_ALPHA
+  const float alpha = 1.0f;
+#endif
+  const kf_i64 nvec = n / KF_VEC;
+  const kf_i64 first = (kf_i64)blockIdx.x * (KF_BLOCK * KF_ITEMS) + threadIdx.x;
+  float va[KF_ITEMS][KF_VEC], vb[KF_ITEMS][KF_VEC];
+#pragma unroll
+  for (int it = 0; it < KF_ITEMS; ++it) {
+    const kf_i64 i = first + (kf_i64)it * KF_BLOCK;
+    if (i < nvec) {
+      kf_i64 oa, ob;
+      kf_offsets(i * KF_VEC, &oa, &ob);
+      kf_read<KF_SA0>(a + oa, va[it]);
+      kf_read<KF_SB0>(b + ob, vb[it]);
     }
   }
 #pragma unroll
@@ -61,123 +226,284 @@ kf_pointwise(const kf_t* __restrict__ a,
     if (i < nvec) {
       float o[KF_VEC];
 #pragma unroll
-      for (int k = 0; k < KF_VEC; ++k) {
-#if KF_OP == 2
-        o[k] = va[it][k] + alpha * vb[it][k];
-#else
-        o[k] = kf_op(va[it][k]);
-#endif
-      }
+      for (int k = 0; k < KF_VEC; ++k) o[k] = kf_bin(va[it][k], vb[it][k], alpha);
       kf_store<KF_VEC>(y, i, o);
     }
   }
-#if KF_VEC > 1
-  if (blockIdx.x == 0 && (kf_i64)threadIdx.x < n - nvec * KF_VEC) {
-    const kf_i64 j = nvec * KF_VEC + threadIdx.x;
-#if KF_OP == 2
-    y[j] = kf_from_float(kf_to_float(a[j]) + alpha * kf_to_float(b[j]));
-#else
-    y[j] = kf_from_float(kf_op(kf_to_float(a[j])));
-#endif
-  }
-#endif
 }
 )kf";
 
 const char* const kCpuPointwise = R"kf(
-// KF_OP as in the CUDA template; KF_CHUNK elements per block.
-#if KF_OP == 0
-static inline float kf_op(float x) {
-#if KF_GELU_TANH
-  const float kBeta = 0.7978845608028654f;
-  const float kKappa = 0.044715f;
-  const float inner = kBeta * (x + kKappa * (x * x * x));
-  return 0.5f * x * (1.0f + tanhf(inner));
-#else
-  return x * 0.5f * (1.0f + erff(x * 0.70710678118654752440f));
-#endif
-}
-#elif KF_OP == 1
-static inline float kf_op(float x) { return x / (1.0f + expf(-x)); }
-#elif KF_OP == 3
-static inline float kf_op(float x) { return x < 0.0f ? 0.0f : x; }
-#endif
-
+// KF_CHUNK elements per block.
 extern "C" void kf_pointwise(const kforge_cpu_block* blk, void* const* p) {
   const float* __restrict__ a = KF_PTR(const float, 0);
-#if KF_OP == 2
+  int slot = 1;
+#if KF_SCALAR
+  const float s = KF_F32(slot++);
+#else
+  const float s = 0.0f;
+#endif
+#if KF_ALPHA
+  const float alpha = KF_F32(slot++);
+#else
+  const float alpha = 1.0f;
+#endif
+  float* __restrict__ y = KF_PTR(float, slot);
+  const int64_t n = KF_I64(slot + 1);
+  const int64_t i0 = (int64_t)blk->block_idx[0] * KF_CHUNK;
+  const int64_t i1 = i0 + KF_CHUNK < n ? i0 + KF_CHUNK : n;
+  for (int64_t i = i0; i < i1; ++i) y[i] = kf_op(a[i], s, alpha);
+}
+)kf";
+
+const char* const kCpuBinary = R"kf(
+// KF_CHUNK output elements per block, walked a run of the innermost dimension at a time: within a
+// run both inputs advance by a constant stride (1 or 0), a loop the compiler vectorizes.
+extern "C" void kf_binary(const kforge_cpu_block* blk, void* const* p) {
+  const float* __restrict__ a = KF_PTR(const float, 0);
   const float* __restrict__ b = KF_PTR(const float, 1);
+#if KF_ALPHA
   const float alpha = KF_F32(2);
   float* __restrict__ y = KF_PTR(float, 3);
   const int64_t n = KF_I64(4);
 #else
-  float* __restrict__ y = KF_PTR(float, 1);
-  const int64_t n = KF_I64(2);
+  const float alpha = 1.0f;
+  float* __restrict__ y = KF_PTR(float, 2);
+  const int64_t n = KF_I64(3);
 #endif
   const int64_t i0 = (int64_t)blk->block_idx[0] * KF_CHUNK;
   const int64_t i1 = i0 + KF_CHUNK < n ? i0 + KF_CHUNK : n;
-  for (int64_t i = i0; i < i1; ++i) {
-#if KF_OP == 2
-    y[i] = a[i] + alpha * b[i];
-#else
-    y[i] = kf_op(a[i]);
-#endif
+  for (int64_t o = i0; o < i1;) {
+    kf_i64 oa, ob;
+    kf_offsets(o, &oa, &ob);
+    const int64_t left_in_row = KF_D0 - o % KF_D0;
+    const int64_t len = left_in_row < i1 - o ? left_in_row : i1 - o;
+    const float* __restrict__ pa = a + oa;
+    const float* __restrict__ pb = b + ob;
+    float* __restrict__ py = y + o;
+    for (int64_t k = 0; k < len; ++k) py[k] = kf_bin(pa[k * KF_SA0], pb[k * KF_SB0], alpha);
+    o += len;
   }
 }
 )kf";
 
-// -DKF_OP and -DKF_GELU_TANH for the signature, or nothing when the templates do not handle it.
-std::optional<std::vector<std::string>> pointwise_defines(const OpSignature& sig, Pointwise op, Backend backend) {
+// Note [Broadcast plan]
+// ~~~~~~~~~~~~~~~~~~~~~
+// The binary kernels are specialized to the signature's shapes: the output is the broadcast of
+// the two inputs' sizes (aligned from the last dimension; a size-1 or missing dimension repeats),
+// and each input, contiguous in its own sizes, is read with stride 0 along the dimensions where
+// it repeats. Output dimensions of size 1 are dropped, and neighbouring dimensions merged while
+// both inputs step through them as through one (outer stride = inner stride x inner size, 0 = 0),
+// so a bias add [N, C] + [C] is two dimensions, a same-size add one, a per-channel scale
+// [N, C, H, W] * [1, C, 1, 1] three. More than four after merging: not handled. The output is
+// contiguous, as PyTorch's TensorIterator makes it for contiguous inputs.
+struct BroadcastPlan {
+  std::vector<int64_t> out_sizes;             // the broadcast shape, full rank
+  std::vector<std::string> out_size_exprs;    // each as a launch-plan name of an input's size
+  std::vector<int64_t> dims, sa, sb;          // collapsed, innermost first
+};
+
+constexpr size_t kMaxBroadcastDims = 4;
+
+std::optional<BroadcastPlan> broadcast_plan(const TensorMeta& a, const TensorMeta& b) {
+  const size_t rank = std::max(a.sizes.size(), b.sizes.size());
+  BroadcastPlan p;
+  // Per output dimension, innermost first: size and each input's stride (its own contiguous one).
+  std::vector<int64_t> sizes, sa, sb;
+  int64_t step_a = 1, step_b = 1;
+  p.out_sizes.assign(rank, 1);
+  p.out_size_exprs.assign(rank, "1");
+  for (size_t k = 0; k < rank; ++k) {   // k: position from the end
+    const size_t d = rank - 1 - k;
+    const bool in_a = k < a.sizes.size(), in_b = k < b.sizes.size();
+    const size_t da = in_a ? a.sizes.size() - 1 - k : 0, db = in_b ? b.sizes.size() - 1 - k : 0;
+    const int64_t na = in_a ? a.sizes[da] : 1, nb = in_b ? b.sizes[db] : 1;
+    if (na != nb && na != 1 && nb != 1) return std::nullopt;
+    const int64_t n = std::max(na, nb);
+    p.out_sizes[d] = n;
+    if (n != 1) p.out_size_exprs[d] = na == n ? size_name(0, da) : size_name(1, db);
+    if (n != 1) {
+      sizes.push_back(n);
+      sa.push_back(na == n ? step_a : 0);
+      sb.push_back(nb == n ? step_b : 0);
+    }
+    step_a *= na;
+    step_b *= nb;
+  }
+  if (sizes.empty()) {   // one element
+    sizes = {1};
+    sa = {1};
+    sb = {1};
+  }
+  p.dims = {sizes[0]};
+  p.sa = {sa[0]};
+  p.sb = {sb[0]};
+  for (size_t k = 1; k < sizes.size(); ++k) {
+    const int64_t n = p.dims.back();
+    if (sa[k] == p.sa.back() * n && sb[k] == p.sb.back() * n) {
+      p.dims.back() *= sizes[k];
+    } else {
+      p.dims.push_back(sizes[k]);
+      p.sa.push_back(sa[k]);
+      p.sb.push_back(sb[k]);
+    }
+  }
+  if (p.dims.size() > kMaxBroadcastDims) return std::nullopt;
+  return p;
+}
+
+int64_t out_numel(const BroadcastPlan& p) {
+  int64_t n = 1;
+  for (int64_t d : p.dims) n *= d;
+  return n;
+}
+
+// The output numel as a launch-plan expression.
+std::string out_numel_expr(const BroadcastPlan& p) {
+  std::string e;
+  for (const std::string& s : p.out_size_exprs) {
+    if (s == "1") continue;
+    e += (e.empty() ? "" : " * ") + s;
+  }
+  return e.empty() ? "1" : e;
+}
+
+std::vector<std::string> broadcast_defines(const BroadcastPlan& p) {
+  std::vector<std::string> o = {define("KF_NDIM", static_cast<int64_t>(p.dims.size()))};
+  for (size_t d = 0; d < p.dims.size(); ++d) {
+    o.push_back(define("KF_D" + std::to_string(d), p.dims[d]));
+    o.push_back(define("KF_SA" + std::to_string(d), p.sa[d]));
+    o.push_back(define("KF_SB" + std::to_string(d), p.sb[d]));
+  }
+  return o;
+}
+
+OutputSpec broadcast_output(const BroadcastPlan& p, DType dtype) {
+  const size_t rank = p.out_sizes.size();
+  std::vector<std::string> strides(rank);
+  std::string step = "1";
+  for (size_t d = rank; d-- > 0;) {
+    strides[d] = step;
+    if (p.out_size_exprs[d] != "1") step = step == "1" ? p.out_size_exprs[d] : step + " * " + p.out_size_exprs[d];
+  }
+  return OutputSpec::explicit_layout(dtype, p.out_size_exprs, strides);
+}
+
+bool is_number(const Arg& a) {
+  return std::holds_alternative<int64_t>(a.value) || std::holds_alternative<double>(a.value);
+}
+
+// Whether `other` (argument 1) is a Python number: a 0-dimensional CPU tensor of a dtype a value
+// binding reads. With a floating `self` the result keeps self's dtype (a 0-dimensional operand
+// counts only by category in type promotion), so float64 0.5 times a bfloat16 tensor is bfloat16.
+bool value_other(const OpSignature& sig) {
+  const TensorMeta* b = tensor_arg(sig, 1);
+  return b != nullptr && b->sizes.empty() && b->device == DeviceType::kCpu &&
+         (b->dtype == DType::kFloat64 || b->dtype == DType::kFloat32 || b->dtype == DType::kInt64 ||
+          b->dtype == DType::kInt32 || b->dtype == DType::kBool);
+}
+
+// The binary operators with two tensors use the broadcasting kernel; everything else, the unary one.
+bool broadcasting(const OpSignature& sig, Pointwise op) { return is_binary(op) && !value_other(sig); }
+
+// The signature's op and argument checks for `op`, or false when the templates do not handle it.
+bool matches(const OpSignature& sig, Pointwise op, Backend backend) {
+  const PointwiseInfo& in = info(op);
+  if (sig.op != in.aten || sig.overload != in.overload) return false;
   const TensorMeta* a = tensor_arg(sig, 0);
-  if (!template_tensor(a, backend)) return std::nullopt;
+  if (!template_tensor(a, backend)) return false;
   switch (op) {
     case Pointwise::kGelu: {
-      if (sig.op != "aten::gelu" || !sig.overload.empty() || sig.args.empty() || sig.args.size() > 2) {
-        return std::nullopt;
-      }
-      bool tanh = false;
+      if (sig.args.empty() || sig.args.size() > 2) return false;
       if (sig.args.size() == 2) {
         const auto* mode = std::get_if<std::string>(&sig.args[1].value);
-        if (mode == nullptr || (*mode != "none" && *mode != "tanh")) return std::nullopt;
-        tanh = *mode == "tanh";
+        return mode != nullptr && (*mode == "none" || *mode == "tanh");
       }
-      return std::vector<std::string>{define("KF_OP", 0), define("KF_GELU_TANH", tanh ? 1 : 0)};
+      return true;
     }
     case Pointwise::kSilu:
-      if (sig.op != "aten::silu" || !sig.overload.empty() || sig.args.size() != 1) return std::nullopt;
-      return std::vector<std::string>{define("KF_OP", 1)};
     case Pointwise::kRelu:
-      if (sig.op != "aten::relu" || !sig.overload.empty() || sig.args.size() != 1) return std::nullopt;
-      return std::vector<std::string>{define("KF_OP", 3)};
-    case Pointwise::kAdd: {
-      if (sig.op != "aten::add" || sig.overload != "Tensor" || sig.args.size() != 3) return std::nullopt;
+    case Pointwise::kSigmoid:
+    case Pointwise::kTanh:
+    case Pointwise::kHardswish:
+      return sig.args.size() == 1;
+    case Pointwise::kAdd:
+    case Pointwise::kSub:
+    case Pointwise::kMul:
+    case Pointwise::kDiv: {
+      if (sig.args.size() != (has_alpha(op) ? 3u : 2u)) return false;
+      if (has_alpha(op) && !is_number(sig.args[2])) return false;
+      if (value_other(sig)) return true;
       const TensorMeta* b = tensor_arg(sig, 1);
-      const bool alpha = std::holds_alternative<int64_t>(sig.args[2].value) ||
-                         std::holds_alternative<double>(sig.args[2].value);
-      if (!template_tensor(b, backend) || b->dtype != a->dtype || b->sizes != a->sizes || !alpha) return std::nullopt;
-      return std::vector<std::string>{define("KF_OP", 2)};
+      // One dtype (no type promotion) on one device.
+      return template_tensor(b, backend) && b->dtype == a->dtype && broadcast_plan(*a, *b).has_value();
     }
   }
-  return std::nullopt;
+  return false;
 }
 
-std::string_view pointwise_family(Pointwise op, Backend backend) {
-  const bool cpu = backend == Backend::kCpu;
-  switch (op) {
-    case Pointwise::kGelu: return cpu ? "cpu.gelu" : "gelu";
-    case Pointwise::kSilu: return cpu ? "cpu.silu" : "silu";
-    case Pointwise::kAdd: return cpu ? "cpu.add" : "add";
-    case Pointwise::kRelu: return cpu ? "cpu.relu" : "relu";
+std::vector<std::string> op_defines(const OpSignature& sig, Pointwise op) {
+  const PointwiseInfo& in = info(op);
+  if (broadcasting(sig, op)) {
+    std::vector<std::string> o = {define("KF_BIN", in.code)};
+    const BroadcastPlan p = *broadcast_plan(*tensor_arg(sig, 0), *tensor_arg(sig, 1));
+    for (std::string& d : broadcast_defines(p)) o.push_back(std::move(d));
+    return o;
   }
-  return "";
+  // A binary operator with a number: the unary kernel's KF_OP 7 to 10.
+  std::vector<std::string> o = {define("KF_OP", is_binary(op) ? 7 + in.code : in.code)};
+  if (op == Pointwise::kGelu) {
+    const auto* mode = sig.args.size() == 2 ? std::get_if<std::string>(&sig.args[1].value) : nullptr;
+    o.push_back(define("KF_GELU_TANH", mode != nullptr && *mode == "tanh" ? 1 : 0));
+  }
+  return o;
 }
 
-std::vector<ArgBinding> pointwise_bindings(Pointwise op) {
-  if (op == Pointwise::kAdd) {
-    return {ArgBinding::input(0), ArgBinding::input(1), ArgBinding::scalar(2, ValueType::kFloat32),
-            ArgBinding::output(0), ArgBinding::size("numel0")};
+std::vector<ArgBinding> bindings(const OpSignature& sig, Pointwise op, const std::string& numel) {
+  std::vector<ArgBinding> b = {ArgBinding::input(0)};
+  if (broadcasting(sig, op)) {
+    b.push_back(ArgBinding::input(1));
+  } else if (is_binary(op)) {
+    b.push_back(ArgBinding::tensor_value(1, ValueType::kFloat32));
   }
-  return {ArgBinding::input(0), ArgBinding::output(0), ArgBinding::size("numel0")};
+  if (has_alpha(op)) b.push_back(ArgBinding::scalar(2, ValueType::kFloat32));
+  b.push_back(ArgBinding::output(0));
+  b.push_back(ArgBinding::size(numel));
+  return b;
+}
+
+// The output's element count, the plan's output and its expression for the kernel's `n`.
+struct OutputShape {
+  int64_t numel;
+  std::string numel_expr;
+  OutputSpec spec;
+};
+
+OutputShape output_shape(const OpSignature& sig, Pointwise op) {
+  const TensorMeta& a = *tensor_arg(sig, 0);
+  if (!broadcasting(sig, op)) return {a.numel(), "numel0", OutputSpec::like(0)};
+  const BroadcastPlan p = *broadcast_plan(a, *tensor_arg(sig, 1));
+  return {out_numel(p), out_numel_expr(p), broadcast_output(p, a.dtype)};
+}
+
+// Whether vectors of `vec` elements suit the signature: aligned inputs, and for the broadcasting
+// kernel a vector that stays within a row of the innermost dimension.
+bool vec_fits(const OpSignature& sig, Pointwise op, int64_t vec) {
+  if (!vector_fits(sig, vec)) return false;
+  if (!broadcasting(sig, op)) return true;
+  return broadcast_plan(*tensor_arg(sig, 0), *tensor_arg(sig, 1))->dims[0] % vec == 0;
+}
+
+// The formulas' source for a backend.
+std::string formulas(const OpSignature& sig, Pointwise op, Backend backend) {
+  std::string s = backend == Backend::kCuda ? "#define KF_DEVICE __device__\n" : "#define KF_DEVICE\n";
+  // hardswish's 1/6: PyTorch's CUDA kernel multiplies by it, its CPU kernel divides by 6.
+  if (op == Pointwise::kHardswish) {
+    s += backend == Backend::kCuda ? "#define KF_SIXTH 0.16666666666666666f\n" : "#define KF_SIXTH (1.0f / 6.0f)\n";
+  }
+  if (backend == Backend::kCpu) s += "typedef int64_t kf_i64;\n";
+  s += broadcasting(sig, op) ? kBinaryFormulas : kPointwiseFormulas;
+  return s;
 }
 
 // ---- CUDA ------------------------------------------------------------------------------------------
@@ -187,24 +513,22 @@ enum PointwiseCudaKnob : size_t { kBlock, kVec, kItems };
 class PointwiseCuda final : public FamilyBase {
  public:
   explicit PointwiseCuda(Pointwise op)
-      : FamilyBase(std::string(pointwise_family(op, Backend::kCuda)), Backend::kCuda,
+      : FamilyBase(std::string(info(op).family), Backend::kCuda,
                    {Knob{"block", {64, 128, 256, 512, 1024}, {}}, Knob{"vec", {1, 2, 4, 8}, {}},
                     Knob{"items", {1, 2, 4, 8}, {}}}),
         op_(op) {}
 
-  bool applies(const OpSignature& sig) const override {
-    return pointwise_defines(sig, op_, Backend::kCuda).has_value();
-  }
+  bool applies(const OpSignature& sig) const override { return matches(sig, op_, Backend::kCuda); }
 
   bool valid(const OpSignature& sig, std::span<const int64_t> v) const override {
-    const int64_t numel = tensor_arg(sig, 0)->numel();
+    const int64_t numel = output_shape(sig, op_).numel;
     // No block whose work would be mostly missing; the smallest configuration always fits.
-    return vector_fits(sig, v[kVec]) && v[kBlock] * v[kVec] * v[kItems] <= std::max<int64_t>(64, 2 * numel);
+    return vec_fits(sig, op_, v[kVec]) && v[kBlock] * v[kVec] * v[kItems] <= std::max<int64_t>(64, 2 * numel);
   }
 
   double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
     const TensorMeta& x = *tensor_arg(sig, 0);
-    const int64_t numel = x.numel();
+    const int64_t numel = output_shape(sig, op_).numel;
     // Measured on an H200: two vectors per thread were as fast as any on large tensors; more
     // cost registers and occupancy (eight: up to 2x slower).
     const double ideal_items = numel >= (int64_t{1} << 18) ? 2 : 1;
@@ -216,17 +540,22 @@ class PointwiseCuda final : public FamilyBase {
   KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {
     const TensorMeta& x = *tensor_arg(sig, 0);
     std::vector<std::string> options = {dtype_define(x.dtype)};
-    const std::vector<std::string> op_defines = pointwise_defines(sig, op_, Backend::kCuda).value_or(std::vector<std::string>());
-    options.insert(options.end(), op_defines.begin(), op_defines.end());
+    for (std::string& d : op_defines(sig, op_)) options.push_back(std::move(d));
     for (std::string d : {define("KF_BLOCK", v[kBlock]), define("KF_VEC", v[kVec]), define("KF_ITEMS", v[kItems])}) {
       options.push_back(std::move(d));
     }
-    KernelSpec s = one_launch_spec(Backend::kCuda, std::string(kCudaPrelude) + kCudaPointwise, "kf_pointwise", options);
-    s.plan.outputs = {OutputSpec::like(0)};
+    const bool binary = broadcasting(sig, op_);
+    const std::string entry = binary ? "kf_binary" : "kf_pointwise";
+    KernelSpec s = one_launch_spec(Backend::kCuda,
+                                   std::string(kCudaPrelude) + formulas(sig, op_, Backend::kCuda) +
+                                       (binary ? kCudaBinary : kCudaPointwise),
+                                   entry, options);
+    OutputShape out = output_shape(sig, op_);
+    s.plan.outputs = {std::move(out.spec)};
     Launch& l = s.plan.launches[0];
-    l.grid[0] = "ceil_div(numel0, " + std::to_string(v[kBlock] * v[kVec] * v[kItems]) + ")";
+    l.grid[0] = "ceil_div(" + out.numel_expr + ", " + std::to_string(v[kBlock] * v[kVec] * v[kItems]) + ")";
     l.block[0] = std::to_string(v[kBlock]);
-    l.args = pointwise_bindings(op_);
+    l.args = bindings(sig, op_, out.numel_expr);
     return s;
   }
 
@@ -239,31 +568,35 @@ class PointwiseCuda final : public FamilyBase {
 class PointwiseCpu final : public FamilyBase {
  public:
   explicit PointwiseCpu(Pointwise op)
-      : FamilyBase(std::string(pointwise_family(op, Backend::kCpu)), Backend::kCpu,
+      : FamilyBase("cpu." + std::string(info(op).family), Backend::kCpu,
                    {Knob{"chunk", {1024, 4096, 16384, 65536, 262144}, {}}}),
         op_(op) {}
 
-  bool applies(const OpSignature& sig) const override { return pointwise_defines(sig, op_, Backend::kCpu).has_value(); }
+  bool applies(const OpSignature& sig) const override { return matches(sig, op_, Backend::kCpu); }
 
   bool valid(const OpSignature& sig, std::span<const int64_t> v) const override {
-    return v[0] <= std::max<int64_t>(1024, pow2_ceil(tensor_arg(sig, 0)->numel()));
+    return v[0] <= std::max<int64_t>(1024, pow2_ceil(output_shape(sig, op_).numel));
   }
 
   double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
-    const double numel = static_cast<double>(tensor_arg(sig, 0)->numel());
+    const double numel = static_cast<double>(output_shape(sig, op_).numel);
     return closeness(static_cast<double>(v[0]), std::clamp(numel / 16, 1024.0, 65536.0), 0.3);
   }
 
   KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {
     std::vector<std::string> options = cpu_base_options(sig);
-    const std::vector<std::string> op_defines = pointwise_defines(sig, op_, Backend::kCpu).value_or(std::vector<std::string>());
-    options.insert(options.end(), op_defines.begin(), op_defines.end());
+    for (std::string& d : op_defines(sig, op_)) options.push_back(std::move(d));
     options.push_back(define("KF_CHUNK", v[0]));
-    KernelSpec s = one_launch_spec(Backend::kCpu, std::string(kCpuPrelude) + kCpuPointwise, "kf_pointwise", options);
-    s.plan.outputs = {OutputSpec::like(0)};
+    const bool binary = broadcasting(sig, op_);
+    KernelSpec s = one_launch_spec(Backend::kCpu,
+                                   std::string(kCpuPrelude) + formulas(sig, op_, Backend::kCpu) +
+                                       (binary ? kCpuBinary : kCpuPointwise),
+                                   binary ? "kf_binary" : "kf_pointwise", options);
+    OutputShape out = output_shape(sig, op_);
+    s.plan.outputs = {std::move(out.spec)};
     Launch& l = s.plan.launches[0];
-    l.grid[0] = "ceil_div(numel0, " + std::to_string(v[0]) + ")";
-    l.args = pointwise_bindings(op_);
+    l.grid[0] = "ceil_div(" + out.numel_expr + ", " + std::to_string(v[0]) + ")";
+    l.args = bindings(sig, op_, out.numel_expr);
     return s;
   }
 
@@ -271,19 +604,27 @@ class PointwiseCpu final : public FamilyBase {
   Pointwise op_;
 };
 
+template <Pointwise Op>
+std::unique_ptr<KernelTemplate> make_cuda() {
+  return std::make_unique<PointwiseCuda>(Op);
+}
+template <Pointwise Op>
+std::unique_ptr<KernelTemplate> make_cpu() {
+  return std::make_unique<PointwiseCpu>(Op);
+}
+
 }  // namespace
 
-// aten::gelu, aten::silu, aten::add.Tensor, aten::relu ("gelu", "silu", "add", "relu" and their
-// "cpu." twins).
+// One CUDA family ("gelu", "mul", ...) and its "cpu." twin per operator of kInfo.
 const FamilyRegistration kRegistered{
-    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<PointwiseCuda>(Pointwise::kGelu); },
-    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<PointwiseCuda>(Pointwise::kSilu); },
-    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<PointwiseCuda>(Pointwise::kAdd); },
-    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<PointwiseCuda>(Pointwise::kRelu); },
-    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<PointwiseCpu>(Pointwise::kGelu); },
-    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<PointwiseCpu>(Pointwise::kSilu); },
-    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<PointwiseCpu>(Pointwise::kAdd); },
-    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<PointwiseCpu>(Pointwise::kRelu); },
+    make_cuda<Pointwise::kGelu>, make_cuda<Pointwise::kSilu>, make_cuda<Pointwise::kRelu>,
+    make_cuda<Pointwise::kSigmoid>, make_cuda<Pointwise::kTanh>, make_cuda<Pointwise::kHardswish>,
+    make_cuda<Pointwise::kAdd>, make_cuda<Pointwise::kSub>,
+    make_cuda<Pointwise::kMul>, make_cuda<Pointwise::kDiv>,
+    make_cpu<Pointwise::kGelu>, make_cpu<Pointwise::kSilu>, make_cpu<Pointwise::kRelu>,
+    make_cpu<Pointwise::kSigmoid>, make_cpu<Pointwise::kTanh>, make_cpu<Pointwise::kHardswish>,
+    make_cpu<Pointwise::kAdd>, make_cpu<Pointwise::kSub>,
+    make_cpu<Pointwise::kMul>, make_cpu<Pointwise::kDiv>,
 };
 
 }  // namespace kforge::search::templates

@@ -34,6 +34,7 @@ using R = ArgRole;
 //   hardswish            5 (add, two clamps, two multiplies)
 //   sub.Tensor           2, mul.Tensor 1, div.Tensor 1
 //   native_batch_norm    4 (subtract the mean, scale by invstd, weight, bias)
+//   sum, mean, amax      1 (an add or a compare per element)
 // Bytes: every tensor argument's elements read once and every output's written once.
 
 constexpr std::string_view kOneOut = "out";
@@ -102,6 +103,25 @@ constexpr std::array<OutputDecl, 3> kBatchNormOutputs = {{
     {"save_invstd", OutputRule::kBatchNormSaved},
 }};
 constexpr std::array<std::string_view, 2> kBatchNormFamilies = {"batch_norm", "cpu.batch_norm"};
+
+// ---- reductions ----------------------------------------------------------------------------------
+
+constexpr std::array<ArgDecl, 4> kSumMeanArgs = {{
+    {"self", R::kData},
+    {"dim", R::kDim},
+    {"keepdim", R::kMode},
+    {"dtype", R::kResultType},
+}};
+constexpr std::array<ArgDecl, 3> kAmaxArgs = {{{"self", R::kData}, {"dim", R::kDim}, {"keepdim", R::kMode}}};
+constexpr std::array<OutputDecl, 1> kOneReduced = {{{kOneOut, OutputRule::kReduced}}};
+constexpr std::array<std::string_view, 2> kSumFamilies = {"sum", "cpu.sum"};
+constexpr std::array<std::string_view, 2> kMeanFamilies = {"mean", "cpu.mean"};
+constexpr std::array<std::string_view, 2> kAmaxFamilies = {"amax", "cpu.amax"};
+
+#define KFORGE_REDUCED_OUTPUT                                                                                 \
+  "Output 0: self's sizes without the reduced dimensions, or with each of them as 1 when keepdim (argument " \
+  "2) is true (self [4, 6, 5] over [-1] gives [4, 6], keepdim [4, 6, 1]; over every dimension without "       \
+  "keepdim a 0-dimensional tensor); contiguous strides."
 
 // ---- pointwise -----------------------------------------------------------------------------------
 
@@ -217,8 +237,30 @@ Output 0: like self ({"like": 0}: the sizes of self; self's strides when self is
 Output 0 (out): like input ({"like": 0}: its sizes, and its strides when it is dense, channels_last included), dtype of input.
 Outputs 1 and 2 (save_mean, save_invstd): in inference empty, sizes [0] (strides [1]), dtype of running_mean (float32 running statistics with a bfloat16 input give float32); in training [C], the batch's mean and invstd.)txt",
      "", "aten::native_batch_norm.out", kBatchNormFamilies, ""},
+    {"aten::sum", "dim_IntList",
+     "aten::sum.dim_IntList(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor",
+     kSumMeanArgs, kOneReduced, 1,
+     "Sum over the dimensions listed in dim (argument 1, a list; negative counts from the end; None or [] "
+     "reduces every dimension). Accumulate in float32 for float16/bfloat16 input; the result has self's dtype "
+     "(argument 3, dtype, when given, sets it instead; integer and bool inputs give int64).\n" KFORGE_REDUCED_OUTPUT,
+     "", "aten::sum.IntList_out", kSumFamilies, ""},
+    {"aten::mean", "dim",
+     "aten::mean.dim(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor",
+     kSumMeanArgs, kOneReduced, 1,
+     "Mean over the dimensions listed in dim (argument 1, a list; negative counts from the end; None or [] "
+     "reduces every dimension): the sum divided by the number of elements reduced. Accumulate in float32 for "
+     "float16/bfloat16 input; the result has self's dtype (argument 3, dtype, when given, sets it; a floating "
+     "dtype only).\n" KFORGE_REDUCED_OUTPUT,
+     "", "aten::mean.out", kMeanFamilies, ""},
+    {"aten::amax", "", "aten::amax(Tensor self, int[1] dim=[], bool keepdim=False) -> Tensor", kAmaxArgs,
+     kOneReduced, 1,
+     "Maximum over the dimensions listed in dim (argument 1; negative counts from the end; [] reduces every "
+     "dimension), exact in every dtype. A NaN anywhere in a reduced group makes its result NaN (do not use "
+     "fmaxf alone: it drops NaN).\n" KFORGE_REDUCED_OUTPUT,
+     "", "aten::amax.out", kAmaxFamilies, ""},
 }};
 
+#undef KFORGE_REDUCED_OUTPUT
 #undef KFORGE_BROADCAST_OUTPUT
 #undef KFORGE_BROADCAST_RULE
 #undef KFORGE_LIKE_SELF_OUTPUT
@@ -358,7 +400,11 @@ std::string incomplete(const OpEntry& e) {
     return who + ": no template family, and no reason why there is none";
   }
   if (!e.inplace.empty() && !e.inplace.starts_with("aten::")) return who + ": the in-place variant must be aten::<op>";
-  if (!e.out_variant.empty() && !e.out_variant.ends_with(".out")) return who + ": the out= variant must be <op>.out";
+  // "aten::add.out"; an overload may name it otherwise ("aten::sum.IntList_out").
+  if (!e.out_variant.empty() &&
+      (!e.out_variant.starts_with(std::string(e.name) + ".") || !e.out_variant.ends_with("out"))) {
+    return who + ": the out= variant must be <op>.out or <op>.<overload>_out";
+  }
   return "";
 }
 
@@ -400,6 +446,25 @@ std::vector<TensorMeta> expected_outputs(const OpSignature& sig) {
         const TensorMeta* running_mean = tensor_at(sig, 3);
         if (running_mean != nullptr) m.dtype = running_mean->dtype;
         m.sizes = {training != nullptr && *training && x->sizes.size() > 1 ? x->sizes[1] : 0};
+        break;
+      }
+      case OutputRule::kReduced: {
+        const auto rank = static_cast<int64_t>(x->sizes.size());
+        std::vector<bool> reduced(x->sizes.size(), false);
+        const auto* dims = sig.args.size() > 1 ? std::get_if<std::vector<int64_t>>(&sig.args[1].value) : nullptr;
+        bool any = false;
+        if (dims != nullptr) {
+          for (int64_t d : *dims) {
+            if (d < -rank || d >= rank) return {};
+            reduced[static_cast<size_t>(d < 0 ? d + rank : d)] = any = true;
+          }
+        }
+        if (!any) reduced.assign(x->sizes.size(), true);   // None or []: every dimension
+        const auto* keep = sig.args.size() > 2 ? std::get_if<bool>(&sig.args[2].value) : nullptr;
+        for (size_t d = 0; d < x->sizes.size(); ++d) {
+          if (!reduced[d]) m.sizes.push_back(x->sizes[d]);
+          else if (keep != nullptr && *keep) m.sizes.push_back(1);
+        }
         break;
       }
       case OutputRule::kGroupStats: {

@@ -49,7 +49,10 @@
   OP_OVERLOAD(sub, Tensor)                        \
   OP_OVERLOAD(mul, Tensor)                        \
   OP_OVERLOAD(div, Tensor)                        \
-  OP(native_batch_norm)
+  OP(native_batch_norm)                           \
+  OP_OVERLOAD(sum, dim_IntList)                   \
+  OP_OVERLOAD(mean, dim)                          \
+  OP(amax)
 
 namespace kforge::catalog {
 
@@ -107,6 +110,8 @@ enum class OutputRule : uint8_t {
   kGroupStats,      // [N, group]: the int arguments 3 and 6 (native_group_norm)
   kBatchNormSaved,  // native_batch_norm's save_mean/save_invstd: [0] in inference (argument 5,
                     // training, false), [C] in training; the dtype of running_mean (argument 3)
+  kReduced,         // argument 0's sizes without the dimensions argument 1 lists (None or []: all
+                    // of them), or with them as 1 when argument 2 (keepdim) is true
 };
 
 struct OutputDecl {

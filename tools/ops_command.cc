@@ -22,6 +22,7 @@ std::string_view output_rule_name(catalog::OutputRule r) {
     case catalog::OutputRule::kNormRowStats: return "norm_row_stats";
     case catalog::OutputRule::kGroupStats: return "group_stats";
     case catalog::OutputRule::kBatchNormSaved: return "batch_norm_saved";
+    case catalog::OutputRule::kReduced: return "reduced";
   }
   return "?";
 }

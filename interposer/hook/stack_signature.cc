@@ -317,6 +317,24 @@ bool typed_arg(TypedVisit& v, c10::IntArrayRef list) noexcept {
   return true;
 }
 
+bool typed_arg(TypedVisit& v, c10::OptionalArrayRef<int64_t> list) noexcept {
+  if (!list.has_value()) {
+    v.out.none();
+    return true;
+  }
+  return typed_arg(v, *list);
+}
+
+// A ScalarType boxes as its integer code (IValue(ScalarType)).
+bool typed_arg(TypedVisit& v, std::optional<c10::ScalarType> t) noexcept {
+  if (!t.has_value()) {
+    v.out.none();
+    return true;
+  }
+  v.out.integer(static_cast<int64_t>(*t));
+  return true;
+}
+
 bool typed_arg(TypedVisit& v, double d) noexcept {
   v.out.real(d);
   return true;

@@ -89,6 +89,8 @@ bool typed_arg(TypedVisit& v, int64_t i) noexcept;
 bool typed_arg(TypedVisit& v, const c10::SymInt& i) noexcept;
 bool typed_arg(TypedVisit& v, c10::SymIntArrayRef list) noexcept;
 bool typed_arg(TypedVisit& v, c10::IntArrayRef list) noexcept;
+bool typed_arg(TypedVisit& v, c10::OptionalArrayRef<int64_t> list) noexcept;   // int[]? (None or a list)
+bool typed_arg(TypedVisit& v, std::optional<c10::ScalarType> t) noexcept;      // ScalarType? (None or an int)
 bool typed_arg(TypedVisit& v, double d) noexcept;
 bool typed_arg(TypedVisit& v, bool b) noexcept;
 bool typed_arg(TypedVisit& v, std::string_view s) noexcept;

@@ -115,6 +115,16 @@ OpSignature batch_norm(Backend b, DType t, std::vector<int64_t> sizes, bool affi
                      target(b)};
 }
 
+// sum.dim_IntList, mean.dim (dtype None) and amax over `dims` (nullopt: None).
+OpSignature reduce(const std::string& op, Backend b, DType t, std::vector<int64_t> sizes,
+                   std::optional<std::vector<int64_t>> dims, bool keepdim = false) {
+  OpSignature s{"aten::" + op, op == "sum" ? "dim_IntList" : op == "mean" ? "dim" : "",
+                {Arg::tensor(tensor(b, t, sizes)), dims ? Arg::int_list(*dims) : Arg::none(), Arg::boolean(keepdim)},
+                target(b)};
+  if (op != "amax") s.args.push_back(Arg::none());
+  return s;
+}
+
 // sigmoid, tanh, hardswish.
 OpSignature unary(const std::string& op, Backend b, DType t, std::vector<int64_t> sizes) {
   return OpSignature{"aten::" + op, "", {Arg::tensor(tensor(b, t, sizes))}, target(b)};
@@ -176,6 +186,10 @@ std::vector<OpSignature> signatures(Backend b) {
     out.push_back(batch_norm(b, t, {2, 16, 7, 7}));
     out.push_back(batch_norm(b, t, {5, 24}, false));
     if (t != DType::kFloat32) out.push_back(batch_norm(b, t, {2, 8, 33}, true, DType::kFloat32));
+    out.push_back(reduce("mean", b, t, {2, 7, 64}, std::vector<int64_t>{-1}, true));    // RMSNorm's mean
+    out.push_back(reduce("mean", b, t, {4, 32, 7, 7}, std::vector<int64_t>{-1, -2}));   // global pooling
+    out.push_back(reduce("sum", b, t, {3, 1000}, std::nullopt));                        // everything: 0-dim
+    out.push_back(reduce("amax", b, t, {5, 77}, std::vector<int64_t>{1}, true));
   }
   return out;
 }
@@ -314,6 +328,13 @@ TEST_CASE("templates: supports() accepts exactly the signatures some family hand
     refused.push_back(binary("div", G, F, {8, 64}, {}));                         // a 0-dim CUDA tensor: not a number
     refused.push_back(with_number("mul", G, F, {8, 64}, DType::kComplex64));     // a complex number promotes
     refused.push_back(batch_norm(G, F, {2, 16, 7, 7}, true, std::nullopt, true));  // training
+    refused.push_back(reduce("mean", G, F, {4, 8, 16}, std::vector<int64_t>{0}));   // not the trailing dimensions
+    refused.push_back(reduce("sum", G, F, {4, 8, 16}, std::vector<int64_t>{0, 2}));
+    {
+      OpSignature r = reduce("sum", G, F, {4, 8}, std::vector<int64_t>{-1});
+      r.args[3] = Arg::integer(6);   // dtype=float32 given: a result type of its own
+      refused.push_back(r);
+    }
     refused.push_back(batch_norm(G, DType::kFloat16, {2, 16, 7}, true, DType::kBFloat16));   // mixed parameters
     refused.push_back(unary("sigmoid", C, DType::kBFloat16, {8}));
     OpSignature s = add(G, F, {8, 64});
@@ -684,6 +705,10 @@ TEST_CASE("templates: the CUDA families compile with NVRTC for sm_90 over their 
     sigs.push_back(batch_norm(Backend::kCuda, d, {8, 64, 28, 28}));
     sigs.push_back(batch_norm(Backend::kCuda, d, {8, 64, 28, 28}, false));
     if (d != DType::kFloat32) sigs.push_back(batch_norm(Backend::kCuda, d, {8, 64, 28, 28}, true, DType::kFloat32));
+    for (const char* op : {"sum", "mean", "amax"}) {
+      sigs.push_back(reduce(op, Backend::kCuda, d, {512, 1024}, std::vector<int64_t>{-1}));
+      sigs.push_back(reduce(op, Backend::kCuda, d, {64, 8, 56, 56}, std::vector<int64_t>{2, 3}, true));
+    }
   }
   std::set<std::string> built;   // the build cache key: each distinct source and options once
   size_t compiled = 0;
@@ -865,6 +890,11 @@ TEST_CASE("templates: CPU instances of every family pass the worker's verificati
   plan(with_number("div", B, F, {7, 33}), 1, 0);
   plan(batch_norm(B, F, {3, 12, 5, 7}), 1, 2);
   plan(batch_norm(B, F, {7, 33}, false), 1, 1);
+  plan(reduce("mean", B, F, {3, 5, 257}, std::vector<int64_t>{-1}, true), 1, 2);
+  plan(reduce("mean", B, F, {2, 12, 7, 9}, std::vector<int64_t>{-2, -1}), 1, 1);
+  plan(reduce("sum", B, F, {9, 1001}, std::nullopt), 1, 1);
+  plan(reduce("sum", B, F, {37, 130}, std::vector<int64_t>{1}, true), 1, 1);
+  plan(reduce("amax", B, F, {33, 1003}, std::vector<int64_t>{-1}), 1, 2);
   verify_all("cpu", work);
 }
 
@@ -911,6 +941,10 @@ TEST_CASE("templates: CUDA instances of every family pass the worker's verificat
     plan(batch_norm(B, d, {4, 24, 9, 9}), 2, 2);
     plan(batch_norm(B, d, {37, 40}, false), 1, 1);
     if (d != DType::kFloat32) plan(batch_norm(B, d, {2, 8, 33}, true, DType::kFloat32), 1, 1);
+    plan(reduce("mean", B, d, {37, 4096}, std::vector<int64_t>{-1}, true), 2, 2);
+    plan(reduce("mean", B, d, {8, 64, 7, 7}, std::vector<int64_t>{-1, -2}), 2, 1);
+    plan(reduce("sum", B, d, {3, 50257}, std::nullopt), 1, 1);
+    plan(reduce("amax", B, d, {37, 1003}, std::vector<int64_t>{1}, true), 2, 2);
   }
   verify_all("cuda:0", work);
 }

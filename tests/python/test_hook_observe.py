@@ -124,7 +124,7 @@ if DEV == "cuda":
 
 class Small(torch.nn.Module):
     # Every catalog operator, on CPU: layer_norm, group_norm, gelu, silu, add, relu, sigmoid, tanh,
-    # hardswish, sub, mul, div, softmax, log_softmax.
+    # hardswish, sub, mul, div, mean, amax, sum, softmax, log_softmax (batch norm: in resnet18).
     def __init__(self):
         super().__init__()
         self.ln = torch.nn.LayerNorm(32)
@@ -136,6 +136,7 @@ class Small(torch.nn.Module):
         h = self.gn(h)
         h = F.silu(h) + F.gelu(F.relu(h), approximate="tanh")
         h = torch.sigmoid(h) * torch.tanh(h) - F.hardswish(h) / (h.abs() + 1)
+        h = h - h.mean(-1, keepdim=True) + h.amax(-1, keepdim=True) * 0.1 + h.sum(-1, keepdim=True) * 0.01
         return {"softmax": torch.softmax(h, dim=-1), "log_softmax": torch.log_softmax(h, dim=1), "h": h}
 
 torch.manual_seed(0)
@@ -272,6 +273,10 @@ cases = [
     (22, lambda: xs / xs,                              ["aten::div", "Tensor", [T(xs), T(xs)]]),
     (23, lambda: F.batch_norm(img, m8, v8, w8, None, False, 0.1, 1e-5),
                                                        ["aten::native_batch_norm", "", [T(img), T(w8), [0], T(m8), T(v8), [3, False], [5, 0.1], [5, 1e-5]]]),
+    (24, lambda: x.mean(-1, keepdim=True),             ["aten::mean", "dim", [T(x), [7, [-1]], [3, True], [0]]]),
+    (25, lambda: torch.sum(img, (2, 3)),               ["aten::sum", "dim_IntList", [T(img), [7, [2, 3]], [3, False], [0]]]),
+    (26, lambda: torch.sum(x, -1, dtype=torch.float64), ["aten::sum", "dim_IntList", [T(x), [7, [-1]], [3, False], [4, 7]]]),
+    (27, lambda: torch.amax(xd, 1),                    ["aten::amax", "", [T(xd), [7, [1]], [3, False]]]),
 ]
 arch = os.environ["KFORGE_TEST_ARCH"]
 expected = {}

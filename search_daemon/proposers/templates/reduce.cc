@@ -1,0 +1,319 @@
+// Reductions over trailing dimensions: aten::sum.dim_IntList, aten::mean.dim (dtype None) and
+// aten::amax over a contiguous input whose reduced dimensions are its last k (in any order; an
+// empty or None dim list reduces every dimension): the input is [rows, cols] and each row gives one
+// output element. That is RMSNorm's mean over the last dimension, global average pooling's mean
+// over [-2, -1] of an NCHW tensor, a row max. The output is contiguous, with the reduced
+// dimensions kept as 1 (keepdim) or dropped, as PyTorch returns it.
+//
+// Sums accumulate in kf_acc (Note [Template arithmetic] in template_family.cc: double for float32
+// rows, float for 16-bit ones) and the mean divides the total once. amax is exact and propagates
+// NaN as PyTorch's does (a row with a NaN gives NaN: fmaxf alone would drop it), so each thread
+// also counts the NaNs it saw.
+#include <algorithm>
+#include <set>
+
+#include "search_daemon/proposers/templates/template_family.h"
+
+namespace kforge::search::templates {
+
+namespace {
+
+enum class Reduction : uint8_t { kSum, kMean, kAmax };
+
+const char* const kCudaReduce = R"kf(
+// KF_RED: 0 sum, 1 mean, 2 amax. One output element per row of a contiguous [rows, cols] input;
+// the row's KF_NT threads read it in vectors of KF_VEC (KF_VEC divides cols).
+extern "C" __global__ void __launch_bounds__(KF_BLOCK)
+kf_reduce_rows(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 rows, kf_i64 cols) {
+  __shared__ kf_acc red_acc[32];
+  __shared__ float red_f[32];
+  (void)red_acc;
+  (void)red_f;
+  kf_i64 row;
+  int tid;
+  bool live;
+  if (!kf_map_row(rows, row, tid, live)) return;
+  const kf_t* __restrict__ xr = x + (live ? row : 0) * cols;
+  const kf_i64 nvec = cols / KF_VEC;
+#if KF_RED == 2
+  float m = KF_NEG_INF, nans = 0.0f;
+  if (live) {
+    for (kf_i64 i = tid; i < nvec; i += KF_NT) {
+      float v[KF_VEC];
+      kf_load<KF_VEC>(xr, i, v);
+#pragma unroll
+      for (int k = 0; k < KF_VEC; ++k) {
+        if (v[k] != v[k]) nans += 1.0f;
+        else m = fmaxf(m, v[k]);
+      }
+    }
+  }
+  m = kf_row_max(m, red_f);
+  nans = kf_row_sum(nans, red_f);
+  if (live && tid == 0) y[row] = kf_from_float(nans > 0.0f ? __int_as_float(0x7fc00000) : m);
+#else
+  kf_acc s = 0;
+  if (live) {
+    for (kf_i64 i = tid; i < nvec; i += KF_NT) {
+      float v[KF_VEC];
+      kf_load<KF_VEC>(xr, i, v);
+#pragma unroll
+      for (int k = 0; k < KF_VEC; ++k) s += (kf_acc)v[k];
+    }
+  }
+  s = kf_row_sum(s, red_acc);
+#if KF_RED == 1
+  s = s / (kf_acc)cols;
+#endif
+  if (live && tid == 0) y[row] = kf_from_float((float)s);
+#endif
+}
+)kf";
+
+const char* const kCpuReduce = R"kf(
+// KF_RED: 0 sum, 1 mean, 2 amax. KF_ROWS rows per block, KF_LANES independent accumulators.
+extern "C" void kf_reduce_rows(const kforge_cpu_block* blk, void* const* p) {
+  const float* __restrict__ x = KF_PTR(const float, 0);
+  float* __restrict__ y = KF_PTR(float, 1);
+  const int64_t rows = KF_I64(2), cols = KF_I64(3);
+  const int64_t r0 = (int64_t)blk->block_idx[0] * KF_ROWS;
+  const int64_t r1 = r0 + KF_ROWS < rows ? r0 + KF_ROWS : rows;
+  const int64_t body = cols - cols % KF_LANES;
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* __restrict__ xr = x + r * cols;
+#if KF_RED == 2
+    float m[KF_LANES];
+    int nan = 0;
+    for (int l = 0; l < KF_LANES; ++l) m[l] = -INFINITY;
+    for (int64_t c = 0; c < body; c += KF_LANES) {
+      for (int l = 0; l < KF_LANES; ++l) {
+        const float v = xr[c + l];
+        nan |= v != v;
+        m[l] = v > m[l] ? v : m[l];
+      }
+    }
+    for (int64_t c = body; c < cols; ++c) {
+      const float v = xr[c];
+      nan |= v != v;
+      m[0] = v > m[0] ? v : m[0];
+    }
+    float best = m[0];
+    for (int l = 1; l < KF_LANES; ++l) best = m[l] > best ? m[l] : best;
+    y[r] = nan ? NAN : best;
+#else
+    double s[KF_LANES];
+    for (int l = 0; l < KF_LANES; ++l) s[l] = 0;
+    for (int64_t c = 0; c < body; c += KF_LANES) {
+      for (int l = 0; l < KF_LANES; ++l) s[l] += (double)xr[c + l];
+    }
+    for (int64_t c = body; c < cols; ++c) s[0] += (double)xr[c];
+    double total = 0;
+    for (int l = 0; l < KF_LANES; ++l) total += s[l];
+#if KF_RED == 1
+    total /= (double)cols;
+#endif
+    y[r] = (float)total;
+#endif
+  }
+}
+)kf";
+
+// What a signature reduces: the input, how many trailing dimensions, and whether they are kept.
+struct ReduceArgs {
+  const TensorMeta* x = nullptr;
+  size_t reduced = 0;   // the last `reduced` dimensions
+  bool keepdim = false;
+  int64_t rows = 1, cols = 1;
+};
+
+std::optional<ReduceArgs> reduce_args(const OpSignature& sig, Reduction r, Backend backend) {
+  switch (r) {
+    case Reduction::kSum:
+      if (sig.op != "aten::sum" || sig.overload != "dim_IntList" || sig.args.size() != 4) return std::nullopt;
+      break;
+    case Reduction::kMean:
+      if (sig.op != "aten::mean" || sig.overload != "dim" || sig.args.size() != 4) return std::nullopt;
+      break;
+    case Reduction::kAmax:
+      if (sig.op != "aten::amax" || !sig.overload.empty() || sig.args.size() != 3) return std::nullopt;
+      break;
+  }
+  ReduceArgs a;
+  a.x = tensor_arg(sig, 0);
+  if (!template_tensor(a.x, backend)) return std::nullopt;
+  if (r != Reduction::kAmax && !is_none(sig, 3)) return std::nullopt;   // dtype= changes the result type
+  const auto* keep = std::get_if<bool>(&sig.args[2].value);
+  if (keep == nullptr) return std::nullopt;
+  a.keepdim = *keep;
+  const auto rank = static_cast<int64_t>(a.x->sizes.size());
+  std::set<int64_t> dims;
+  if (const auto* list = std::get_if<std::vector<int64_t>>(&sig.args[1].value)) {
+    for (int64_t d : *list) {
+      if (d < -rank || d >= rank) return std::nullopt;
+      if (!dims.insert(d < 0 ? d + rank : d).second) return std::nullopt;   // PyTorch refuses repeats
+    }
+  } else if (!is_none(sig, 1)) {
+    return std::nullopt;
+  }
+  if (dims.empty()) {   // None or []: every dimension
+    for (int64_t d = 0; d < rank; ++d) dims.insert(d);
+  }
+  // The reduced dimensions must be the last ones.
+  if (*dims.begin() != rank - static_cast<int64_t>(dims.size())) return std::nullopt;
+  a.reduced = dims.size();
+  for (int64_t d = 0; d < rank; ++d) (d < rank - static_cast<int64_t>(a.reduced) ? a.rows : a.cols) *= a.x->sizes[d];
+  return a;
+}
+
+// The row length and count as launch-plan expressions.
+std::string cols_of_expr(const ReduceArgs& a) {
+  std::string e;
+  for (size_t d = a.x->sizes.size() - a.reduced; d < a.x->sizes.size(); ++d) e += (e.empty() ? "" : " * ") + size_name(0, d);
+  return e;
+}
+std::string rows_of_expr(const ReduceArgs& a) { return "numel0 / (" + cols_of_expr(a) + ")"; }
+
+OutputSpec reduce_output(const ReduceArgs& a) {
+  const size_t kept = a.x->sizes.size() - a.reduced;
+  std::vector<std::string> sizes;
+  for (size_t d = 0; d < kept; ++d) sizes.push_back(size_name(0, d));
+  if (a.keepdim) sizes.insert(sizes.end(), a.reduced, "1");
+  std::vector<std::string> strides(sizes.size());
+  std::string step = "1";
+  for (size_t d = sizes.size(); d-- > 0;) {
+    strides[d] = step;
+    if (sizes[d] != "1") step = step == "1" ? sizes[d] : step + " * " + sizes[d];
+  }
+  return OutputSpec::explicit_layout(a.x->dtype, sizes, strides);
+}
+
+std::string_view family_name(Reduction r, Backend b) {
+  const bool cpu = b == Backend::kCpu;
+  switch (r) {
+    case Reduction::kSum: return cpu ? "cpu.sum" : "sum";
+    case Reduction::kMean: return cpu ? "cpu.mean" : "mean";
+    case Reduction::kAmax: return cpu ? "cpu.amax" : "amax";
+  }
+  return "";
+}
+
+// ---- CUDA ------------------------------------------------------------------------------------------
+
+enum ReduceCudaKnob : size_t { kMap, kBlock, kRowLanes, kVec };
+
+class ReduceCuda final : public FamilyBase {
+ public:
+  explicit ReduceCuda(Reduction r)
+      : FamilyBase(std::string(family_name(r, Backend::kCuda)), Backend::kCuda,
+                   {Knob{"map", {0, 1}, {"block_row", "warp_row"}}, Knob{"block", {32, 64, 128, 256, 512, 1024}, {}},
+                    Knob{"row_lanes", {4, 8, 16, 32}, {}}, Knob{"vec", {1, 2, 4, 8}, {}}}),
+        r_(r) {}
+
+  bool applies(const OpSignature& sig) const override { return reduce_args(sig, r_, Backend::kCuda).has_value(); }
+
+  bool valid(const OpSignature& sig, std::span<const int64_t> v) const override {
+    const ReduceArgs a = *reduce_args(sig, r_, Backend::kCuda);
+    if (a.cols % v[kVec] != 0 || !vector_fits(sig, v[kVec])) return false;
+    const int64_t nvec = a.cols / v[kVec];
+    if (v[kMap] == 0) {
+      // One row per block: the lane count has no meaning (one value), and no idle warps.
+      return v[kRowLanes] == 32 && v[kBlock] <= std::max<int64_t>(32, (nvec + 31) / 32 * 32);
+    }
+    return v[kRowLanes] <= std::max<int64_t>(4, pow2_ceil(nvec)) &&   // idle lanes
+           v[kBlock] / v[kRowLanes] <= pow2_ceil(a.rows);             // idle rows
+  }
+
+  double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
+    const ReduceArgs a = *reduce_args(sig, r_, Backend::kCuda);
+    const int64_t nvec = a.cols / v[kVec];
+    double p = closeness(static_cast<double>(v[kVec] * dtype_size_bytes(a.x->dtype)), 16, 0.5);
+    if (v[kMap] == 1) {
+      p *= nvec <= 256 ? 1.0 : 0.4;   // short rows: a few vectors per lane, several rows per block
+      p *= closeness(static_cast<double>(v[kRowLanes]), std::clamp(static_cast<double>(pow2_ceil(nvec)) / 4, 4.0, 32.0), 0.5);
+      p *= closeness(static_cast<double>(v[kBlock]), 128, 0.3);
+    } else {
+      p *= nvec <= 64 ? 0.5 : 1.0;
+      p *= closeness(static_cast<double>(nvec) / static_cast<double>(v[kBlock]), 8, 0.3);
+      // Few long rows (a global pooling of a batch): not enough blocks for the device either way.
+    }
+    return p;
+  }
+
+  KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {
+    const ReduceArgs a = *reduce_args(sig, r_, Backend::kCuda);
+    std::vector<std::string> options = {dtype_define(a.x->dtype), define("KF_RED", static_cast<int64_t>(r_)),
+                                        define("KF_WARP_ROW", v[kMap]), define("KF_ROW_LANES", v[kRowLanes]),
+                                        define("KF_BLOCK", v[kBlock]), define("KF_VEC", v[kVec])};
+    KernelSpec s = one_launch_spec(Backend::kCuda, std::string(kCudaPrelude) + kCudaRowMapping + kCudaReduce,
+                                   "kf_reduce_rows", options);
+    s.plan.outputs = {reduce_output(a)};
+    Launch& l = s.plan.launches[0];
+    const std::string rows = rows_of_expr(a);
+    l.grid[0] = v[kMap] == 1 ? "ceil_div(" + rows + ", " + std::to_string(v[kBlock] / v[kRowLanes]) + ")" : rows;
+    l.block[0] = std::to_string(v[kBlock]);
+    l.args = {ArgBinding::input(0), ArgBinding::output(0), ArgBinding::size(rows), ArgBinding::size(cols_of_expr(a))};
+    return s;
+  }
+
+ private:
+  Reduction r_;
+};
+
+// ---- CPU -------------------------------------------------------------------------------------------
+
+enum ReduceCpuKnob : size_t { kCpuRows, kCpuLanes };
+
+class ReduceCpu final : public FamilyBase {
+ public:
+  explicit ReduceCpu(Reduction r)
+      : FamilyBase(std::string(family_name(r, Backend::kCpu)), Backend::kCpu,
+                   {Knob{"rows", {1, 2, 4, 8, 16, 32, 64, 256}, {}}, Knob{"lanes", {1, 4, 8, 16}, {}}}),
+        r_(r) {}
+
+  bool applies(const OpSignature& sig) const override { return reduce_args(sig, r_, Backend::kCpu).has_value(); }
+
+  bool valid(const OpSignature& sig, std::span<const int64_t> v) const override {
+    const ReduceArgs a = *reduce_args(sig, r_, Backend::kCpu);
+    return v[kCpuRows] <= pow2_ceil(a.rows) && (v[kCpuLanes] == 1 || v[kCpuLanes] <= a.cols);
+  }
+
+  double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
+    const ReduceArgs a = *reduce_args(sig, r_, Backend::kCpu);
+    const double ideal_rows = std::clamp(16384.0 / static_cast<double>(a.cols), 1.0, 256.0);
+    return closeness(static_cast<double>(v[kCpuRows]), ideal_rows, 0.3) *
+           closeness(static_cast<double>(v[kCpuLanes]), 8, 0.3);
+  }
+
+  KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {
+    const ReduceArgs a = *reduce_args(sig, r_, Backend::kCpu);
+    std::vector<std::string> options = cpu_base_options(sig);
+    for (std::string o : {define("KF_RED", static_cast<int64_t>(r_)), define("KF_ROWS", v[kCpuRows]),
+                          define("KF_LANES", v[kCpuLanes])}) {
+      options.push_back(std::move(o));
+    }
+    KernelSpec s = one_launch_spec(Backend::kCpu, std::string(kCpuPrelude) + kCpuReduce, "kf_reduce_rows", options);
+    s.plan.outputs = {reduce_output(a)};
+    Launch& l = s.plan.launches[0];
+    const std::string rows = rows_of_expr(a);
+    l.grid[0] = "ceil_div(" + rows + ", " + std::to_string(v[kCpuRows]) + ")";
+    l.args = {ArgBinding::input(0), ArgBinding::output(0), ArgBinding::size(rows), ArgBinding::size(cols_of_expr(a))};
+    return s;
+  }
+
+ private:
+  Reduction r_;
+};
+
+}  // namespace
+
+// "sum", "mean", "amax" and their "cpu." twins.
+const FamilyRegistration kRegistered{
+    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<ReduceCuda>(Reduction::kSum); },
+    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<ReduceCuda>(Reduction::kMean); },
+    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<ReduceCuda>(Reduction::kAmax); },
+    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<ReduceCpu>(Reduction::kSum); },
+    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<ReduceCpu>(Reduction::kMean); },
+    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<ReduceCpu>(Reduction::kAmax); },
+};
+
+}  // namespace kforge::search::templates

@@ -564,7 +564,8 @@ def test_a_worker_killed_mid_search_is_named_in_the_log_and_replaced(daemon_bin,
         d.wait_for(lambda s: any(x.get("search", {}).get("evaluated", 0) >= 1 for x in s["signatures"]), 240,
                    "a search under way")
         # The worker running now: on a loaded host the daemon may already have replaced the first
-        # one (a job over its time budget kills it), so take the newest, and retry if it just went.
+        # one (a job over its time budget kills it), so take the newest; if it went just now, wait
+        # for its replacement and take that one.
         for _ in range(10):
             restarts = d.status()["slots"][0]["restarts"]
             started = re.findall(r"worker pid (\d+) on cpu .* ready|worker on cpu restarted \(restart \d+\): pid (\d+)",
@@ -574,7 +575,7 @@ def test_a_worker_killed_mid_search_is_named_in_the_log_and_replaced(daemon_bin,
                 os.kill(worker, signal.SIGKILL)
                 break
             except ProcessLookupError:
-                time.sleep(1)
+                d.wait_for(lambda s, n=restarts: s["slots"][0]["restarts"] > n, 240, "a gone worker's replacement")
         st = d.wait_for(lambda s: s["slots"][0]["restarts"] > restarts, 240, "the worker's replacement")
         log = d.log_path.read_text()
         assert re.search(rf"worker pid {worker} on cpu is gone after job \d+ \(.*SIGKILL", log), log[-4000:]

@@ -50,10 +50,11 @@ bool has_alpha(Pointwise op) { return op == Pointwise::kAdd || op == Pointwise::
 // The element formulas, shared by the CUDA and CPU sources (KF_DEVICE is __device__ or empty).
 const char* const kPointwiseFormulas = R"kf(
 // KF_OP: 0 gelu (KF_GELU_TANH 0: erf form, 1: tanh form), 1 silu, 3 relu, 4 sigmoid, 5 tanh,
-// 6 hardswish; with a number s (the other operand) and alpha: 7 x + alpha * s, 8 x - alpha * s,
-// 9 x * s, 10 x / s.
-#define KF_SCALAR (KF_OP >= 7)
-#define KF_ALPHA (KF_OP == 7 || KF_OP == 8)
+// 6 hardswish; 7 kf_bin(x, s, alpha) with a number s (the other operand; kBinaryOp first).
+#define KF_SCALAR (KF_OP == 7)
+#ifndef KF_ALPHA
+#define KF_ALPHA 0
+#endif
 static KF_DEVICE inline float kf_op(float x, float s, float alpha) {
   (void)s;
   (void)alpha;
@@ -80,18 +81,13 @@ static KF_DEVICE inline float kf_op(float x, float s, float alpha) {
   t = t > 6.0f ? 6.0f : t;
   return x * t * KF_SIXTH;
 #elif KF_OP == 7
-  return x + alpha * s;
-#elif KF_OP == 8
-  return x - alpha * s;
-#elif KF_OP == 9
-  return x * s;
-#elif KF_OP == 10
-  return x / s;
+  return kf_bin(x, s, alpha);
 #endif
 }
 )kf";
 
-const char* const kBinaryFormulas = R"kf(
+// The binary formula, shared by the broadcasting kernel and the unary one with a number.
+const char* const kBinaryOp = R"kf(
 // KF_BIN: 0 a + alpha * b, 1 a - alpha * b, 2 a * b, 3 a / b.
 #if KF_BIN <= 1
 #define KF_ALPHA 1
@@ -110,7 +106,9 @@ static KF_DEVICE inline float kf_bin(float a, float b, float alpha) {
   return a / b;
 #endif
 }
+)kf";
 
+const char* const kBroadcastOffsets = R"kf(
 // Note [Broadcast plan] (elementwise.cc): the output's KF_NDIM (1 to 4) collapsed dimensions,
 // innermost first: sizes KF_D0.., and each input's strides in elements KF_SA<d>, KF_SB<d> (0 where
 // it is broadcast). Output element o is at offset oa of a and ob of b.
@@ -450,8 +448,9 @@ std::vector<std::string> op_defines(const OpSignature& sig, Pointwise op) {
     for (std::string& d : broadcast_defines(p)) o.push_back(std::move(d));
     return o;
   }
-  // A binary operator with a number: the unary kernel's KF_OP 7 to 10.
-  std::vector<std::string> o = {define("KF_OP", is_binary(op) ? 7 + in.code : in.code)};
+  // A binary operator with a number: the unary kernel's KF_OP 7, its formula KF_BIN's.
+  if (is_binary(op)) return {define("KF_OP", 7), define("KF_BIN", in.code)};
+  std::vector<std::string> o = {define("KF_OP", in.code)};
   if (op == Pointwise::kGelu) {
     const auto* mode = sig.args.size() == 2 ? std::get_if<std::string>(&sig.args[1].value) : nullptr;
     o.push_back(define("KF_GELU_TANH", mode != nullptr && *mode == "tanh" ? 1 : 0));
@@ -502,7 +501,8 @@ std::string formulas(const OpSignature& sig, Pointwise op, Backend backend) {
     s += backend == Backend::kCuda ? "#define KF_SIXTH 0.16666666666666666f\n" : "#define KF_SIXTH (1.0f / 6.0f)\n";
   }
   if (backend == Backend::kCpu) s += "typedef int64_t kf_i64;\n";
-  s += broadcasting(sig, op) ? kBinaryFormulas : kPointwiseFormulas;
+  if (is_binary(op)) s += kBinaryOp;
+  s += broadcasting(sig, op) ? kBroadcastOffsets : kPointwiseFormulas;
   return s;
 }
 

@@ -51,6 +51,7 @@ def tiny_calls(torch):
     work is on the host whatever the device)."""
     F = torch.nn.functional
     a, b, g = torch.ones(4), torch.ones(4), torch.ones(1, 4, 2)
+    ix, w = torch.tensor([0, 1]), torch.ones(4, 2)
     return {
         "aten::add.Tensor": lambda: torch.add(a, b),
         "aten::native_layer_norm": lambda: F.layer_norm(a, (4,)),
@@ -66,6 +67,15 @@ def tiny_calls(torch):
         "aten::sub.Tensor": lambda: torch.sub(a, b),
         "aten::mul.Tensor": lambda: torch.mul(a, b),
         "aten::div.Tensor": lambda: torch.div(a, b),
+        "aten::native_batch_norm": lambda: F.batch_norm(g, b[:4], b[:4], training=False),
+        "aten::sum.dim_IntList": lambda: torch.sum(a, -1),
+        "aten::mean.dim": lambda: torch.mean(a, -1),
+        "aten::amax": lambda: torch.amax(a, -1),
+        "aten::neg": lambda: torch.neg(a),
+        "aten::rsqrt": lambda: torch.rsqrt(a),
+        "aten::exp": lambda: torch.exp(a),
+        "aten::pow.Tensor_Scalar": lambda: torch.pow(a, 2),
+        "aten::embedding": lambda: F.embedding(ix, w),
     }
 
 

@@ -35,6 +35,11 @@ using R = ArgRole;
 //   sub.Tensor           2, mul.Tensor 1, div.Tensor 1
 //   native_batch_norm    4 (subtract the mean, scale by invstd, weight, bias)
 //   sum, mean, amax      1 (an add or a compare per element)
+//   neg, rsqrt, exp      1
+//   pow.Tensor_Scalar    2 (x * x for 2, a pow call otherwise: counted as 2)
+//   embedding            1 per index (a copy: an address computation per row); bytes: indices, and
+//                        the rows gathered (as many as the output) read, not the whole table
+//                        (ArgDecl::gathered, which also leaves the table out of "largest")
 // Bytes: every tensor argument's elements read once and every output's written once.
 
 constexpr std::string_view kOneOut = "out";
@@ -142,6 +147,23 @@ constexpr std::array<ArgDecl, 2> kBinaryArgs = {{{"self", R::kData}, {"other", R
 constexpr std::array<std::string_view, 2> kSubFamilies = {"sub", "cpu.sub"};
 constexpr std::array<std::string_view, 2> kMulFamilies = {"mul", "cpu.mul"};
 constexpr std::array<std::string_view, 2> kDivFamilies = {"div", "cpu.div"};
+constexpr std::array<std::string_view, 2> kNegFamilies = {"neg", "cpu.neg"};
+constexpr std::array<std::string_view, 2> kRsqrtFamilies = {"rsqrt", "cpu.rsqrt"};
+constexpr std::array<std::string_view, 2> kExpFamilies = {"exp", "cpu.exp"};
+constexpr std::array<ArgDecl, 2> kPowScalarArgs = {{{"self", R::kData}, {"exponent", R::kScalar}}};
+constexpr std::array<std::string_view, 2> kPowFamilies = {"pow", "cpu.pow"};
+
+// ---- embedding -----------------------------------------------------------------------------------
+
+constexpr std::array<ArgDecl, 5> kEmbeddingArgs = {{
+    {"weight", R::kParameter, InputRange::kAny, -1, -1, true},
+    {"indices", R::kData, InputRange::kIndex, 0, 0},
+    {"padding_idx", R::kUnused},
+    {"scale_grad_by_freq", R::kUnused},
+    {"sparse", R::kUnused},
+}};
+constexpr std::array<OutputDecl, 1> kEmbeddingOutputs = {{{kOneOut, OutputRule::kGatheredRows}}};
+constexpr std::array<std::string_view, 2> kEmbeddingFamilies = {"embedding", "cpu.embedding"};
 
 // What every broadcasting binary operator's output is (torch.result_type and TensorIterator).
 #define KFORGE_BROADCAST_OUTPUT                                                                              \
@@ -235,7 +257,7 @@ Output 0: like self ({"like": 0}: the sizes of self; self's strides when self is
      kBatchNormArgs, kBatchNormOutputs, 4,
      R"txt(Batch normalization of input [N, C, *] (C = its dimension 1). In inference (training, argument 5, false: what a model in eval() calls): per channel c, invstd = 1 / sqrt(running_var[c] + eps) (eps: float argument 7) and out[n, c, ...] = (x - running_mean[c]) * invstd * weight[c] + bias[c]; weight (argument 1) and bias (argument 2) have C elements and either may be None (then it is left out); running_mean and running_var (arguments 3, 4) have C elements; momentum (argument 6) is unused. Compute in float32 for float16/bfloat16 input (float64 for float64). In training the statistics come from the batch instead (mean and biased variance over every dimension but 1) and the running statistics are updated in place.
 Output 0 (out): like input ({"like": 0}: its sizes, and its strides when it is dense, channels_last included), dtype of input.
-Outputs 1 and 2 (save_mean, save_invstd): in inference empty, sizes [0] (strides [1]), dtype of running_mean (float32 running statistics with a bfloat16 input give float32); in training [C], the batch's mean and invstd.)txt",
+Outputs 1 and 2 (save_mean, save_invstd): in training [C], the batch's mean and invstd. In inference on CPU empty, sizes [0] (strides [1]), dtype of running_mean (float32 running statistics with a bfloat16 input give float32); in inference on CUDA sizes [C] (strides [1]), dtype float32 (float64 for float64 input) whatever the parameters' dtype, their values left uninitialized by PyTorch: write anything (every element), only the layout is compared.)txt",
      "", "aten::native_batch_norm.out", kBatchNormFamilies, ""},
     {"aten::sum", "dim_IntList",
      "aten::sum.dim_IntList(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor",
@@ -258,6 +280,35 @@ Outputs 1 and 2 (save_mean, save_invstd): in inference empty, sizes [0] (strides
      "dimension), exact in every dtype. A NaN anywhere in a reduced group makes its result NaN (do not use "
      "fmaxf alone: it drops NaN).\n" KFORGE_REDUCED_OUTPUT,
      "", "aten::amax.out", kAmaxFamilies, ""},
+    {"aten::neg", "", "aten::neg(Tensor self) -> Tensor", kUnaryArgs, kOneLikeInput, 1,
+     "Negation, elementwise: out = -x (exact in every dtype: -0.0 for 0.0, NaN stays NaN).\n" KFORGE_LIKE_SELF_OUTPUT,
+     "aten::neg_", "aten::neg.out", kNegFamilies, ""},
+    {"aten::rsqrt", "", "aten::rsqrt(Tensor self) -> Tensor", kUnaryArgs, kOneLikeInput, 1,
+     "Reciprocal square root, elementwise: out = 1 / sqrt(x); +inf for 0 (-inf for -0.0), NaN for x < 0. "
+     "Compute in float32 for float16/bfloat16 data (float64 for float64); integer inputs give float32.\n"
+     KFORGE_LIKE_SELF_OUTPUT,
+     "aten::rsqrt_", "aten::rsqrt.out", kRsqrtFamilies, ""},
+    {"aten::exp", "", "aten::exp(Tensor self) -> Tensor", kUnaryArgs, kOneLikeInput, 1,
+     "Exponential, elementwise: out = e^x (inf above float's range, 0 far below it). Compute in float32 for "
+     "float16/bfloat16 data (float64 for float64); integer inputs give float32.\n" KFORGE_LIKE_SELF_OUTPUT,
+     "aten::exp_", "aten::exp.out", kExpFamilies, ""},
+    {"aten::pow", "Tensor_Scalar", "aten::pow.Tensor_Scalar(Tensor self, Scalar exponent) -> Tensor", kPowScalarArgs,
+     kOneLikeInput, 2,
+     "Power with a number as the exponent (argument 1, an int or float scalar), elementwise: out = x^exponent. "
+     "PyTorch computes exponent 2 as x * x, 3 as x * x * x, 0.5 as sqrt(x), -0.5 as 1 / sqrt(x), -1 as 1 / x, -2 "
+     "as 1 / (x * x), and any other with pow (a negative x to a non-integer power is NaN). Compute in float32 "
+     "for float16/bfloat16 data (float64 for float64).\n" KFORGE_LIKE_SELF_OUTPUT,
+     "aten::pow_.Scalar", "aten::pow.Tensor_Scalar_out", kPowFamilies, ""},
+    {"aten::embedding", "",
+     "aten::embedding(Tensor weight, Tensor indices, SymInt padding_idx=-1, bool scale_grad_by_freq=False, bool "
+     "sparse=False) -> Tensor",
+     kEmbeddingArgs, kEmbeddingOutputs, 1,
+     "Row lookup: weight is [num_embeddings, embedding_dim], indices an int64 or int32 tensor of any shape with "
+     "values in [0, num_embeddings); out[i..., :] = weight[indices[i...], :], an exact copy (NaN payloads "
+     "included). padding_idx, scale_grad_by_freq and sparse (arguments 2-4) only change the gradient. An index "
+     "out of range is an error in PyTorch; a kernel must never read outside weight for one.\n"
+     "Output 0: sizes = indices' sizes followed by embedding_dim, contiguous strides, dtype of weight.",
+     "", "", kEmbeddingFamilies, ""},
 }};
 
 #undef KFORGE_REDUCED_OUTPUT
@@ -327,6 +378,7 @@ std::string_view arg_role_name(ArgRole r) noexcept {
     case ArgRole::kScalar: return "scalar";
     case ArgRole::kMode: return "mode";
     case ArgRole::kResultType: return "result_type";
+    case ArgRole::kUnused: return "unused";
   }
   return "?";
 }
@@ -445,7 +497,13 @@ std::vector<TensorMeta> expected_outputs(const OpSignature& sig) {
         const auto* training = sig.args.size() > 5 ? std::get_if<bool>(&sig.args[5].value) : nullptr;
         const TensorMeta* running_mean = tensor_at(sig, 3);
         if (running_mean != nullptr) m.dtype = running_mean->dtype;
-        m.sizes = {training != nullptr && *training && x->sizes.size() > 1 ? x->sizes[1] : 0};
+        const bool train = training != nullptr && *training;
+        if (x->device == DeviceType::kCuda || train) {   // CUDA: allocated [C] in inference too
+          m.sizes = {x->sizes.size() > 1 ? x->sizes[1] : 0};
+          if (x->device == DeviceType::kCuda) m.dtype = x->dtype == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32;
+        } else {
+          m.sizes = {0};
+        }
         break;
       }
       case OutputRule::kReduced: {
@@ -467,6 +525,13 @@ std::vector<TensorMeta> expected_outputs(const OpSignature& sig) {
         }
         break;
       }
+      case OutputRule::kGatheredRows: {
+        const TensorMeta* indices = tensor_at(sig, 1);
+        if (indices == nullptr || x->sizes.size() != 2) return {};
+        m.sizes = indices->sizes;
+        m.sizes.push_back(x->sizes[1]);
+        break;
+      }
       case OutputRule::kGroupStats: {
         const int64_t* n = int_at(sig, 3);
         const int64_t* g = int_at(sig, 6);
@@ -481,15 +546,32 @@ std::vector<TensorMeta> expected_outputs(const OpSignature& sig) {
   return out;
 }
 
+bool output_values_unspecified(const OpEntry& e, size_t k, DeviceType input_device, std::optional<bool> training) {
+  if (k >= e.outputs.size() || e.outputs[k].rule != OutputRule::kBatchNormSaved) return false;
+  return input_device == DeviceType::kCuda && training.has_value() && !*training;
+}
+
+bool output_values_unspecified(const OpSignature& sig, size_t k) {
+  const OpEntry* e = find(sig);
+  const TensorMeta* x = tensor_at(sig, 0);
+  if (e == nullptr || x == nullptr) return false;
+  const auto* training = sig.args.size() > 5 ? std::get_if<bool>(&sig.args[5].value) : nullptr;
+  return output_values_unspecified(*e, k, x->device, training ? std::optional<bool>(*training) : std::nullopt);
+}
+
 namespace {
 
 double tensor_bytes(const TensorMeta& t) { return static_cast<double>(t.numel()) * dtype_size_bytes(t.dtype); }
 
-// Inputs once, and the largest tensor argument's element count for the FLOPs.
+// Inputs once (a gathered one not at all: gathered_bytes), and the largest tensor argument's
+// element count for the FLOPs.
 OpCost input_cost(const OpSignature& sig) {
   OpCost c;
   double largest = 0;
-  for (const Arg& a : sig.args) {
+  const OpEntry* e = find(sig);
+  for (size_t i = 0; i < sig.args.size(); ++i) {
+    const Arg& a = sig.args[i];
+    if (e != nullptr && i < e->args.size() && e->args[i].gathered) continue;
     if (const auto* t = std::get_if<TensorMeta>(&a.value)) {
       c.bytes += tensor_bytes(*t);
       largest = std::max(largest, static_cast<double>(t->numel()));
@@ -500,9 +582,18 @@ OpCost input_cost(const OpSignature& sig) {
       }
     }
   }
-  const OpEntry* e = find(sig);
   c.flops = e != nullptr ? e->flops_per_element * largest : 0;
   return c;
+}
+
+// A gathered argument (ArgDecl::gathered) reads as many bytes as the output: 2 when the op has one.
+double output_factor(const OpSignature& sig) {
+  const OpEntry* e = find(sig);
+  if (e == nullptr) return 1;
+  for (const ArgDecl& a : e->args) {
+    if (a.gathered) return 2;
+  }
+  return 1;
 }
 
 }  // namespace
@@ -512,14 +603,14 @@ OpCost op_cost(const OpSignature& sig, std::span<const ResolvedOutput> outputs) 
   for (const ResolvedOutput& o : outputs) {
     double n = 1;
     for (int64_t s : o.sizes) n *= static_cast<double>(s);
-    c.bytes += n * dtype_size_bytes(o.dtype);
+    c.bytes += output_factor(sig) * n * dtype_size_bytes(o.dtype);
   }
   return c;
 }
 
 OpCost op_cost(const OpSignature& sig) {
   OpCost c = input_cost(sig);
-  for (const TensorMeta& o : expected_outputs(sig)) c.bytes += tensor_bytes(o);
+  for (const TensorMeta& o : expected_outputs(sig)) c.bytes += output_factor(sig) * tensor_bytes(o);
   return c;
 }
 

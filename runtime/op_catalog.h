@@ -21,6 +21,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -52,7 +53,12 @@
   OP(native_batch_norm)                           \
   OP_OVERLOAD(sum, dim_IntList)                   \
   OP_OVERLOAD(mean, dim)                          \
-  OP(amax)
+  OP(amax)                                        \
+  OP(neg)                                         \
+  OP(rsqrt)                                       \
+  OP(exp)                                         \
+  OP_OVERLOAD(pow, Tensor_Scalar)                 \
+  OP(embedding)
 
 namespace kforge::catalog {
 
@@ -79,6 +85,7 @@ enum class ArgRole : uint8_t {
   kMode,         // a string choosing the formula (gelu's approximate)
   kResultType,   // changes the result's dtype (half_to_float, dtype): the float64 reference sets it
                  // to keep float64 (false, or float64)
+  kUnused,       // does not change the forward result (embedding's padding_idx, sparse: gradient options)
 };
 std::string_view arg_role_name(ArgRole r) noexcept;   // "data", "parameter", ...
 
@@ -99,6 +106,9 @@ struct ArgDecl {
   // kIndex: the bound is tensor argument index_arg's dimension index_dim.
   int index_arg = -1;
   int index_dim = -1;
+  // Read only where another argument points (embedding's table, indexed by indices): the cost
+  // model counts the rows read (as many bytes as the output) instead of the whole tensor.
+  bool gathered = false;
 };
 
 // How an output's sizes and dtype follow from the arguments (the cost model's bytes; the exact
@@ -108,10 +118,13 @@ enum class OutputRule : uint8_t {
   kBroadcast,       // the broadcast of the tensor arguments' sizes, argument 0's dtype
   kNormRowStats,    // argument 0's leading sizes, then 1 per normalized dimension (argument 1's length)
   kGroupStats,      // [N, group]: the int arguments 3 and 6 (native_group_norm)
-  kBatchNormSaved,  // native_batch_norm's save_mean/save_invstd: [0] in inference (argument 5,
-                    // training, false), [C] in training; the dtype of running_mean (argument 3)
+  kBatchNormSaved,  // native_batch_norm's save_mean/save_invstd: in training [C]; in inference
+                    // (argument 5, training, false) [0] of running_mean's dtype on CPU, [C] of
+                    // the input's accumulation type (float32; float64 for float64) on CUDA
   kReduced,         // argument 0's sizes without the dimensions argument 1 lists (None or []: all
                     // of them), or with them as 1 when argument 2 (keepdim) is true
+  kGatheredRows,    // argument 1's sizes followed by argument 0's last dimension, argument 0's dtype
+                    // (embedding: indices' sizes + [embedding_dim])
 };
 
 struct OutputDecl {
@@ -155,6 +168,15 @@ std::string incomplete(const OpEntry& e);
 // The sizes and dtype of each output of a call of `sig` (OutputRule); empty for an operator that
 // is not in the catalog or arguments that do not fit its schema.
 std::vector<TensorMeta> expected_outputs(const OpSignature& sig);
+
+// Whether output k's values are no part of a call's result because PyTorch leaves them
+// uninitialized (native_batch_norm's save_mean and save_invstd in inference on CUDA): only their
+// dtype, sizes and strides are compared with PyTorch's (the worker's verification, the hook's
+// shadow comparison); a candidate must still write every element.
+bool output_values_unspecified(const OpSignature& sig, size_t k);
+// The same from the facts it depends on (the hook has IValues, not a signature): argument 0's
+// device, and argument 5 (native_batch_norm's training) when it is a bool.
+bool output_values_unspecified(const OpEntry& e, size_t k, DeviceType input_device, std::optional<bool> training);
 
 // ---- the cost model ------------------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ std::string_view output_rule_name(catalog::OutputRule r) {
     case catalog::OutputRule::kGroupStats: return "group_stats";
     case catalog::OutputRule::kBatchNormSaved: return "batch_norm_saved";
     case catalog::OutputRule::kReduced: return "reduced";
+    case catalog::OutputRule::kGatheredRows: return "gathered_rows";
   }
   return "?";
 }
@@ -53,6 +54,7 @@ json entry_json(const catalog::OpEntry& e) {
   for (const catalog::ArgDecl& a : e.args) {
     json j{{"name", a.name}, {"role", catalog::arg_role_name(a.role)}, {"range", catalog::input_range_name(a.range)}};
     if (a.range == catalog::InputRange::kIndex) j["bound"] = {{"arg", a.index_arg}, {"dim", a.index_dim}};
+    if (a.gathered) j["gathered"] = true;
     args.push_back(j);
   }
   json outputs = json::array();

@@ -482,7 +482,10 @@ RegistrationSummary register_catalog(const HookConfig& config, Recorder& recorde
         const std::string label = qualified + "@" + key_name(k.key);
         if (k.library == nullptr) continue;
         try {
-          if (!handle->hasKernelForDispatchKey(k.key)) {
+          // A kernel of its own at the key, or one for every backend (CompositeExplicitAutograd:
+          // aten::embedding), which is what the key computes to and what our interceptor calls.
+          if (!handle->hasKernelForDispatchKey(k.key) &&
+              !handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd)) {
             summary.skipped.push_back(label + ": no kernel at this key");
             continue;
           }

@@ -4,8 +4,9 @@
 //   for (const std::string& s : r.registered) log_line("intercepting " + s);   // "aten::gelu@CPU"
 //
 // For each catalog operator selected by the configuration, and each of DispatchKey::CPU and
-// DispatchKey::CUDA where the operator has a kernel of its own, the original kernel is captured
-// with OperatorHandle::getComputedKernelForDispatchKey and then a boxed interceptor is registered
+// DispatchKey::CUDA where the operator has a kernel of its own or a CompositeExplicitAutograd one
+// (which serves every backend: aten::embedding), the original kernel is captured with
+// OperatorHandle::getComputedKernelForDispatchKey and then a boxed interceptor is registered
 // at that key through a torch::Library that is never destroyed: registrations race with
 // dispatching threads, so kforge never deregisters (later swaps happen in ReplacementTable).
 //

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <optional>
 #include <random>
@@ -125,9 +126,23 @@ OpSignature reduce(const std::string& op, Backend b, DType t, std::vector<int64_
   return s;
 }
 
-// sigmoid, tanh, hardswish.
+// sigmoid, tanh, hardswish, neg, rsqrt, exp.
 OpSignature unary(const std::string& op, Backend b, DType t, std::vector<int64_t> sizes) {
   return OpSignature{"aten::" + op, "", {Arg::tensor(tensor(b, t, sizes))}, target(b)};
+}
+
+// pow.Tensor_Scalar with `exponent` (an int or float Arg).
+OpSignature pow_scalar(Backend b, DType t, std::vector<int64_t> sizes, Arg exponent) {
+  return OpSignature{"aten::pow", "Tensor_Scalar", {Arg::tensor(tensor(b, t, sizes)), std::move(exponent)}, target(b)};
+}
+
+// embedding of a [v, d] table with indices of `idx` sizes and dtype `it`.
+OpSignature embedding(Backend b, DType t, int64_t v, int64_t d, std::vector<int64_t> idx, DType it = DType::kInt64) {
+  return OpSignature{"aten::embedding",
+                     "",
+                     {Arg::tensor(tensor(b, t, {v, d})), Arg::tensor(tensor(b, it, std::move(idx))), Arg::integer(-1),
+                      Arg::boolean(false), Arg::boolean(false)},
+                     target(b)};
 }
 
 // add, sub (with alpha), mul, div .Tensor, with broadcasting.
@@ -173,6 +188,15 @@ std::vector<OpSignature> signatures(Backend b) {
     out.push_back(unary("sigmoid", b, t, {7, 1003}));
     out.push_back(unary("tanh", b, t, {1 << 16}));
     out.push_back(unary("hardswish", b, t, {2, 16, 9, 9}));
+    out.push_back(unary("neg", b, t, {5, 77}));
+    out.push_back(unary("rsqrt", b, t, {2, 7, 1}));                          // RMSNorm's rsqrt(var + eps)
+    out.push_back(unary("exp", b, t, {1003}));
+    out.push_back(pow_scalar(b, t, {2, 7, 64}, Arg::integer(2)));            // RMSNorm's x.pow(2)
+    out.push_back(pow_scalar(b, t, {4, 3072}, Arg::real(3.0)));              // GPT-2's gelu_new
+    out.push_back(pow_scalar(b, t, {33}, Arg::real(1.7)));
+    out.push_back(embedding(b, t, 50257, 768, {2, 16}));                     // GPT-2's token embedding
+    out.push_back(embedding(b, t, 1000, 33, {7}, DType::kInt32));
+    out.push_back(embedding(b, t, 9, 5, {}));                                // one index: out [5]
     out.push_back(binary("add", b, t, {256, 3, 49, 49}, {1, 3, 49, 49}));   // swin's attention bias
     out.push_back(binary("sub", b, t, {4, 77}, {77}, Arg::real(2.0)));
     out.push_back(binary("mul", b, t, {2, 5, 64}, {2, 5, 1}));             // RMSNorm's x * rstd
@@ -337,6 +361,18 @@ TEST_CASE("templates: supports() accepts exactly the signatures some family hand
     }
     refused.push_back(batch_norm(G, DType::kFloat16, {2, 16, 7}, true, DType::kBFloat16));   // mixed parameters
     refused.push_back(unary("sigmoid", C, DType::kBFloat16, {8}));
+    refused.push_back(pow_scalar(G, F, {8}, Arg::real(std::numeric_limits<double>::quiet_NaN())));   // not finite
+    refused.push_back(pow_scalar(G, F, {8}, Arg::boolean(true)));                                    // not a number
+    {
+      OpSignature e = embedding(G, F, 10, 4, {3});
+      e.args[1] = Arg::tensor(tensor(G, F, {3}));   // float indices
+      refused.push_back(e);
+      e = embedding(G, F, 10, 4, {3});
+      e.args[1] = Arg::tensor(tensor(C, DType::kInt64, {3}));   // indices on another device
+      refused.push_back(e);
+      e = embedding(G, F, 10, 4, {0});                           // no index
+      refused.push_back(e);
+    }
     OpSignature s = add(G, F, {8, 64});
     s.args[1] = Arg::tensor(tensor(G, DType::kFloat16, {8, 64}));   // type promotion
     refused.push_back(s);
@@ -696,7 +732,14 @@ TEST_CASE("templates: the CUDA families compile with NVRTC for sm_90 over their 
     sigs.push_back(silu(Backend::kCuda, d, {1 << 20}));
     sigs.push_back(add(Backend::kCuda, d, {1 << 20}, Arg::real(-0.5)));
     sigs.push_back(relu(Backend::kCuda, d, {1 << 20}));
-    for (const char* op : {"sigmoid", "tanh", "hardswish"}) sigs.push_back(unary(op, Backend::kCuda, d, {1 << 20}));
+    for (const char* op : {"sigmoid", "tanh", "hardswish", "neg", "rsqrt", "exp"}) {
+      sigs.push_back(unary(op, Backend::kCuda, d, {1 << 20}));
+    }
+    for (double e : {2.0, 3.0, 0.5, -0.5, -1.0, -2.0, 1.0, 0.0, 1.7}) {
+      sigs.push_back(pow_scalar(Backend::kCuda, d, {1 << 20}, Arg::real(e)));
+    }
+    sigs.push_back(embedding(Backend::kCuda, d, 32000, 2048, {8, 512}));
+    sigs.push_back(embedding(Backend::kCuda, d, 1000, 8, {64}, DType::kInt32));
     sigs.push_back(binary("sub", Backend::kCuda, d, {512, 1024}, {1024}, Arg::real(0.5)));
     sigs.push_back(binary("mul", Backend::kCuda, d, {64, 8, 1024}, {64, 8, 1}));
     sigs.push_back(binary("mul", Backend::kCuda, d, {8, 64, 16, 16}, {1, 64, 1, 1}));
@@ -879,6 +922,14 @@ TEST_CASE("templates: CPU instances of every family pass the worker's verificati
   plan(unary("sigmoid", B, F, {3, 5003}), 1, 1);
   plan(unary("tanh", B, F, {70001}), 1, 1);
   plan(unary("hardswish", B, F, {2, 8, 13, 13}), 1, 1);
+  plan(unary("neg", B, F, {7, 1001}), 1, 0);
+  plan(unary("rsqrt", B, F, {3, 5, 1}), 1, 0);
+  plan(unary("exp", B, F, {4099}), 1, 1);
+  for (double e : {2.0, 3.0, 0.5, -0.5, -1.0, -2.0, 1.0, 0.0, 1.7}) plan(pow_scalar(B, F, {5, 129}, Arg::real(e)), 1, 0);
+  plan(pow_scalar(B, F, {3, 77}, Arg::integer(2)), 1, 0);
+  plan(embedding(B, F, 1000, 129, {3, 17}), 1, 1);
+  plan(embedding(B, F, 7, 4, {5}, DType::kInt32), 1, 0);
+  plan(embedding(B, F, 9, 33, {}), 1, 0);
   plan(binary("add", B, F, {16, 3, 49, 49}, {1, 3, 49, 49}), 1, 1);
   plan(binary("sub", B, F, {7, 1001}, {1001}, Arg::real(-0.5)), 1, 1);
   plan(binary("mul", B, F, {3, 5, 257}, {3, 5, 1}), 1, 1);
@@ -928,7 +979,11 @@ TEST_CASE("templates: CUDA instances of every family pass the worker's verificat
     plan(silu(B, d, {3, 4099}), 2, 2);
     plan(add(B, d, {100003}, Arg::real(-0.75)), 2, 2);
     plan(relu(B, d, {3, 4099}), 2, 2);
-    for (const char* op : {"sigmoid", "tanh", "hardswish"}) plan(unary(op, B, d, {3, 4099}), 2, 1);
+    for (const char* op : {"sigmoid", "tanh", "hardswish", "neg", "rsqrt", "exp"}) plan(unary(op, B, d, {3, 4099}), 2, 1);
+    for (double e : {2.0, 3.0, 0.5, -0.5, -1.0, -2.0, 1.0, 0.0, 1.7}) plan(pow_scalar(B, d, {37, 129}, Arg::real(e)), 1, 0);
+    plan(embedding(B, d, 32000, 2048, {4, 33}), 2, 2);
+    plan(embedding(B, d, 1000, 6, {129}, DType::kInt32), 1, 1);
+    plan(embedding(B, d, 9, 40, {}), 1, 0);
     plan(binary("add", B, d, {64, 3, 49, 49}, {1, 3, 49, 49}), 2, 2);
     plan(binary("sub", B, d, {37, 1001}, {1001}, Arg::real(-0.5)), 2, 1);
     plan(binary("mul", B, d, {5, 7, 256}, {5, 7, 1}), 2, 2);

@@ -124,19 +124,26 @@ if DEV == "cuda":
 
 class Small(torch.nn.Module):
     # Every catalog operator, on CPU: layer_norm, group_norm, gelu, silu, add, relu, sigmoid, tanh,
-    # hardswish, sub, mul, div, mean, amax, sum, softmax, log_softmax (batch norm: in resnet18).
+    # hardswish, sub, mul, div, mean, amax, sum, neg, rsqrt, exp, pow, batch norm (cuDNN off: on CUDA
+    # resnet18's reaches cudnn_batch_norm), softmax, log_softmax; embedding is GPT-2's.
     def __init__(self):
         super().__init__()
         self.ln = torch.nn.LayerNorm(32)
         self.fc = torch.nn.Linear(32, 32)
         self.gn = torch.nn.GroupNorm(4, 16)
+        self.bn = torch.nn.BatchNorm1d(16)
+        self.bn.running_mean.normal_()
+        self.bn.running_var.uniform_(0.5, 2.0)
     def forward(self, x):                      # x: [8, 16, 32]
         h = F.gelu(self.fc(self.ln(x)))
         h = h + x
         h = self.gn(h)
+        h = torch.batch_norm(h, self.bn.weight, self.bn.bias, self.bn.running_mean, self.bn.running_var,
+                             False, 0.1, 1e-5, False)
         h = F.silu(h) + F.gelu(F.relu(h), approximate="tanh")
         h = torch.sigmoid(h) * torch.tanh(h) - F.hardswish(h) / (h.abs() + 1)
         h = h - h.mean(-1, keepdim=True) + h.amax(-1, keepdim=True) * 0.1 + h.sum(-1, keepdim=True) * 0.01
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) + torch.exp(-h) * 1e-3
         return {"softmax": torch.softmax(h, dim=-1), "log_softmax": torch.log_softmax(h, dim=1), "h": h}
 
 torch.manual_seed(0)
@@ -249,6 +256,7 @@ img = torch.randn(2, 8, 5, 5)
 w8, b8 = torch.randn(8), torch.randn(8)
 m8, v8 = torch.randn(8), torch.rand(8).add_(0.5)   # add_: not intercepted
 n0 = torch.randn(0, 8)                     # no elements: null data pointer
+ix = torch.tensor([[0, 3], [2, 2]])        # int64 indices into a [4, 2] table
 cases = [
     (3,  lambda: torch.softmax(x, -1),                 ["aten::_softmax", "", [T(x), [4, -1], [3, False]]]),
     (5,  lambda: torch.softmax(x, 0),                  ["aten::_softmax", "", [T(x), [4, 0], [3, False]]]),
@@ -277,6 +285,12 @@ cases = [
     (25, lambda: torch.sum(img, (2, 3)),               ["aten::sum", "dim_IntList", [T(img), [7, [2, 3]], [3, False], [0]]]),
     (26, lambda: torch.sum(x, -1, dtype=torch.float64), ["aten::sum", "dim_IntList", [T(x), [7, [-1]], [3, False], [4, 7]]]),
     (27, lambda: torch.amax(xd, 1),                    ["aten::amax", "", [T(xd), [7, [1]], [3, False]]]),
+    (28, lambda: -x,                                   ["aten::neg", "", [T(x)]]),
+    (29, lambda: torch.rsqrt(v8),                      ["aten::rsqrt", "", [T(v8)]]),
+    (30, lambda: torch.exp(xb),                        ["aten::exp", "", [T(xb)]]),
+    (31, lambda: x.pow(2),                             ["aten::pow", "Tensor_Scalar", [T(x), [4, 2]]]),
+    (32, lambda: xd ** 0.5,                            ["aten::pow", "Tensor_Scalar", [T(xd), [5, 0.5]]]),
+    (33, lambda: F.embedding(ix, w8.view(4, 2)),      ["aten::embedding", "", [T(w8.view(4, 2)), T(ix), [4, -1], [3, False], [3, False]]]),
 ]
 arch = os.environ["KFORGE_TEST_ARCH"]
 expected = {}

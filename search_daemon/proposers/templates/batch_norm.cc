@@ -1,7 +1,10 @@
 // aten::native_batch_norm in inference (training false): out[n, c, ...] = (x - running_mean[c]) /
 // sqrt(running_var[c] + eps) * weight[c] + bias[c] over a contiguous [N, C, *] input, weight and
-// bias optional; save_mean and save_invstd come back empty ([0]), as PyTorch's do in inference.
-// The kernels are specialized to C and the plane size (the product of the dimensions after C).
+// bias optional. save_mean and save_invstd are what PyTorch returns in inference: empty ([0]) on
+// CPU; on CUDA [C] float32 tensors PyTorch leaves uninitialized (catalog::output_values_unspecified:
+// only their layout is compared), which these kernels fill with running_mean and the invstd they
+// use, so that every element is written. The kernels are specialized to C and the plane size (the
+// product of the dimensions after C).
 //
 // Each backend computes as PyTorch's kernel there does, in float: the CPU kernel folds the
 // statistics into alpha = weight / sqrt(var + eps) and beta = bias - mean * alpha per channel and
@@ -38,9 +41,13 @@ kf_batch_norm(const kf_t* __restrict__ x,
               const kf_p* __restrict__ b,
 #endif
               const kf_p* __restrict__ mean, const kf_p* __restrict__ var, float eps, kf_t* __restrict__ y,
-              kf_i64 n) {
+              float* __restrict__ save_mean, float* __restrict__ save_invstd, kf_i64 n) {
   const kf_i64 nvec = n / KF_VEC;
   const kf_i64 first = (kf_i64)blockIdx.x * (KF_BLOCK * KF_ITEMS) + threadIdx.x;
+  for (kf_i64 c = (kf_i64)blockIdx.x * KF_BLOCK + threadIdx.x; c < KF_C; c += (kf_i64)gridDim.x * KF_BLOCK) {
+    save_mean[c] = kf_param(mean[c]);
+    save_invstd[c] = 1.0f / sqrtf(kf_param(var[c]) + eps);
+  }
 #pragma unroll
   for (int it = 0; it < KF_ITEMS; ++it) {
     const kf_i64 i = first + (kf_i64)it * KF_BLOCK;
@@ -151,7 +158,7 @@ std::vector<std::string> batch_norm_defines(const BatchNormArgs& a) {
           define("KF_HAS_BIAS", a.bias ? 1 : 0), define("KF_PARAM_SAME", a.param_same ? 1 : 0)};
 }
 
-std::vector<ArgBinding> batch_norm_bindings(const BatchNormArgs& a) {
+std::vector<ArgBinding> batch_norm_bindings(const BatchNormArgs& a, Backend backend) {
   std::vector<ArgBinding> b = {ArgBinding::input(0)};
   if (a.weight) b.push_back(ArgBinding::input(1));
   if (a.bias) b.push_back(ArgBinding::input(2));
@@ -159,14 +166,20 @@ std::vector<ArgBinding> batch_norm_bindings(const BatchNormArgs& a) {
   b.push_back(ArgBinding::input(4));
   b.push_back(ArgBinding::scalar(7, ValueType::kFloat32));
   b.push_back(ArgBinding::output(0));
+  if (backend == Backend::kCuda) {
+    b.push_back(ArgBinding::output(1));
+    b.push_back(ArgBinding::output(2));
+  }
   b.push_back(ArgBinding::size("numel0"));
   return b;
 }
 
-// out like the input; save_mean and save_invstd empty, of the running statistics' dtype.
-std::vector<OutputSpec> batch_norm_outputs(const BatchNormArgs& a) {
-  const OutputSpec empty = OutputSpec::explicit_layout(a.mean->dtype, {"0"}, {"1"});
-  return {OutputSpec::like(0), empty, empty};
+// out like the input; save_mean and save_invstd as PyTorch makes them in inference: on CPU empty,
+// of the running statistics' dtype; on CUDA [C] float32.
+std::vector<OutputSpec> batch_norm_outputs(const BatchNormArgs& a, Backend backend) {
+  const OutputSpec saved = backend == Backend::kCuda ? OutputSpec::explicit_layout(DType::kFloat32, {size_name(0, 1)}, {"1"})
+                                                     : OutputSpec::explicit_layout(a.mean->dtype, {"0"}, {"1"});
+  return {OutputSpec::like(0), saved, saved};
 }
 
 // ---- CUDA ------------------------------------------------------------------------------------------
@@ -204,11 +217,11 @@ class BatchNormCuda final : public FamilyBase {
       options.push_back(std::move(d));
     }
     KernelSpec s = one_launch_spec(Backend::kCuda, std::string(kCudaPrelude) + kCudaBatchNorm, "kf_batch_norm", options);
-    s.plan.outputs = batch_norm_outputs(a);
+    s.plan.outputs = batch_norm_outputs(a, Backend::kCuda);
     Launch& l = s.plan.launches[0];
     l.grid[0] = "ceil_div(numel0, " + std::to_string(v[kBlock] * v[kVec] * v[kItems]) + ")";
     l.block[0] = std::to_string(v[kBlock]);
-    l.args = batch_norm_bindings(a);
+    l.args = batch_norm_bindings(a, Backend::kCuda);
     return s;
   }
 };
@@ -240,10 +253,10 @@ class BatchNormCpu final : public FamilyBase {
     for (std::string& d : batch_norm_defines(a)) options.push_back(std::move(d));
     options.push_back(define("KF_PLANES", v[0]));
     KernelSpec s = one_launch_spec(Backend::kCpu, std::string(kCpuPrelude) + kCpuBatchNorm, "kf_batch_norm", options);
-    s.plan.outputs = batch_norm_outputs(a);
+    s.plan.outputs = batch_norm_outputs(a, Backend::kCpu);
     Launch& l = s.plan.launches[0];
     l.grid[0] = "ceil_div(numel0 / " + std::to_string(a.plane) + ", " + std::to_string(v[0]) + ")";
-    l.args = batch_norm_bindings(a);
+    l.args = batch_norm_bindings(a, Backend::kCpu);
     return s;
   }
 };

@@ -1,6 +1,7 @@
 // The pointwise operators, in two kernels per backend:
-//   unary     aten::gelu ('none' or 'tanh'), silu, relu, sigmoid, tanh, hardswish: one contiguous
-//             input, the output like it, the tail after the last whole vector handled apart.
+//   unary     aten::gelu ('none' or 'tanh'), silu, relu, sigmoid, tanh, hardswish, neg, rsqrt, exp,
+//             pow.Tensor_Scalar (the exponent compiled in): one contiguous input, the output like
+//             it, the tail after the last whole vector handled apart.
 //   binary    the Tensor overloads of add, sub, mul, div with broadcasting (Note [Broadcast
 //             plan]): two contiguous inputs of one dtype, the output contiguous in the broadcast
 //             shape. When `other` is a Python number (a 0-dimensional CPU tensor: `x * 0.5`), the
@@ -10,6 +11,8 @@
 // as PyTorch's does (relu rounds nothing: x < 0 ? 0 : x keeps NaN and -0.0, as clamp_min does;
 // hardswish clamps with comparisons, which keep NaN, as std::min/std::max do in PyTorch's kernel).
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 
 #include "search_daemon/proposers/templates/template_family.h"
 
@@ -19,6 +22,7 @@ namespace {
 
 enum class Pointwise : uint8_t {
   kGelu, kSilu, kRelu, kSigmoid, kTanh, kHardswish,   // unary
+  kNeg, kRsqrt, kExp, kPow,
   kAdd, kSub, kMul, kDiv,                             // two tensors, broadcast
 };
 
@@ -37,6 +41,10 @@ constexpr PointwiseInfo kInfo[] = {
     {Pointwise::kSigmoid, "aten::sigmoid", "", "sigmoid", 4},
     {Pointwise::kTanh, "aten::tanh", "", "tanh", 5},
     {Pointwise::kHardswish, "aten::hardswish", "", "hardswish", 6},
+    {Pointwise::kNeg, "aten::neg", "", "neg", 8},
+    {Pointwise::kRsqrt, "aten::rsqrt", "", "rsqrt", 9},
+    {Pointwise::kExp, "aten::exp", "", "exp", 10},
+    {Pointwise::kPow, "aten::pow", "Tensor_Scalar", "pow", 11},
     {Pointwise::kAdd, "aten::add", "Tensor", "add", 0},
     {Pointwise::kSub, "aten::sub", "Tensor", "sub", 1},
     {Pointwise::kMul, "aten::mul", "Tensor", "mul", 2},
@@ -50,7 +58,9 @@ bool has_alpha(Pointwise op) { return op == Pointwise::kAdd || op == Pointwise::
 // The element formulas, shared by the CUDA and CPU sources (KF_DEVICE is __device__ or empty).
 const char* const kPointwiseFormulas = R"kf(
 // KF_OP: 0 gelu (KF_GELU_TANH 0: erf form, 1: tanh form), 1 silu, 3 relu, 4 sigmoid, 5 tanh,
-// 6 hardswish; 7 kf_bin(x, s, alpha) with a number s (the other operand; kBinaryOp first).
+// 6 hardswish; 7 kf_bin(x, s, alpha) with a number s (the other operand; kBinaryOp first); 8 neg,
+// 9 rsqrt, 10 exp, 11 pow with the exponent KF_POW_EXP (a float literal), special-cased as
+// PyTorch's kernels do (2: x * x, 3: x * x * x, 0.5: sqrt, -0.5: rsqrt, -1: 1 / x, -2: 1 / (x * x)).
 #define KF_SCALAR (KF_OP == 7)
 #ifndef KF_ALPHA
 #define KF_ALPHA 0
@@ -82,6 +92,32 @@ static KF_DEVICE inline float kf_op(float x, float s, float alpha) {
   return x * t * KF_SIXTH;
 #elif KF_OP == 7
   return kf_bin(x, s, alpha);
+#elif KF_OP == 8
+  return -x;
+#elif KF_OP == 9
+  return 1.0f / sqrtf(x);
+#elif KF_OP == 10
+  return expf(x);
+#elif KF_OP == 11
+#if KF_POW_CASE == 0
+  return x * x;
+#elif KF_POW_CASE == 1
+  return x * x * x;
+#elif KF_POW_CASE == 2
+  return sqrtf(x);
+#elif KF_POW_CASE == 3
+  return 1.0f / sqrtf(x);
+#elif KF_POW_CASE == 4
+  return 1.0f / x;
+#elif KF_POW_CASE == 5
+  return 1.0f / (x * x);
+#elif KF_POW_CASE == 6
+  return x;
+#elif KF_POW_CASE == 7
+  return 1.0f;
+#else
+  return powf(x, KF_POW_EXP);
+#endif
 #endif
 }
 )kf";
@@ -391,6 +427,23 @@ bool is_number(const Arg& a) {
   return std::holds_alternative<int64_t>(a.value) || std::holds_alternative<double>(a.value);
 }
 
+// pow.Tensor_Scalar's exponent (argument 1) when it is a finite int or float.
+std::optional<double> pow_exponent(const OpSignature& sig) {
+  if (sig.args.size() < 2) return std::nullopt;
+  if (const auto* i = std::get_if<int64_t>(&sig.args[1].value)) return static_cast<double>(*i);
+  if (const auto* d = std::get_if<double>(&sig.args[1].value); d != nullptr && std::isfinite(*d)) return *d;
+  return std::nullopt;
+}
+
+// KF_POW_CASE: which of PyTorch's special cases the exponent takes (kf_op's KF_OP 11), 8 = powf.
+int pow_case(double e) {
+  constexpr double kCases[] = {2.0, 3.0, 0.5, -0.5, -1.0, -2.0, 1.0, 0.0};
+  for (int i = 0; i < 8; ++i) {
+    if (e == kCases[i]) return i;
+  }
+  return 8;
+}
+
 // Whether `other` (argument 1) is a Python number: a 0-dimensional CPU tensor of a dtype a value
 // binding reads. With a floating `self` the result keeps self's dtype (a 0-dimensional operand
 // counts only by category in type promotion), so float64 0.5 times a bfloat16 tensor is bfloat16.
@@ -424,7 +477,12 @@ bool matches(const OpSignature& sig, Pointwise op, Backend backend) {
     case Pointwise::kSigmoid:
     case Pointwise::kTanh:
     case Pointwise::kHardswish:
+    case Pointwise::kNeg:
+    case Pointwise::kRsqrt:
+    case Pointwise::kExp:
       return sig.args.size() == 1;
+    case Pointwise::kPow:
+      return sig.args.size() == 2 && pow_exponent(sig).has_value();
     case Pointwise::kAdd:
     case Pointwise::kSub:
     case Pointwise::kMul:
@@ -454,6 +512,14 @@ std::vector<std::string> op_defines(const OpSignature& sig, Pointwise op) {
   if (op == Pointwise::kGelu) {
     const auto* mode = sig.args.size() == 2 ? std::get_if<std::string>(&sig.args[1].value) : nullptr;
     o.push_back(define("KF_GELU_TANH", mode != nullptr && *mode == "tanh" ? 1 : 0));
+  }
+  if (op == Pointwise::kPow) {
+    const double e = *pow_exponent(sig);
+    o.push_back(define("KF_POW_CASE", pow_case(e)));
+    // The exponent as a float literal (only the powf case reads it), exact for float exponents.
+    char lit[64];
+    std::snprintf(lit, sizeof lit, "%.9ef", static_cast<double>(static_cast<float>(e)));
+    o.push_back("-DKF_POW_EXP=" + std::string(lit));
   }
   return o;
 }
@@ -619,10 +685,12 @@ std::unique_ptr<KernelTemplate> make_cpu() {
 const FamilyRegistration kRegistered{
     make_cuda<Pointwise::kGelu>, make_cuda<Pointwise::kSilu>, make_cuda<Pointwise::kRelu>,
     make_cuda<Pointwise::kSigmoid>, make_cuda<Pointwise::kTanh>, make_cuda<Pointwise::kHardswish>,
+    make_cuda<Pointwise::kNeg>, make_cuda<Pointwise::kRsqrt>, make_cuda<Pointwise::kExp>, make_cuda<Pointwise::kPow>,
     make_cuda<Pointwise::kAdd>, make_cuda<Pointwise::kSub>,
     make_cuda<Pointwise::kMul>, make_cuda<Pointwise::kDiv>,
     make_cpu<Pointwise::kGelu>, make_cpu<Pointwise::kSilu>, make_cpu<Pointwise::kRelu>,
     make_cpu<Pointwise::kSigmoid>, make_cpu<Pointwise::kTanh>, make_cpu<Pointwise::kHardswish>,
+    make_cpu<Pointwise::kNeg>, make_cpu<Pointwise::kRsqrt>, make_cpu<Pointwise::kExp>, make_cpu<Pointwise::kPow>,
     make_cpu<Pointwise::kAdd>, make_cpu<Pointwise::kSub>,
     make_cpu<Pointwise::kMul>, make_cpu<Pointwise::kDiv>,
 };

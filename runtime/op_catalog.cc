@@ -37,6 +37,7 @@ using R = ArgRole;
 //   sum, mean, amax      1 (an add or a compare per element)
 //   neg, rsqrt, exp      1
 //   pow.Tensor_Scalar    2 (x * x for 2, a pow call otherwise: counted as 2)
+//   cudnn_batch_norm     4, as native_batch_norm
 //   embedding            1 per index (a copy: an address computation per row); bytes: indices, and
 //                        the rows gathered (as many as the output) read, not the whole table
 //                        (ArgDecl::gathered, which also leaves the table out of "largest")
@@ -152,6 +153,26 @@ constexpr std::array<std::string_view, 2> kRsqrtFamilies = {"rsqrt", "cpu.rsqrt"
 constexpr std::array<std::string_view, 2> kExpFamilies = {"exp", "cpu.exp"};
 constexpr std::array<ArgDecl, 2> kPowScalarArgs = {{{"self", R::kData}, {"exponent", R::kScalar}}};
 constexpr std::array<std::string_view, 2> kPowFamilies = {"pow", "cpu.pow"};
+
+// ---- cudnn_batch_norm ----------------------------------------------------------------------------
+
+constexpr std::array<ArgDecl, 8> kCudnnBatchNormArgs = {{
+    {"input", R::kData},
+    {"weight", R::kParameter},
+    {"bias", R::kParameter},
+    {"running_mean", R::kParameter},
+    {"running_var", R::kParameter, InputRange::kPositive},
+    {"training", R::kMode},
+    {"exponential_average_factor", R::kScalar},
+    {"epsilon", R::kEpsilon},
+}};
+constexpr std::array<OutputDecl, 4> kCudnnBatchNormOutputs = {{
+    {"out", OutputRule::kLikeInput0},
+    {"save_mean", OutputRule::kCudnnSaved},
+    {"save_var", OutputRule::kCudnnSaved},
+    {"reserve", OutputRule::kCudnnReserve},
+}};
+constexpr std::array<std::string_view, 1> kCudnnBatchNormFamilies = {"cudnn_batch_norm"};
 
 // ---- embedding -----------------------------------------------------------------------------------
 
@@ -309,6 +330,16 @@ Outputs 1 and 2 (save_mean, save_invstd): in training [C], the batch's mean and 
      "out of range is an error in PyTorch; a kernel must never read outside weight for one.\n"
      "Output 0: sizes = indices' sizes followed by embedding_dim, contiguous strides, dtype of weight.",
      "", "", kEmbeddingFamilies, ""},
+    {"aten::cudnn_batch_norm", "",
+     "aten::cudnn_batch_norm(Tensor input, Tensor weight, Tensor? bias, Tensor? running_mean, Tensor? running_var, "
+     "bool training, float exponential_average_factor, float epsilon) -> (Tensor, Tensor, Tensor, Tensor)",
+     kCudnnBatchNormArgs, kCudnnBatchNormOutputs, 4,
+     R"txt(Batch normalization through cuDNN: what F.batch_norm reaches on CUDA for float32 input, and for float16 input with float32 parameters (bfloat16, and float16 parameters, go to native_batch_norm). CUDA only: PyTorch has no CPU kernel for it. input is [N, C, *] (C = its dimension 1); weight (argument 1, required), bias, running_mean, running_var (arguments 2-4) have C float32 elements. In inference (training, argument 5, false: a model in eval()): per channel c, invstd = 1 / sqrt(running_var[c] + epsilon) (epsilon: float argument 7) and out[n, c, ...] = (x - running_mean[c]) * invstd * weight[c] + bias[c] (bias None: left out); exponential_average_factor (argument 6) is unused. Compute in float32.
+Output 0 (out): like input ({"like": 0}: its sizes, and its strides when it is dense), dtype of input.
+Outputs 1 and 2 (save_mean, save_var): in inference empty, sizes [0] (strides [1]), dtype float32 (weight's); in training [C].
+Output 3 (reserve): cuDNN's reserve space, dtype uint8, in inference empty (sizes [0], strides [1]).)txt",
+     "", "", kCudnnBatchNormFamilies,
+     ""},
 }};
 
 #undef KFORGE_REDUCED_OUTPUT
@@ -532,6 +563,17 @@ std::vector<TensorMeta> expected_outputs(const OpSignature& sig) {
         m.sizes.push_back(x->sizes[1]);
         break;
       }
+      case OutputRule::kCudnnSaved: {
+        const auto* training = sig.args.size() > 5 ? std::get_if<bool>(&sig.args[5].value) : nullptr;
+        const TensorMeta* weight = tensor_at(sig, 1);
+        if (weight != nullptr) m.dtype = weight->dtype;
+        m.sizes = {training != nullptr && *training && x->sizes.size() > 1 ? x->sizes[1] : 0};
+        break;
+      }
+      case OutputRule::kCudnnReserve:
+        m.dtype = DType::kUInt8;
+        m.sizes = {0};
+        break;
       case OutputRule::kGroupStats: {
         const int64_t* n = int_at(sig, 3);
         const int64_t* g = int_at(sig, 6);

@@ -58,7 +58,8 @@
   OP(rsqrt)                                       \
   OP(exp)                                         \
   OP_OVERLOAD(pow, Tensor_Scalar)                 \
-  OP(embedding)
+  OP(embedding)                                   \
+  OP(cudnn_batch_norm)
 
 namespace kforge::catalog {
 
@@ -125,6 +126,10 @@ enum class OutputRule : uint8_t {
                     // of them), or with them as 1 when argument 2 (keepdim) is true
   kGatheredRows,    // argument 1's sizes followed by argument 0's last dimension, argument 0's dtype
                     // (embedding: indices' sizes + [embedding_dim])
+  kCudnnSaved,      // cudnn_batch_norm's save_mean/save_var: [C] in training, [0] in inference;
+                    // the dtype of weight (argument 1: float32)
+  kCudnnReserve,    // cudnn_batch_norm's reserve space: uint8, [0] in inference (in training its
+                    // size is cuDNN's to say; the catalog answers [0])
 };
 
 struct OutputDecl {

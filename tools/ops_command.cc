@@ -24,6 +24,8 @@ std::string_view output_rule_name(catalog::OutputRule r) {
     case catalog::OutputRule::kBatchNormSaved: return "batch_norm_saved";
     case catalog::OutputRule::kReduced: return "reduced";
     case catalog::OutputRule::kGatheredRows: return "gathered_rows";
+    case catalog::OutputRule::kCudnnSaved: return "cudnn_saved";
+    case catalog::OutputRule::kCudnnReserve: return "cudnn_reserve";
   }
   return "?";
 }

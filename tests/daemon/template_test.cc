@@ -116,6 +116,19 @@ OpSignature batch_norm(Backend b, DType t, std::vector<int64_t> sizes, bool affi
                      target(b)};
 }
 
+// cudnn_batch_norm in inference over [N, C, *] (CUDA; float32 parameters, weight required).
+OpSignature cudnn_batch_norm(DType t, std::vector<int64_t> sizes, bool bias = true) {
+  const int64_t c = sizes[1];
+  const Backend b = Backend::kCuda;
+  const DType p = DType::kFloat32;
+  return OpSignature{"aten::cudnn_batch_norm",
+                     "",
+                     {Arg::tensor(tensor(b, t, sizes)), Arg::tensor(tensor(b, p, {c})),
+                      bias ? Arg::tensor(tensor(b, p, {c})) : Arg::none(), Arg::tensor(tensor(b, p, {c})),
+                      Arg::tensor(tensor(b, p, {c})), Arg::boolean(false), Arg::real(0.1), Arg::real(1e-5)},
+                     target(b)};
+}
+
 // sum.dim_IntList, mean.dim (dtype None) and amax over `dims` (nullopt: None).
 OpSignature reduce(const std::string& op, Backend b, DType t, std::vector<int64_t> sizes,
                    std::optional<std::vector<int64_t>> dims, bool keepdim = false) {
@@ -197,6 +210,10 @@ std::vector<OpSignature> signatures(Backend b) {
     out.push_back(embedding(b, t, 50257, 768, {2, 16}));                     // GPT-2's token embedding
     out.push_back(embedding(b, t, 1000, 33, {7}, DType::kInt32));
     out.push_back(embedding(b, t, 9, 5, {}));                                // one index: out [5]
+    if (b == Backend::kCuda && t != DType::kBFloat16) {
+      out.push_back(cudnn_batch_norm(t, {2, 16, 7, 7}));
+      out.push_back(cudnn_batch_norm(t, {5, 24}, false));
+    }
     out.push_back(binary("add", b, t, {256, 3, 49, 49}, {1, 3, 49, 49}));   // swin's attention bias
     out.push_back(binary("sub", b, t, {4, 77}, {77}, Arg::real(2.0)));
     out.push_back(binary("mul", b, t, {2, 5, 64}, {2, 5, 1}));             // RMSNorm's x * rstd
@@ -372,6 +389,13 @@ TEST_CASE("templates: supports() accepts exactly the signatures some family hand
       refused.push_back(e);
       e = embedding(G, F, 10, 4, {0});                           // no index
       refused.push_back(e);
+      refused.push_back(cudnn_batch_norm(DType::kBFloat16, {2, 8, 5}));   // cuDNN refuses bfloat16
+      OpSignature c = cudnn_batch_norm(F, {2, 8, 5});
+      c.args[1] = Arg::none();                                      // no weight: not cuDNN's call
+      refused.push_back(c);
+      c = cudnn_batch_norm(F, {2, 8, 5});
+      c.args[0] = Arg::tensor(tensor(C, F, {2, 8, 5}));             // a CPU input
+      refused.push_back(c);
     }
     OpSignature s = add(G, F, {8, 64});
     s.args[1] = Arg::tensor(tensor(G, DType::kFloat16, {8, 64}));   // type promotion
@@ -739,6 +763,7 @@ TEST_CASE("templates: the CUDA families compile with NVRTC for sm_90 over their 
       sigs.push_back(pow_scalar(Backend::kCuda, d, {1 << 20}, Arg::real(e)));
     }
     sigs.push_back(embedding(Backend::kCuda, d, 32000, 2048, {8, 512}));
+    if (d != DType::kBFloat16) sigs.push_back(cudnn_batch_norm(d, {8, 64, 28, 28}));
     sigs.push_back(embedding(Backend::kCuda, d, 1000, 8, {64}, DType::kInt32));
     sigs.push_back(binary("sub", Backend::kCuda, d, {512, 1024}, {1024}, Arg::real(0.5)));
     sigs.push_back(binary("mul", Backend::kCuda, d, {64, 8, 1024}, {64, 8, 1}));
@@ -984,6 +1009,10 @@ TEST_CASE("templates: CUDA instances of every family pass the worker's verificat
     plan(embedding(B, d, 32000, 2048, {4, 33}), 2, 2);
     plan(embedding(B, d, 1000, 6, {129}, DType::kInt32), 1, 1);
     plan(embedding(B, d, 9, 40, {}), 1, 0);
+    if (d != DType::kBFloat16) {
+      plan(cudnn_batch_norm(d, {4, 24, 9, 9}), 2, 2);
+      plan(cudnn_batch_norm(d, {37, 40}, false), 1, 1);
+    }
     plan(binary("add", B, d, {64, 3, 49, 49}, {1, 3, 49, 49}), 2, 2);
     plan(binary("sub", B, d, {37, 1001}, {1001}, Arg::real(-0.5)), 2, 1);
     plan(binary("mul", B, d, {5, 7, 256}, {5, 7, 1}), 2, 2);

@@ -1,9 +1,11 @@
-// aten::native_batch_norm in inference (training false): out[n, c, ...] = (x - running_mean[c]) /
+// aten::native_batch_norm, and on CUDA aten::cudnn_batch_norm (what F.batch_norm reaches there for
+// float32, and float16 with float32 parameters), in inference (training false): out[n, c, ...] = (x - running_mean[c]) /
 // sqrt(running_var[c] + eps) * weight[c] + bias[c] over a contiguous [N, C, *] input, weight and
 // bias optional. save_mean and save_invstd are what PyTorch returns in inference: empty ([0]) on
 // CPU; on CUDA [C] float32 tensors PyTorch leaves uninitialized (catalog::output_values_unspecified:
 // only their layout is compared), which these kernels fill with running_mean and the invstd they
-// use, so that every element is written. The kernels are specialized to C and the plane size (the
+// use, so that every element is written. cudnn_batch_norm's save_mean, save_var and reserve space
+// are empty in inference (float32, float32, uint8). The kernels are specialized to C and the plane size (the
 // product of the dimensions after C).
 //
 // Each backend computes as PyTorch's kernel there does, in float: the CPU kernel folds the
@@ -41,13 +43,18 @@ kf_batch_norm(const kf_t* __restrict__ x,
               const kf_p* __restrict__ b,
 #endif
               const kf_p* __restrict__ mean, const kf_p* __restrict__ var, float eps, kf_t* __restrict__ y,
-              float* __restrict__ save_mean, float* __restrict__ save_invstd, kf_i64 n) {
+#if KF_SAVE
+              float* __restrict__ save_mean, float* __restrict__ save_invstd,
+#endif
+              kf_i64 n) {
   const kf_i64 nvec = n / KF_VEC;
   const kf_i64 first = (kf_i64)blockIdx.x * (KF_BLOCK * KF_ITEMS) + threadIdx.x;
+#if KF_SAVE
   for (kf_i64 c = (kf_i64)blockIdx.x * KF_BLOCK + threadIdx.x; c < KF_C; c += (kf_i64)gridDim.x * KF_BLOCK) {
     save_mean[c] = kf_param(mean[c]);
     save_invstd[c] = 1.0f / sqrtf(kf_param(var[c]) + eps);
   }
+#endif
 #pragma unroll
   for (int it = 0; it < KF_ITEMS; ++it) {
     const kf_i64 i = first + (kf_i64)it * KF_BLOCK;
@@ -121,13 +128,20 @@ struct BatchNormArgs {
   int64_t channels = 0;
   int64_t plane = 0;   // elements per (sample, channel)
   bool param_same = false;   // parameters in the input's dtype (else float32)
+  bool cudnn = false;        // aten::cudnn_batch_norm (else native_batch_norm)
 };
 
-std::optional<BatchNormArgs> batch_norm_args(const OpSignature& sig, Backend backend) {
-  if (sig.op != "aten::native_batch_norm" || !sig.overload.empty() || sig.args.size() != 8) return std::nullopt;
+// `op`: "aten::native_batch_norm" or "aten::cudnn_batch_norm" (CUDA only), the family's.
+std::optional<BatchNormArgs> batch_norm_args(const OpSignature& sig, Backend backend, std::string_view op) {
+  if (sig.op != op || !sig.overload.empty() || sig.args.size() != 8) return std::nullopt;
   BatchNormArgs a;
+  a.cudnn = op == "aten::cudnn_batch_norm";
   a.x = tensor_arg(sig, 0);
   if (!template_tensor(a.x, backend) || a.x->sizes.size() < 2) return std::nullopt;
+  // cuDNN takes float32 and float16 input (bfloat16 fails there), float32 parameters, a weight.
+  if (a.cudnn && (backend != Backend::kCuda || a.x->dtype == DType::kBFloat16 || tensor_arg(sig, 1) == nullptr)) {
+    return std::nullopt;
+  }
   const auto* training = std::get_if<bool>(&sig.args[5].value);
   if (training == nullptr || *training) return std::nullopt;   // inference only
   if (!std::holds_alternative<double>(sig.args[7].value)) return std::nullopt;
@@ -141,7 +155,7 @@ std::optional<BatchNormArgs> batch_norm_args(const OpSignature& sig, Backend bac
   if (a.mean == nullptr || a.var == nullptr) return std::nullopt;   // inference reads the running statistics
   // Every parameter: [C], contiguous, on the input's device, all of one dtype: float32, or the input's.
   const DType pd = a.mean->dtype;
-  if (pd != DType::kFloat32 && pd != a.x->dtype) return std::nullopt;
+  if (pd != DType::kFloat32 && (pd != a.x->dtype || a.cudnn)) return std::nullopt;
   for (const TensorMeta* t : {a.weight, a.bias, a.mean, a.var}) {
     if (t == nullptr) continue;
     if (t->sizes != std::vector<int64_t>{a.channels} || !t->is_contiguous() || t->device != a.x->device ||
@@ -158,6 +172,9 @@ std::vector<std::string> batch_norm_defines(const BatchNormArgs& a) {
           define("KF_HAS_BIAS", a.bias ? 1 : 0), define("KF_PARAM_SAME", a.param_same ? 1 : 0)};
 }
 
+// Whether the kernel writes save_mean and save_invstd: native_batch_norm on CUDA.
+bool writes_saved(const BatchNormArgs& a, Backend backend) { return backend == Backend::kCuda && !a.cudnn; }
+
 std::vector<ArgBinding> batch_norm_bindings(const BatchNormArgs& a, Backend backend) {
   std::vector<ArgBinding> b = {ArgBinding::input(0)};
   if (a.weight) b.push_back(ArgBinding::input(1));
@@ -166,7 +183,7 @@ std::vector<ArgBinding> batch_norm_bindings(const BatchNormArgs& a, Backend back
   b.push_back(ArgBinding::input(4));
   b.push_back(ArgBinding::scalar(7, ValueType::kFloat32));
   b.push_back(ArgBinding::output(0));
-  if (backend == Backend::kCuda) {
+  if (writes_saved(a, backend)) {
     b.push_back(ArgBinding::output(1));
     b.push_back(ArgBinding::output(2));
   }
@@ -175,8 +192,12 @@ std::vector<ArgBinding> batch_norm_bindings(const BatchNormArgs& a, Backend back
 }
 
 // out like the input; save_mean and save_invstd as PyTorch makes them in inference: on CPU empty,
-// of the running statistics' dtype; on CUDA [C] float32.
+// of the running statistics' dtype; on CUDA [C] float32. cudnn_batch_norm: three empty outputs.
 std::vector<OutputSpec> batch_norm_outputs(const BatchNormArgs& a, Backend backend) {
+  if (a.cudnn) {
+    const OutputSpec empty = OutputSpec::explicit_layout(DType::kFloat32, {"0"}, {"1"});
+    return {OutputSpec::like(0), empty, empty, OutputSpec::explicit_layout(DType::kUInt8, {"0"}, {"1"})};
+  }
   const OutputSpec saved = backend == Backend::kCuda ? OutputSpec::explicit_layout(DType::kFloat32, {size_name(0, 1)}, {"1"})
                                                      : OutputSpec::explicit_layout(a.mean->dtype, {"0"}, {"1"});
   return {OutputSpec::like(0), saved, saved};
@@ -186,14 +207,16 @@ std::vector<OutputSpec> batch_norm_outputs(const BatchNormArgs& a, Backend backe
 
 enum BatchNormCudaKnob : size_t { kBlock, kVec, kItems };
 
+// "batch_norm" serves aten::native_batch_norm, "cudnn_batch_norm" aten::cudnn_batch_norm.
 class BatchNormCuda final : public FamilyBase {
  public:
-  BatchNormCuda()
-      : FamilyBase("batch_norm", Backend::kCuda,
+  BatchNormCuda(std::string family, std::string_view op)
+      : FamilyBase(std::move(family), Backend::kCuda,
                    {Knob{"block", {64, 128, 256, 512, 1024}, {}}, Knob{"vec", {1, 2, 4, 8}, {}},
-                    Knob{"items", {1, 2, 4, 8}, {}}}) {}
+                    Knob{"items", {1, 2, 4, 8}, {}}}),
+        op_(op) {}
 
-  bool applies(const OpSignature& sig) const override { return batch_norm_args(sig, Backend::kCuda).has_value(); }
+  bool applies(const OpSignature& sig) const override { return batch_norm_args(sig, Backend::kCuda, op_).has_value(); }
 
   bool valid(const OpSignature& sig, std::span<const int64_t> v) const override {
     const int64_t numel = tensor_arg(sig, 0)->numel();
@@ -210,9 +233,10 @@ class BatchNormCuda final : public FamilyBase {
   }
 
   KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {
-    const BatchNormArgs a = *batch_norm_args(sig, Backend::kCuda);
+    const BatchNormArgs a = *batch_norm_args(sig, Backend::kCuda, op_);
     std::vector<std::string> options = {dtype_define(a.x->dtype)};
     for (std::string& d : batch_norm_defines(a)) options.push_back(std::move(d));
+    options.push_back(define("KF_SAVE", writes_saved(a, Backend::kCuda) ? 1 : 0));
     for (std::string d : {define("KF_BLOCK", v[kBlock]), define("KF_VEC", v[kVec]), define("KF_ITEMS", v[kItems])}) {
       options.push_back(std::move(d));
     }
@@ -224,6 +248,9 @@ class BatchNormCuda final : public FamilyBase {
     l.args = batch_norm_bindings(a, Backend::kCuda);
     return s;
   }
+
+ private:
+  std::string_view op_;
 };
 
 // ---- CPU -------------------------------------------------------------------------------------------
@@ -232,23 +259,25 @@ class BatchNormCpu final : public FamilyBase {
  public:
   BatchNormCpu() : FamilyBase("cpu.batch_norm", Backend::kCpu, {Knob{"planes", {1, 4, 16, 64, 256, 1024}, {}}}) {}
 
-  bool applies(const OpSignature& sig) const override { return batch_norm_args(sig, Backend::kCpu).has_value(); }
+  bool applies(const OpSignature& sig) const override {
+    return batch_norm_args(sig, Backend::kCpu, "aten::native_batch_norm").has_value();
+  }
 
   bool valid(const OpSignature& sig, std::span<const int64_t> v) const override {
-    const BatchNormArgs a = *batch_norm_args(sig, Backend::kCpu);
+    const BatchNormArgs a = *batch_norm_args(sig, Backend::kCpu, "aten::native_batch_norm");
     const int64_t planes = a.x->numel() / a.plane;
     return v[0] <= std::max<int64_t>(1, pow2_ceil(planes));
   }
 
   double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
-    const BatchNormArgs a = *batch_norm_args(sig, Backend::kCpu);
+    const BatchNormArgs a = *batch_norm_args(sig, Backend::kCpu, "aten::native_batch_norm");
     // About 16K elements per block.
     const double ideal = std::clamp(16384.0 / static_cast<double>(a.plane), 1.0, 1024.0);
     return closeness(static_cast<double>(v[0]), ideal, 0.3);
   }
 
   KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {
-    const BatchNormArgs a = *batch_norm_args(sig, Backend::kCpu);
+    const BatchNormArgs a = *batch_norm_args(sig, Backend::kCpu, "aten::native_batch_norm");
     std::vector<std::string> options = cpu_base_options(sig);
     for (std::string& d : batch_norm_defines(a)) options.push_back(std::move(d));
     options.push_back(define("KF_PLANES", v[0]));
@@ -263,9 +292,13 @@ class BatchNormCpu final : public FamilyBase {
 
 }  // namespace
 
-// "batch_norm" (CUDA) and "cpu.batch_norm": aten::native_batch_norm in inference.
+// "batch_norm" (CUDA) and "cpu.batch_norm": aten::native_batch_norm in inference;
+// "cudnn_batch_norm" (CUDA): aten::cudnn_batch_norm in inference.
 const FamilyRegistration kRegistered{
-    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<BatchNormCuda>(); },
+    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<BatchNormCuda>("batch_norm", "aten::native_batch_norm"); },
+    []() -> std::unique_ptr<KernelTemplate> {
+      return std::make_unique<BatchNormCuda>("cudnn_batch_norm", "aten::cudnn_batch_norm");
+    },
     []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<BatchNormCpu>(); },
 };
 

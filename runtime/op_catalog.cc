@@ -36,6 +36,7 @@ using R = ArgRole;
 //   native_batch_norm    4 (subtract the mean, scale by invstd, weight, bias)
 //   sum, mean, amax      1 (an add or a compare per element)
 //   neg, rsqrt, exp      1
+//   mul.Scalar           1
 //   pow.Tensor_Scalar    2 (x * x for 2, a pow call otherwise: counted as 2)
 //   cudnn_batch_norm     4, as native_batch_norm
 //   embedding            1 per index (a copy: an address computation per row); bytes: indices, and
@@ -153,6 +154,8 @@ constexpr std::array<std::string_view, 2> kRsqrtFamilies = {"rsqrt", "cpu.rsqrt"
 constexpr std::array<std::string_view, 2> kExpFamilies = {"exp", "cpu.exp"};
 constexpr std::array<ArgDecl, 2> kPowScalarArgs = {{{"self", R::kData}, {"exponent", R::kScalar}}};
 constexpr std::array<std::string_view, 2> kPowFamilies = {"pow", "cpu.pow"};
+constexpr std::array<ArgDecl, 2> kMulScalarArgs = {{{"self", R::kData}, {"other", R::kScalar}}};
+constexpr std::array<std::string_view, 2> kMulScalarFamilies = {"mul_scalar", "cpu.mul_scalar"};
 
 // ---- cudnn_batch_norm ----------------------------------------------------------------------------
 
@@ -340,6 +343,11 @@ Outputs 1 and 2 (save_mean, save_var): in inference empty, sizes [0] (strides [1
 Output 3 (reserve): cuDNN's reserve space, dtype uint8, in inference empty (sizes [0], strides [1]).)txt",
      "", "", kCudnnBatchNormFamilies,
      ""},
+    {"aten::mul", "Scalar", "aten::mul.Scalar(Tensor self, Scalar other) -> Tensor", kMulScalarArgs, kOneLikeInput, 1,
+     "Elementwise out = self * other, other a number (argument 1, an int or float scalar; what the math "
+     "attention path scales by). Compute in float32 for float16/bfloat16 data, with other converted to "
+     "float32 (float64 for float64).\n" KFORGE_LIKE_SELF_OUTPUT,
+     "aten::mul_.Scalar", "aten::mul.Scalar_out", kMulScalarFamilies, ""},
 }};
 
 #undef KFORGE_REDUCED_OUTPUT

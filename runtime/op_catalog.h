@@ -59,7 +59,8 @@
   OP(exp)                                         \
   OP_OVERLOAD(pow, Tensor_Scalar)                 \
   OP(embedding)                                   \
-  OP(cudnn_batch_norm)
+  OP(cudnn_batch_norm)                            \
+  OP_OVERLOAD(mul, Scalar)
 
 namespace kforge::catalog {
 

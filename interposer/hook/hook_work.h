@@ -8,7 +8,9 @@
 // replaced. So the counts, the hot reports and the daemon's search describe the program's calls
 // alone (a mul.Tensor of float64 [60] from the sampler's sum of squares was reported as the
 // program's once mul was in the catalog), and a replacement never runs inside kforge's own check
-// of one. Scopes nest.
+// of one. Scopes nest. The calls a CompositeExplicitAutograd operator's kernel makes of catalog
+// operators (mul.Scalar calls mul.Tensor) run in one too (InterceptedOp::composite): they are
+// the composite call's own work, counted once, as the composite's.
 #pragma once
 
 namespace kforge::hook {

@@ -149,6 +149,11 @@ OpSignature pow_scalar(Backend b, DType t, std::vector<int64_t> sizes, Arg expon
   return OpSignature{"aten::pow", "Tensor_Scalar", {Arg::tensor(tensor(b, t, sizes)), std::move(exponent)}, target(b)};
 }
 
+// mul.Scalar: self times a number given as a Scalar.
+OpSignature mul_scalar(Backend b, DType t, std::vector<int64_t> sizes, Arg other) {
+  return OpSignature{"aten::mul", "Scalar", {Arg::tensor(tensor(b, t, std::move(sizes))), std::move(other)}, target(b)};
+}
+
 // embedding of a [v, d] table with indices of `idx` sizes and dtype `it`.
 OpSignature embedding(Backend b, DType t, int64_t v, int64_t d, std::vector<int64_t> idx, DType it = DType::kInt64) {
   return OpSignature{"aten::embedding",
@@ -221,6 +226,8 @@ std::vector<OpSignature> signatures(Backend b) {
     out.push_back(binary("mul", b, t, {1}, {4, 1, 33}));                     // self broadcast
     out.push_back(binary("div", b, t, {1000, 3}, {1000, 3}));
     out.push_back(with_number("mul", b, t, {4, 1001}));                      // x * 0.5
+    out.push_back(mul_scalar(b, t, {2, 4, 77, 77}, Arg::real(0.125)));       // math attention's scale
+    out.push_back(mul_scalar(b, t, {33}, Arg::integer(3)));
     out.push_back(with_number("add", b, t, {77}, DType::kInt64));            // x + 1
     out.push_back(with_number("sub", b, t, {3, 64}, DType::kFloat64, Arg::real(0.5)));
     out.push_back(with_number("div", b, t, {1 << 12}));
@@ -380,6 +387,7 @@ TEST_CASE("templates: supports() accepts exactly the signatures some family hand
     refused.push_back(unary("sigmoid", C, DType::kBFloat16, {8}));
     refused.push_back(pow_scalar(G, F, {8}, Arg::real(std::numeric_limits<double>::quiet_NaN())));   // not finite
     refused.push_back(pow_scalar(G, F, {8}, Arg::boolean(true)));                                    // not a number
+    refused.push_back(mul_scalar(G, F, {8}, Arg::boolean(true)));                                    // not a number
     {
       OpSignature e = embedding(G, F, 10, 4, {3});
       e.args[1] = Arg::tensor(tensor(G, F, {3}));   // float indices
@@ -763,6 +771,7 @@ TEST_CASE("templates: the CUDA families compile with NVRTC for sm_90 over their 
       sigs.push_back(pow_scalar(Backend::kCuda, d, {1 << 20}, Arg::real(e)));
     }
     sigs.push_back(embedding(Backend::kCuda, d, 32000, 2048, {8, 512}));
+    sigs.push_back(mul_scalar(Backend::kCuda, d, {1 << 20}, Arg::real(0.125)));
     if (d != DType::kBFloat16) sigs.push_back(cudnn_batch_norm(d, {8, 64, 28, 28}));
     sigs.push_back(embedding(Backend::kCuda, d, 1000, 8, {64}, DType::kInt32));
     sigs.push_back(binary("sub", Backend::kCuda, d, {512, 1024}, {1024}, Arg::real(0.5)));
@@ -961,6 +970,8 @@ TEST_CASE("templates: CPU instances of every family pass the worker's verificati
   plan(binary("mul", B, F, {1, 9, 1}, {4, 9, 33}), 1, 1);
   plan(binary("div", B, F, {2, 6, 7, 7}, {1, 6, 1, 1}), 1, 1);
   plan(with_number("mul", B, F, {5, 1001}), 1, 1);
+  plan(mul_scalar(B, F, {3, 1001}, Arg::real(0.125)), 1, 1);
+  plan(mul_scalar(B, F, {77}, Arg::integer(-2)), 1, 0);
   plan(with_number("add", B, F, {4099}, DType::kInt64), 1, 0);
   plan(with_number("sub", B, F, {3, 77}, DType::kFloat64, Arg::real(-2.0)), 1, 0);
   plan(with_number("div", B, F, {7, 33}), 1, 0);
@@ -1009,6 +1020,7 @@ TEST_CASE("templates: CUDA instances of every family pass the worker's verificat
     plan(embedding(B, d, 32000, 2048, {4, 33}), 2, 2);
     plan(embedding(B, d, 1000, 6, {129}, DType::kInt32), 1, 1);
     plan(embedding(B, d, 9, 40, {}), 1, 0);
+    plan(mul_scalar(B, d, {37, 1001}, Arg::real(0.125)), 2, 1);
     if (d != DType::kBFloat16) {
       plan(cudnn_batch_norm(d, {4, 24, 9, 9}), 2, 2);
       plan(cudnn_batch_norm(d, {37, 40}, false), 1, 1);

@@ -130,7 +130,7 @@ if DEV == "cuda":
 
 class Small(torch.nn.Module):
     # Every catalog operator, on CPU: layer_norm, group_norm, gelu, silu, add, relu, sigmoid, tanh,
-    # hardswish, sub, mul, div, mean, amax, sum, neg, rsqrt, exp, pow, batch norm (cuDNN off: on CUDA
+    # hardswish, sub, mul (Tensor, Scalar), div, mean, amax, sum, neg, rsqrt, exp, pow, batch norm (cuDNN off: on CUDA
     # resnet18's reaches cudnn_batch_norm), softmax, log_softmax; embedding is GPT-2's.
     def __init__(self):
         super().__init__()
@@ -150,6 +150,7 @@ class Small(torch.nn.Module):
         h = torch.sigmoid(h) * torch.tanh(h) - F.hardswish(h) / (h.abs() + 1)
         h = h - h.mean(-1, keepdim=True) + h.amax(-1, keepdim=True) * 0.1 + h.sum(-1, keepdim=True) * 0.01
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) + torch.exp(-h) * 1e-3
+        h = torch.ops.aten.mul.Scalar(h, 0.5)   # what the math attention path calls to scale
         return {"softmax": torch.softmax(h, dim=-1), "log_softmax": torch.log_softmax(h, dim=1), "h": h}
 
 torch.manual_seed(0)
@@ -296,6 +297,7 @@ cases = [
     (30, lambda: torch.exp(xb),                        ["aten::exp", "", [T(xb)]]),
     (31, lambda: x.pow(2),                             ["aten::pow", "Tensor_Scalar", [T(x), [4, 2]]]),
     (32, lambda: xd ** 0.5,                            ["aten::pow", "Tensor_Scalar", [T(xd), [5, 0.5]]]),
+    (34, lambda: torch.ops.aten.mul.Scalar(x, 0.125),  ["aten::mul", "Scalar", [T(x), [5, 0.125]]]),
     (33, lambda: F.embedding(ix, w8.view(4, 2)),      ["aten::embedding", "", [T(w8.view(4, 2)), T(ix), [4, -1], [3, False], [3, False]]]),
 ]
 arch = os.environ["KFORGE_TEST_ARCH"]

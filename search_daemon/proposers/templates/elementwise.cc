@@ -7,6 +7,8 @@
 //             shape. When `other` is a Python number (a 0-dimensional CPU tensor: `x * 0.5`), the
 //             unary kernel instead, with the number read at each call (a value binding: Note
 //             [Tensor values] in runtime/kernel_spec.cc), so one kernel serves every value.
+//             mul.Scalar (a Scalar `other`, as the math attention path scales by) takes the same
+//             unary kernel with the number as a scalar argument.
 // Each element is computed in float with PyTorch's own formula and constants, so the result rounds
 // as PyTorch's does (relu rounds nothing: x < 0 ? 0 : x keeps NaN and -0.0, as clamp_min does;
 // hardswish clamps with comparisons, which keep NaN, as std::min/std::max do in PyTorch's kernel).
@@ -24,6 +26,7 @@ enum class Pointwise : uint8_t {
   kGelu, kSilu, kRelu, kSigmoid, kTanh, kHardswish,   // unary
   kNeg, kRsqrt, kExp, kPow,
   kAdd, kSub, kMul, kDiv,                             // two tensors, broadcast
+  kMulScalar,                                         // a tensor and a Scalar
 };
 
 struct PointwiseInfo {
@@ -49,11 +52,14 @@ constexpr PointwiseInfo kInfo[] = {
     {Pointwise::kSub, "aten::sub", "Tensor", "sub", 1},
     {Pointwise::kMul, "aten::mul", "Tensor", "mul", 2},
     {Pointwise::kDiv, "aten::div", "Tensor", "div", 3},
+    {Pointwise::kMulScalar, "aten::mul", "Scalar", "mul_scalar", 2},
 };
 
 const PointwiseInfo& info(Pointwise op) { return kInfo[static_cast<size_t>(op)]; }
 bool is_binary(Pointwise op) { return op >= Pointwise::kAdd; }
 bool has_alpha(Pointwise op) { return op == Pointwise::kAdd || op == Pointwise::kSub; }
+// The other operand is a Scalar argument (mul.Scalar), not a tensor.
+bool scalar_other(Pointwise op) { return op == Pointwise::kMulScalar; }
 
 // The element formulas, shared by the CUDA and CPU sources (KF_DEVICE is __device__ or empty).
 const char* const kPointwiseFormulas = R"kf(
@@ -455,7 +461,9 @@ bool value_other(const OpSignature& sig) {
 }
 
 // The binary operators with two tensors use the broadcasting kernel; everything else, the unary one.
-bool broadcasting(const OpSignature& sig, Pointwise op) { return is_binary(op) && !value_other(sig); }
+bool broadcasting(const OpSignature& sig, Pointwise op) {
+  return is_binary(op) && !scalar_other(op) && !value_other(sig);
+}
 
 // The signature's op and argument checks for `op`, or false when the templates do not handle it.
 bool matches(const OpSignature& sig, Pointwise op, Backend backend) {
@@ -483,6 +491,8 @@ bool matches(const OpSignature& sig, Pointwise op, Backend backend) {
       return sig.args.size() == 1;
     case Pointwise::kPow:
       return sig.args.size() == 2 && pow_exponent(sig).has_value();
+    case Pointwise::kMulScalar:
+      return sig.args.size() == 2 && is_number(sig.args[1]);
     case Pointwise::kAdd:
     case Pointwise::kSub:
     case Pointwise::kMul:
@@ -528,6 +538,8 @@ std::vector<ArgBinding> bindings(const OpSignature& sig, Pointwise op, const std
   std::vector<ArgBinding> b = {ArgBinding::input(0)};
   if (broadcasting(sig, op)) {
     b.push_back(ArgBinding::input(1));
+  } else if (scalar_other(op)) {
+    b.push_back(ArgBinding::scalar(1, ValueType::kFloat32));
   } else if (is_binary(op)) {
     b.push_back(ArgBinding::tensor_value(1, ValueType::kFloat32));
   }
@@ -687,12 +699,12 @@ const FamilyRegistration kRegistered{
     make_cuda<Pointwise::kSigmoid>, make_cuda<Pointwise::kTanh>, make_cuda<Pointwise::kHardswish>,
     make_cuda<Pointwise::kNeg>, make_cuda<Pointwise::kRsqrt>, make_cuda<Pointwise::kExp>, make_cuda<Pointwise::kPow>,
     make_cuda<Pointwise::kAdd>, make_cuda<Pointwise::kSub>,
-    make_cuda<Pointwise::kMul>, make_cuda<Pointwise::kDiv>,
+    make_cuda<Pointwise::kMul>, make_cuda<Pointwise::kDiv>, make_cuda<Pointwise::kMulScalar>,
     make_cpu<Pointwise::kGelu>, make_cpu<Pointwise::kSilu>, make_cpu<Pointwise::kRelu>,
     make_cpu<Pointwise::kSigmoid>, make_cpu<Pointwise::kTanh>, make_cpu<Pointwise::kHardswish>,
     make_cpu<Pointwise::kNeg>, make_cpu<Pointwise::kRsqrt>, make_cpu<Pointwise::kExp>, make_cpu<Pointwise::kPow>,
     make_cpu<Pointwise::kAdd>, make_cpu<Pointwise::kSub>,
-    make_cpu<Pointwise::kMul>, make_cpu<Pointwise::kDiv>,
+    make_cpu<Pointwise::kMul>, make_cpu<Pointwise::kDiv>, make_cpu<Pointwise::kMulScalar>,
 };
 
 }  // namespace kforge::search::templates

@@ -224,6 +224,28 @@ StatusOr<const TensorMeta*> tensor_arg(const std::string& field, const OpSignatu
   return t;
 }
 
+// Note [List inputs]
+// ~~~~~~~~~~~~~~~~~~
+// An input binding names a tensor argument by its position; the elements of tensor-list
+// arguments (cat's tensors) have no position of their own, so they are numbered after the
+// arguments: index args.size() + k is the k-th element over all list arguments, in argument
+// order. Whoever fills a call's input pointers (the hook's swap call, the worker's candidate
+// runs) appends the lists' elements' data pointers after one entry per argument, in that order:
+// list_input_pointers().
+StatusOr<const TensorMeta*> input_tensor(const std::string& field, const OpSignature& sig, uint32_t i) {
+  if (i < sig.args.size()) return tensor_arg(field, sig, i);
+  size_t k = i - sig.args.size();
+  for (const Arg& a : sig.args) {
+    const auto* list = std::get_if<std::vector<TensorMeta>>(&a.value);
+    if (list == nullptr) continue;
+    if (k < list->size()) return &(*list)[k];
+    k -= list->size();
+  }
+  return field_error(field, "input " + std::to_string(i) + " does not exist: " + sig.op + " has " +
+                                std::to_string(sig.args.size()) + " arguments and " +
+                                std::to_string(i - sig.args.size() - k) + " tensor-list elements");
+}
+
 // Note [Tensor values]
 // ~~~~~~~~~~~~~~~~~~~~
 // Python numbers reach Tensor parameters as one-element CPU tensors: `x * 0.5` is mul.Tensor(x,
@@ -723,7 +745,7 @@ StatusOr<ResolvedLaunchPlan> KernelSpec::resolve(const OpSignature& sig) const {
       ra.type = b.type;
       switch (b.kind) {
         case ArgBinding::Kind::kInput:
-          KFORGE_RETURN_IF_ERROR(tensor_arg(fa, sig, b.index).status());
+          KFORGE_RETURN_IF_ERROR(input_tensor(fa, sig, b.index).status());
           ra.index = b.index;
           break;
         case ArgBinding::Kind::kOutput:

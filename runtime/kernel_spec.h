@@ -108,7 +108,11 @@ std::string_view value_type_name(ValueType t) noexcept;   // "pointer", "int64",
 // One kernel parameter: where its value comes from.
 struct ArgBinding {
   enum class Kind : uint8_t {
-    kInput = 0,     // data pointer of tensor argument `index` of the signature (type kPointer)
+    // Data pointer of tensor argument `index` of the signature (type kPointer). An index at or
+    // past the signature's argument count names an element of its tensor lists (cat's tensors),
+    // counted from there over every list argument's elements in order: with cat(tensors[3],
+    // dim), indices 2, 3, 4 are tensors[0..2] (Note [List inputs] in kernel_spec.cc).
+    kInput = 0,
     kOutput = 1,    // data pointer of plan output `index` (type kPointer)
     kScratch = 2,   // pointer to scratch buffer `index` (type kPointer)
     kSize = 3,      // the value of LaunchExpr `expr` (type kInt64, or kInt32 with a range check)

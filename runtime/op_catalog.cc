@@ -39,6 +39,7 @@ using R = ArgRole;
 //   mul.Scalar           1
 //   pow.Tensor_Scalar    2 (x * x for 2, a pow call otherwise: counted as 2)
 //   cudnn_batch_norm     4, as native_batch_norm
+//   cat                  1 (a copy: counted as one operation per element)
 //   embedding            1 per index (a copy: an address computation per row); bytes: indices, and
 //                        the rows gathered (as many as the output) read, not the whole table
 //                        (ArgDecl::gathered, which also leaves the table out of "largest")
@@ -176,6 +177,12 @@ constexpr std::array<OutputDecl, 4> kCudnnBatchNormOutputs = {{
     {"reserve", OutputRule::kCudnnReserve},
 }};
 constexpr std::array<std::string_view, 1> kCudnnBatchNormFamilies = {"cudnn_batch_norm"};
+
+// ---- cat -----------------------------------------------------------------------------------------
+
+constexpr std::array<ArgDecl, 2> kCatArgs = {{{"tensors", R::kData}, {"dim", R::kDim}}};
+constexpr std::array<OutputDecl, 1> kCatOutputs = {{{kOneOut, OutputRule::kConcat}}};
+constexpr std::array<std::string_view, 2> kCatFamilies = {"cat", "cpu.cat"};
 
 // ---- embedding -----------------------------------------------------------------------------------
 
@@ -348,6 +355,15 @@ Output 3 (reserve): cuDNN's reserve space, dtype uint8, in inference empty (size
      "attention path scales by). Compute in float32 for float16/bfloat16 data, with other converted to "
      "float32 (float64 for float64).\n" KFORGE_LIKE_SELF_OUTPUT,
      "aten::mul_.Scalar", "aten::mul.Scalar_out", kMulScalarFamilies, ""},
+    {"aten::cat", "", "aten::cat(Tensor[] tensors, int dim=0) -> Tensor", kCatArgs, kCatOutputs, 1,
+     "Concatenation of the tensors of the list (argument 0) along dimension dim (argument 1; negative counts "
+     "from the end): all have one rank and equal sizes in every other dimension; out holds tensors[0], then "
+     "tensors[1], ... along dim, each element copied exactly. (A 1-dimensional tensor of size 0 in the list is "
+     "skipped, as a legacy rule.)\n"
+     "Output 0: the sizes of tensors[0] with dimension dim the sum of the tensors' sizes there; dtype = type "
+     "promotion over the tensors (one dtype: that one); contiguous strides when the tensors are contiguous "
+     "(otherwise the memory format they share).",
+     "", "aten::cat.out", kCatFamilies, ""},
 }};
 
 #undef KFORGE_REDUCED_OUTPUT
@@ -503,6 +519,8 @@ std::vector<TensorMeta> expected_outputs(const OpSignature& sig) {
   std::vector<TensorMeta> out;
   const OpEntry* e = find(sig);
   const TensorMeta* x = tensor_at(sig, 0);
+  const auto* list = sig.args.empty() ? nullptr : std::get_if<std::vector<TensorMeta>>(&sig.args[0].value);
+  if (x == nullptr && list != nullptr && !list->empty()) x = &(*list)[0];   // cat: its first tensor
   if (e == nullptr || x == nullptr) return out;
   for (const OutputDecl& o : e->outputs) {
     TensorMeta m;
@@ -582,6 +600,18 @@ std::vector<TensorMeta> expected_outputs(const OpSignature& sig) {
         m.dtype = DType::kUInt8;
         m.sizes = {0};
         break;
+      case OutputRule::kConcat: {
+        const int64_t* dim = int_at(sig, 1);
+        const auto rank = static_cast<int64_t>(x->sizes.size());
+        if (list == nullptr || dim == nullptr || *dim < -rank || *dim >= rank) return {};
+        const auto d = static_cast<size_t>(*dim < 0 ? *dim + rank : *dim);
+        m.sizes = x->sizes;
+        m.sizes[d] = 0;
+        for (const TensorMeta& t : *list) {
+          if (t.sizes.size() == x->sizes.size()) m.sizes[d] += t.sizes[d];
+        }
+        break;
+      }
       case OutputRule::kGroupStats: {
         const int64_t* n = int_at(sig, 3);
         const int64_t* g = int_at(sig, 6);

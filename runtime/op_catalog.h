@@ -60,7 +60,8 @@
   OP_OVERLOAD(pow, Tensor_Scalar)                 \
   OP(embedding)                                   \
   OP(cudnn_batch_norm)                            \
-  OP_OVERLOAD(mul, Scalar)
+  OP_OVERLOAD(mul, Scalar)                        \
+  OP(cat)
 
 namespace kforge::catalog {
 
@@ -131,6 +132,8 @@ enum class OutputRule : uint8_t {
                     // the dtype of weight (argument 1: float32)
   kCudnnReserve,    // cudnn_batch_norm's reserve space: uint8, [0] in inference (in training its
                     // size is cuDNN's to say; the catalog answers [0])
+  kConcat,          // cat: the first element of the tensor list argument 0, with dimension
+                    // argument 1 the sum of all elements' (their dtype: the first's)
 };
 
 struct OutputDecl {

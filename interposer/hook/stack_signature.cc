@@ -263,6 +263,23 @@ bool typed_arg(TypedVisit& v, const at::Tensor& t) noexcept {
   }
 }
 
+bool typed_arg(TypedVisit& v, const at::ITensorListRef& list) noexcept {
+  try {
+    const size_t n = list.size();
+    if (n > kMaxListLen) return false;
+    v.out.tensor_list(static_cast<uint32_t>(n));
+    for (const at::Tensor& t : list) {
+      TensorFacts f;
+      if (!t.defined() || !tensor_facts(*t.unsafeGetTensorImpl(), f)) return false;   // as the boxed path
+      if (v.cuda_index < 0 && f.device == DeviceType::kCuda) v.cuda_index = f.device_index;
+      v.out.tensor_list_item(f.dtype, f.device, f.sizes, f.strides, f.rank, f.alignment);
+    }
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
 bool typed_arg(TypedVisit& v, const std::optional<at::Tensor>& t) noexcept {
   if (!t.has_value()) {
     v.out.none();

@@ -95,6 +95,7 @@ bool typed_arg(TypedVisit& v, double d) noexcept;
 bool typed_arg(TypedVisit& v, bool b) noexcept;
 bool typed_arg(TypedVisit& v, std::string_view s) noexcept;
 bool typed_arg(TypedVisit& v, const c10::Scalar& s) noexcept;
+bool typed_arg(TypedVisit& v, const at::ITensorListRef& list) noexcept;   // Tensor[] (cat's tensors)
 
 // `cuda_index` gets the first CUDA tensor's device index (-1 if none).
 template <class... A>

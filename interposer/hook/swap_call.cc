@@ -113,10 +113,9 @@ CallDevice call_device(const InterceptedOp& op, const c10::IValue* args, c10::De
                        std::string& why) noexcept {
   device = -1;
   try {
-    for (uint32_t i = 0; i < op.identity.num_arguments; ++i) {
-      if (!args[i].isTensor()) continue;
-      const at::Tensor& t = args[i].toTensor();
-      if (!t.defined()) continue;
+    // Every defined tensor argument and every element of a tensor-list argument (cat's).
+    auto visit = [&](uint32_t i, const at::Tensor& t) {
+      if (!t.defined()) return CallDevice::kOne;
       if (!t.is_cuda()) {
         why = "input " + std::to_string(i) + " is not a CUDA tensor";
         return CallDevice::kNotCuda;
@@ -125,6 +124,16 @@ CallDevice call_device(const InterceptedOp& op, const c10::IValue* args, c10::De
         device = t.get_device();
       } else if (t.get_device() != device) {
         return CallDevice::kSeveral;
+      }
+      return CallDevice::kOne;
+    };
+    for (uint32_t i = 0; i < op.identity.num_arguments; ++i) {
+      if (args[i].isTensor()) {
+        if (const CallDevice d = visit(i, args[i].toTensor()); d != CallDevice::kOne) return d;
+      } else if (args[i].isTensorList()) {
+        for (const at::Tensor& t : args[i].toTensorList()) {
+          if (const CallDevice d = visit(i, t); d != CallDevice::kOne) return d;
+        }
       }
     }
   } catch (...) {
@@ -202,6 +211,16 @@ std::string run_candidate_cuda(const InterceptedOp& op, const Replacement& r, co
     // const_data_ptr: reading must not materialize a copy-on-write tensor.
     io.inputs[i] = reinterpret_cast<CUdeviceptr>(t.const_data_ptr());
   }
+  // Tensor lists' elements after the arguments (Note [List inputs] in runtime/kernel_spec.cc).
+  for (uint32_t i = 0; i < op.identity.num_arguments; ++i) {
+    if (!args[i].isTensorList()) continue;
+    for (const at::Tensor& t : args[i].toTensorList()) {
+      if (!t.defined() || !t.is_cuda() || t.get_device() != call.device) {
+        return "an element of input " + std::to_string(i) + " is not on cuda:" + std::to_string(call.device);
+      }
+      io.inputs.push_back(reinterpret_cast<CUdeviceptr>(t.const_data_ptr()));
+    }
+  }
   const at::TensorOptions on_device = at::TensorOptions().device(c10::Device(c10::DeviceType::CUDA, call.device));
   outs.clear();
   outs.reserve(plan.outputs.size());
@@ -242,6 +261,13 @@ std::string run_candidate(const InterceptedOp& op, const Replacement& r, const c
     if (!t.defined()) continue;
     if (!t.device().is_cpu()) return "input " + std::to_string(i) + " is not a CPU tensor";
     io.inputs[i] = t.data_ptr();
+  }
+  for (uint32_t i = 0; i < op.identity.num_arguments; ++i) {   // Note [List inputs] (kernel_spec.cc)
+    if (!args[i].isTensorList()) continue;
+    for (const at::Tensor& t : args[i].toTensorList()) {
+      if (!t.defined() || !t.device().is_cpu()) return "an element of input " + std::to_string(i) + " is not a CPU tensor";
+      io.inputs.push_back(t.data_ptr());
+    }
   }
   outs.clear();
   outs.reserve(plan.outputs.size());

@@ -361,6 +361,11 @@ std::vector<void*> TrialInputs::tensor_pointers() const {
   for (size_t i = 0; i < args_.size(); ++i) {
     if (args_[i].value.isTensor()) p[i] = args_[i].buffers[0].data();
   }
+  // Then every tensor list's elements, in argument order (Note [List inputs] in kernel_spec.cc).
+  for (const TrialArg& a : args_) {
+    if (!a.value.isTensorList()) continue;
+    for (const GuardedBuffer& b : a.buffers) p.push_back(b.data());
+  }
   return p;
 }
 

@@ -105,7 +105,8 @@ class TrialInputs {
   torch::jit::Stack stack() const;
   // The same arguments with every floating tensor converted to float64 (the accuracy reference).
   torch::jit::Stack stack_float64() const;
-  // Data pointers by signature argument (nullptr for non-tensors and lists).
+  // Data pointers by signature argument (nullptr for non-tensors and lists), then the elements of
+  // every tensor list in argument order (Note [List inputs] in runtime/kernel_spec.cc).
   std::vector<void*> tensor_pointers() const;
   // Copies of every input allocation (guards included), for input_modified / out_of_bounds checks.
   std::vector<at::Tensor> snapshot() const;

@@ -154,6 +154,13 @@ OpSignature mul_scalar(Backend b, DType t, std::vector<int64_t> sizes, Arg other
   return OpSignature{"aten::mul", "Scalar", {Arg::tensor(tensor(b, t, std::move(sizes))), std::move(other)}, target(b)};
 }
 
+// cat of tensors of `sizes` (one per element) along `dim`.
+OpSignature cat(Backend b, DType t, const std::vector<std::vector<int64_t>>& sizes, int64_t dim) {
+  std::vector<TensorMeta> list;
+  for (const std::vector<int64_t>& s : sizes) list.push_back(tensor(b, t, s));
+  return OpSignature{"aten::cat", "", {Arg::tensor_list(std::move(list)), Arg::integer(dim)}, target(b)};
+}
+
 // embedding of a [v, d] table with indices of `idx` sizes and dtype `it`.
 OpSignature embedding(Backend b, DType t, int64_t v, int64_t d, std::vector<int64_t> idx, DType it = DType::kInt64) {
   return OpSignature{"aten::embedding",
@@ -228,6 +235,9 @@ std::vector<OpSignature> signatures(Backend b) {
     out.push_back(with_number("mul", b, t, {4, 1001}));                      // x * 0.5
     out.push_back(mul_scalar(b, t, {2, 4, 77, 77}, Arg::real(0.125)));       // math attention's scale
     out.push_back(mul_scalar(b, t, {33}, Arg::integer(3)));
+    out.push_back(cat(b, t, {{8, 12, 512, 64}, {8, 12, 1, 64}}, -2));      // a KV cache step
+    out.push_back(cat(b, t, {{2, 320, 8, 8}, {2, 640, 8, 8}}, 1));          // a UNet skip
+    out.push_back(cat(b, t, {{3}, {5}, {1}}, 0));
     out.push_back(with_number("add", b, t, {77}, DType::kInt64));            // x + 1
     out.push_back(with_number("sub", b, t, {3, 64}, DType::kFloat64, Arg::real(0.5)));
     out.push_back(with_number("div", b, t, {1 << 12}));
@@ -388,6 +398,15 @@ TEST_CASE("templates: supports() accepts exactly the signatures some family hand
     refused.push_back(pow_scalar(G, F, {8}, Arg::real(std::numeric_limits<double>::quiet_NaN())));   // not finite
     refused.push_back(pow_scalar(G, F, {8}, Arg::boolean(true)));                                    // not a number
     refused.push_back(mul_scalar(G, F, {8}, Arg::boolean(true)));                                    // not a number
+    {
+      OpSignature c = cat(G, F, {{2, 3}, {2, 4}}, 1);
+      std::get<std::vector<TensorMeta>>(c.args[0].value)[1].dtype = DType::kFloat16;   // two dtypes
+      refused.push_back(c);
+      refused.push_back(cat(G, F, {{2, 3}, {3, 3}}, 1));                  // other sizes differ
+      refused.push_back(cat(G, F, {{2, 3}, {0}}, 0));                     // an empty (legacy) element
+      refused.push_back(cat(G, F, {{2, 3}, {2, 3}}, 2));                  // dim out of range
+      refused.push_back(cat(G, F, std::vector<std::vector<int64_t>>(17, {2, 3}), 0));   // more than 16
+    }
     {
       OpSignature e = embedding(G, F, 10, 4, {3});
       e.args[1] = Arg::tensor(tensor(G, F, {3}));   // float indices
@@ -772,6 +791,8 @@ TEST_CASE("templates: the CUDA families compile with NVRTC for sm_90 over their 
     }
     sigs.push_back(embedding(Backend::kCuda, d, 32000, 2048, {8, 512}));
     sigs.push_back(mul_scalar(Backend::kCuda, d, {1 << 20}, Arg::real(0.125)));
+    sigs.push_back(cat(Backend::kCuda, d, {{8, 12, 512, 64}, {8, 12, 1, 64}}, 2));
+    sigs.push_back(cat(Backend::kCuda, d, {{4, 7}, {4, 9}, {4, 1}}, 1));
     if (d != DType::kBFloat16) sigs.push_back(cudnn_batch_norm(d, {8, 64, 28, 28}));
     sigs.push_back(embedding(Backend::kCuda, d, 1000, 8, {64}, DType::kInt32));
     sigs.push_back(binary("sub", Backend::kCuda, d, {512, 1024}, {1024}, Arg::real(0.5)));
@@ -972,6 +993,9 @@ TEST_CASE("templates: CPU instances of every family pass the worker's verificati
   plan(with_number("mul", B, F, {5, 1001}), 1, 1);
   plan(mul_scalar(B, F, {3, 1001}, Arg::real(0.125)), 1, 1);
   plan(mul_scalar(B, F, {77}, Arg::integer(-2)), 1, 0);
+  plan(cat(B, F, {{2, 3, 33, 16}, {2, 3, 1, 16}}, -2), 1, 1);
+  plan(cat(B, F, {{3, 5}, {3, 7}, {3, 1}}, 1), 1, 0);
+  plan(cat(B, F, {{2, 5}, {4, 5}}, 0), 1, 0);
   plan(with_number("add", B, F, {4099}, DType::kInt64), 1, 0);
   plan(with_number("sub", B, F, {3, 77}, DType::kFloat64, Arg::real(-2.0)), 1, 0);
   plan(with_number("div", B, F, {7, 33}), 1, 0);
@@ -1021,6 +1045,9 @@ TEST_CASE("templates: CUDA instances of every family pass the worker's verificat
     plan(embedding(B, d, 1000, 6, {129}, DType::kInt32), 1, 1);
     plan(embedding(B, d, 9, 40, {}), 1, 0);
     plan(mul_scalar(B, d, {37, 1001}, Arg::real(0.125)), 2, 1);
+    plan(cat(B, d, {{4, 6, 129, 64}, {4, 6, 1, 64}}, 2), 2, 2);
+    plan(cat(B, d, {{2, 24, 9, 9}, {2, 40, 9, 9}}, 1), 2, 1);
+    plan(cat(B, d, {{3, 5}, {3, 7}, {3, 1}}, -1), 1, 1);
     if (d != DType::kBFloat16) {
       plan(cudnn_batch_norm(d, {4, 24, 9, 9}), 2, 2);
       plan(cudnn_batch_norm(d, {37, 40}, false), 1, 1);

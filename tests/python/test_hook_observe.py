@@ -298,6 +298,8 @@ cases = [
     (31, lambda: x.pow(2),                             ["aten::pow", "Tensor_Scalar", [T(x), [4, 2]]]),
     (32, lambda: xd ** 0.5,                            ["aten::pow", "Tensor_Scalar", [T(xd), [5, 0.5]]]),
     (34, lambda: torch.ops.aten.mul.Scalar(x, 0.125),  ["aten::mul", "Scalar", [T(x), [5, 0.125]]]),
+    (35, lambda: torch.cat([x, x], 1),                 ["aten::cat", "", [[2, [T(x)[1:], T(x)[1:]]], [4, 1]]]),
+    (36, lambda: torch.cat([xs, xs], 0),               ["aten::cat", "", [[2, [T(xs)[1:], T(xs)[1:]]], [4, 0]]]),
     (33, lambda: F.embedding(ix, w8.view(4, 2)),      ["aten::embedding", "", [T(w8.view(4, 2)), T(ix), [4, -1], [3, False], [3, False]]]),
 ]
 arch = os.environ["KFORGE_TEST_ARCH"]

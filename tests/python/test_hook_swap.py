@@ -533,3 +533,71 @@ def test_one_entry_serves_every_number_of_x_times_a_number(hook_path, build_dir,
     for i, y in enumerate(data["ys"]):
         v = data["values"][i % len(data["values"])]
         assert torch.equal(y, data["x"] * v), (i, v)   # one float multiply: PyTorch's exact result
+
+
+CAT_KERNEL = r"""
+#include <cstdint>
+#include <cstring>
+#include "runtime/cpu_kernel_abi.h"
+// cat([a, b], 1) of two contiguous float32 [rows, 8] tensors into [rows, 16]. The list's elements
+// are inputs 2 and 3 (after cat's two arguments: Note [List inputs] in runtime/kernel_spec.cc).
+extern "C" void cat_two(const kforge_cpu_block* blk, void* const* params) {
+  (void)blk;
+  const float* a = *(const float* const*)params[0];
+  const float* b = *(const float* const*)params[1];
+  float* y = *(float* const*)params[2];
+  const int64_t rows = *(const int64_t*)params[3];
+  for (int64_t r = 0; r < rows; ++r) {
+    std::memcpy(y + r * 16, a + r * 8, 8 * sizeof(float));
+    std::memcpy(y + r * 16 + 8, b + r * 8, 8 * sizeof(float));
+  }
+}
+"""
+
+CAT_MODEL = """
+torch.manual_seed(0)
+a, b = torch.randn(4, 8), torch.randn(4, 8)
+torch.cat([a, b], 1)                    # first sight
+lib.kforge_hook_report_now(20000)       # loads the entry
+pairs = [(torch.randn(4, 8), torch.randn(4, 8)) for _ in range(40)]
+ys = [torch.cat([p, q], 1) for p, q in pairs]
+torch.save({"pairs": pairs, "ys": ys}, os.environ["KFORGE_TEST_OUT"])
+emit({"stats": stats()})
+"""
+
+
+def test_an_entry_for_cat_reads_the_tensors_of_its_list(hook_path, build_dir, publish_tool, kernel_include_dir,
+                                                         tmp_path):
+    # cat's inputs are the elements of a tensor list: the swap call passes their data pointers after
+    # one slot per argument, and the entry's input bindings 2 and 3 name them.
+    cxx = shutil.which("c++") or shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    (tmp_path / "cat.cc").write_text(CAT_KERNEL)
+    r = subprocess.run([cxx, "-shared", "-fPIC", f"-I{kernel_include_dir}", "-O2", "-o", str(tmp_path / "cat.so"),
+                        str(tmp_path / "cat.cc")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    s, _ = run_child("""
+        torch.cat([torch.randn(4, 8), torch.randn(4, 8)], 1)
+        emit(stats())
+    """, child_env(hook_path, KFORGE_OBSERVE_EVERY=1))
+    (sig,) = [x for x in s["signatures"] if x["signature"].startswith("aten::cat")]
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    r = subprocess.run([str(publish_tool), "--cache", str(cache), "--signature", sig["encoding"],
+                        "--backend", "cpu", "--source", str(tmp_path / "cat.cc"), "--so", str(tmp_path / "cat.so"),
+                        "--entry", "cat_two", "--launch",
+                        "entry=cat_two;grid=1,1,1;block=1,1,1;smem=0;args=input:2,input:3,output:0,size:4:i64",
+                        "--output", "explicit:float32:4,16:16,1", "--torch-version", s["torch_version"],
+                        "--compile-option=-O2"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "out.pt"
+    res, err = run_child(CAT_MODEL, child_env(hook_path, KFORGE_CACHE_DIR=cache, KFORGE_TEST_OUT=out,
+                                              KFORGE_MODE="active", KFORGE_CONFIRM_WIN=0))
+    (sig,) = [x for x in res["stats"]["signatures"] if x["signature"].startswith("aten::cat")]
+    assert sig["state"] == "active", (sig, err)
+    assert sig["clean_shadow_calls"] == sig["shadow_calls"] > 0 and sig["active_calls"] > 0, sig
+    data = torch.load(out)
+    for (p, q), y in zip(data["pairs"], data["ys"]):
+        assert torch.equal(y, torch.cat([p, q], 1))

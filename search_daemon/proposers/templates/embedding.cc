@@ -20,15 +20,6 @@ const char* const kCudaEmbedding = R"kf(
 // indices[i / (KF_D / KF_VEC)]. Each thread copies KF_ITEMS vectors, KF_BLOCK apart, as raw
 // words of KF_VEC * sizeof(kf_t) bytes (kf_word).
 typedef KF_INDEX_T kf_index;
-#if KF_WORD_BYTES == 16
-typedef uint4 kf_word;
-#elif KF_WORD_BYTES == 8
-typedef uint2 kf_word;
-#elif KF_WORD_BYTES == 4
-typedef unsigned int kf_word;
-#else
-typedef unsigned short kf_word;
-#endif
 
 extern "C" __global__ void __launch_bounds__(KF_BLOCK)
 kf_embedding(const kf_t* __restrict__ w, const kf_index* __restrict__ idx, kf_t* __restrict__ y, kf_i64 nvec) {
@@ -154,7 +145,7 @@ class EmbeddingCuda final : public FamilyBase {
                           define("KF_WORD_BYTES", v[kVec] * dtype_size_bytes(a.weight->dtype))}) {
       options.push_back(std::move(d));
     }
-    KernelSpec s = one_launch_spec(Backend::kCuda, std::string(kCudaPrelude) + kCudaEmbedding, "kf_embedding", options);
+    KernelSpec s = one_launch_spec(Backend::kCuda, std::string(kCudaPrelude) + kCudaRawWord + kCudaEmbedding, "kf_embedding", options);
     s.plan.outputs = {embedding_output(a)};
     const std::string nvec = "numel1 * " + size_name(0, 1) + " / " + std::to_string(v[kVec]);
     Launch& l = s.plan.launches[0];

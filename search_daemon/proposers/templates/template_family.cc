@@ -347,6 +347,18 @@ __device__ __forceinline__ T kf_row_sum(T v, T* red) {
 }
 )kf";
 
+const char* const kCudaRawWord = R"kf(
+#if KF_WORD_BYTES == 16
+typedef uint4 kf_word;
+#elif KF_WORD_BYTES == 8
+typedef uint2 kf_word;
+#elif KF_WORD_BYTES == 4
+typedef unsigned int kf_word;
+#else
+typedef unsigned short kf_word;
+#endif
+)kf";
+
 const char* const kCpuPrelude = R"kf(// kforge kernel template (CPU): one call per block, blocks in parallel in any order.
 #include <math.h>
 #include <stdint.h>

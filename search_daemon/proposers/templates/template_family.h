@@ -94,6 +94,9 @@ extern const char* const kCudaRowMapping;
 // Row statistics for the norms (Note [Norm statistics] in layer_norm.cc): Welford states and
 // their merges. Needs the prelude, the row mapping and KF_VEC.
 extern const char* const kCudaNormStatistics;
+// After the prelude in the copying kernels (embedding, cat): kf_word, an unsigned type of
+// KF_WORD_BYTES (2, 4, 8 or 16) bytes, to move elements as they are stored, never through float.
+extern const char* const kCudaRawWord;
 // The first thing in every CPU template: the ABI header, libm, parameter access.
 extern const char* const kCpuPrelude;
 // After the prelude in the CPU norms (layer_norm, group_norm): kf_row_stats, a row's mean and

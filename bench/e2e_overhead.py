@@ -76,6 +76,10 @@ def tiny_calls(torch):
         "aten::exp": lambda: torch.exp(a),
         "aten::pow.Tensor_Scalar": lambda: torch.pow(a, 2),
         "aten::embedding": lambda: F.embedding(ix, w),
+        "aten::mul.Scalar": lambda: torch.ops.aten.mul.Scalar(a, 0.5),
+        "aten::cat": lambda: torch.cat([a, b]),
+        "aten::clone": lambda: a.clone(),
+        # aten::cudnn_batch_norm: CUDA only, no CPU call to time
     }
 
 
@@ -200,7 +204,7 @@ def child(args):
         # Per-call cost of each operator the decode step uses, on tiny CPU tensors.
         calls = tiny_calls(torch)
         micro = {op: sbs.ns_per_call(calls[op], args.calls, args.repeats)
-                 for op in filter(None, args.ops.split(","))}
+                 for op in filter(None, args.ops.split(",")) if op in calls}
     median = statistics.median(step_ms)
     main_cpu_ms = ((main_after.ru_utime + main_after.ru_stime) - (main_before.ru_utime + main_before.ru_stime)) * 1000
     others = thread_deltas(threads_before, threads_after, exclude=threading.get_native_id())

@@ -39,7 +39,7 @@ using R = ArgRole;
 //   mul.Scalar           1
 //   pow.Tensor_Scalar    2 (x * x for 2, a pow call otherwise: counted as 2)
 //   cudnn_batch_norm     4, as native_batch_norm
-//   cat                  1 (a copy: counted as one operation per element)
+//   cat, clone           1 (a copy: counted as one operation per element)
 //   embedding            1 per index (a copy: an address computation per row); bytes: indices, and
 //                        the rows gathered (as many as the output) read, not the whole table
 //                        (ArgDecl::gathered, which also leaves the table out of "largest")
@@ -183,6 +183,11 @@ constexpr std::array<std::string_view, 1> kCudnnBatchNormFamilies = {"cudnn_batc
 constexpr std::array<ArgDecl, 2> kCatArgs = {{{"tensors", R::kData}, {"dim", R::kDim}}};
 constexpr std::array<OutputDecl, 1> kCatOutputs = {{{kOneOut, OutputRule::kConcat}}};
 constexpr std::array<std::string_view, 2> kCatFamilies = {"cat", "cpu.cat"};
+
+// ---- clone ---------------------------------------------------------------------------------------
+
+constexpr std::array<ArgDecl, 2> kCloneArgs = {{{"self", R::kData}, {"memory_format", R::kMode}}};
+constexpr std::array<std::string_view, 2> kCloneFamilies = {"clone", "cpu.clone"};
 
 // ---- embedding -----------------------------------------------------------------------------------
 
@@ -364,6 +369,15 @@ Output 3 (reserve): cuDNN's reserve space, dtype uint8, in inference empty (size
      "promotion over the tensors (one dtype: that one); contiguous strides when the tensors are contiguous "
      "(otherwise the memory format they share).",
      "", "aten::cat.out", kCatFamilies, ""},
+    {"aten::clone", "", "aten::clone(Tensor self, *, MemoryFormat? memory_format=None) -> Tensor", kCloneArgs,
+     kOneLikeInput, 1,
+     "A copy of self, every element exact (what Tensor.contiguous() calls on a non-contiguous tensor). "
+     "memory_format (argument 1) is an int of c10::MemoryFormat or None: 0 contiguous, 1 preserve (None "
+     "means preserve), 2 channels_last, 3 channels_last_3d.\n"
+     "Output 0: the sizes and dtype of self. Strides: contiguous for memory_format 0; for preserve, self's "
+     "strides when self is non-overlapping and dense (no gaps, no repeats), else those of self's suggested "
+     "memory format (contiguous, or channels_last for a 4-dimensional self laid out so); channels_last for 2.",
+     "", "aten::clone.out", kCloneFamilies, ""},
 }};
 
 #undef KFORGE_REDUCED_OUTPUT

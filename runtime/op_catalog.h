@@ -61,7 +61,8 @@
   OP(embedding)                                   \
   OP(cudnn_batch_norm)                            \
   OP_OVERLOAD(mul, Scalar)                        \
-  OP(cat)
+  OP(cat)                                         \
+  OP(clone)
 
 namespace kforge::catalog {
 

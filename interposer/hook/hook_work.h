@@ -8,9 +8,16 @@
 // replaced. So the counts, the hot reports and the daemon's search describe the program's calls
 // alone (a mul.Tensor of float64 [60] from the sampler's sum of squares was reported as the
 // program's once mul was in the catalog), and a replacement never runs inside kforge's own check
-// of one. Scopes nest. The calls a CompositeExplicitAutograd operator's kernel makes of catalog
-// operators (mul.Scalar calls mul.Tensor) run in one too (InterceptedOp::composite): they are
-// the composite call's own work, counted once, as the composite's.
+// of one. Scopes nest.
+//
+// Note [Nested catalog calls]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Every intercepted call runs PyTorch's kernel inside a HookWorkScope too, so the catalog
+// operators that kernel calls itself (mul.Scalar's composite kernel calls mul.Tensor; a CPU
+// kernel given a strided input calls clone through .contiguous()) are part of the outer call:
+// counted once, as it, timed within it, and never replaced inside it, as bench/op_profile.py
+// attributes their time to the outermost operator. Without it, the counts test saw 34 extra
+// mul.Tensor calls from mul.Scalar. The cost is two thread-local writes per call.
 #pragma once
 
 namespace kforge::hook {

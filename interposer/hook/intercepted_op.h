@@ -36,11 +36,6 @@ struct InterceptedOp {
   const bool returns_tensors;              // every return is a Tensor (what replacements can make)
   InputSampler* sampler = nullptr;         // set at registration, before the interceptor exists
   CudaTimer* timer = nullptr;              // likewise; null: CUDA calls are not timed
-  // The original is a CompositeExplicitAutograd kernel (no kernel of its own at this key), whose
-  // own calls of catalog operators (mul.Scalar's mul.Tensor) are part of this call: they run
-  // under a HookWorkScope (Note [The hook's own tensor work]), so they are neither counted twice
-  // nor replaced inside it. Set at registration.
-  bool composite = false;
   // Note [Observed calls] (interceptor.cc): this operator's slot in each thread's countdowns
   // (ObserveSlots in replacement_table.h; kObserveSlots: every call observed), and
   // HookConfig::observe_every. Set at registration.

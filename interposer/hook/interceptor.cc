@@ -120,14 +120,12 @@ class Interceptor final : public c10::OperatorKernel {
     InterceptedOp& op = *op_;
     const uint32_t n = op.identity.num_arguments;
     if (!op.enabled.load(std::memory_order_relaxed) || stack->size() < n) [[unlikely]] {
-      std::optional<HookWorkScope> composite_scope;
-      if (op.composite) composite_scope.emplace();
+      HookWorkScope nested;   // Note [Nested catalog calls] in hook_work.h
       op.original.callBoxed(handle, keys, stack);
       return;
     }
     const uint32_t weight = observe(op);
-    std::optional<HookWorkScope> composite_scope;   // InterceptedOp::composite
-    if (op.composite) [[unlikely]] composite_scope.emplace();
+    HookWorkScope nested;   // Note [Nested catalog calls] in hook_work.h
     if (weight == 0) {
       op.original.callBoxed(handle, keys, stack);
       return;
@@ -228,8 +226,7 @@ struct TypedInterceptor<R(A...)> {
   static R call(InterceptedOp& op, c10::DispatchKeySet keys, A... args) {
     const c10::KernelFunction& original = unboxed_original(op);
     const uint32_t weight = op.enabled.load(std::memory_order_relaxed) ? observe(op) : 0;
-    std::optional<HookWorkScope> composite_scope;   // InterceptedOp::composite
-    if (op.composite) [[unlikely]] composite_scope.emplace();
+    HookWorkScope nested;   // Note [Nested catalog calls] in hook_work.h
     if (weight == 0) [[likely]] {
       return original.call<R, A...>(op.handle, keys, std::forward<A>(args)...);
     }
@@ -509,7 +506,6 @@ RegistrationSummary register_catalog(const HookConfig& config, Recorder& recorde
                                        static_cast<uint32_t>(returns.size()), tensor_returns);
           op->sampler = sampler;
           op->timer = timer;
-          op->composite = !handle->hasKernelForDispatchKey(k.key);
           op->observe_every = config.observe_every;
           op->observe_slot = ObserveSlots::instance().assign(cat.name, cat.overload, k.backend);
           std::string impl_name(cat.name.substr(cat.name.find("::") + 2));

@@ -280,6 +280,15 @@ bool typed_arg(TypedVisit& v, const at::ITensorListRef& list) noexcept {
   }
 }
 
+bool typed_arg(TypedVisit& v, std::optional<c10::MemoryFormat> f) noexcept {
+  if (!f.has_value()) {
+    v.out.none();
+  } else {
+    v.out.integer(static_cast<int64_t>(*f));   // as its IValue: an int
+  }
+  return true;
+}
+
 bool typed_arg(TypedVisit& v, const std::optional<at::Tensor>& t) noexcept {
   if (!t.has_value()) {
     v.out.none();

@@ -96,6 +96,7 @@ bool typed_arg(TypedVisit& v, bool b) noexcept;
 bool typed_arg(TypedVisit& v, std::string_view s) noexcept;
 bool typed_arg(TypedVisit& v, const c10::Scalar& s) noexcept;
 bool typed_arg(TypedVisit& v, const at::ITensorListRef& list) noexcept;   // Tensor[] (cat's tensors)
+bool typed_arg(TypedVisit& v, std::optional<c10::MemoryFormat> f) noexcept;  // MemoryFormat? (None or an int)
 
 // `cuda_index` gets the first CUDA tensor's device index (-1 if none).
 template <class... A>

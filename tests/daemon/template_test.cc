@@ -161,6 +161,14 @@ OpSignature cat(Backend b, DType t, const std::vector<std::vector<int64_t>>& siz
   return OpSignature{"aten::cat", "", {Arg::tensor_list(std::move(list)), Arg::integer(dim)}, target(b)};
 }
 
+// clone of a tensor of `sizes` and `strides` (empty: contiguous), memory_format `format` (an int
+// of c10::MemoryFormat, or None).
+OpSignature clone(Backend b, DType t, std::vector<int64_t> sizes, std::vector<int64_t> strides, Arg format) {
+  TensorMeta m = tensor(b, t, sizes);
+  if (!strides.empty()) m.strides = std::move(strides);
+  return OpSignature{"aten::clone", "", {Arg::tensor(std::move(m)), std::move(format)}, target(b)};
+}
+
 // embedding of a [v, d] table with indices of `idx` sizes and dtype `it`.
 OpSignature embedding(Backend b, DType t, int64_t v, int64_t d, std::vector<int64_t> idx, DType it = DType::kInt64) {
   return OpSignature{"aten::embedding",
@@ -238,6 +246,11 @@ std::vector<OpSignature> signatures(Backend b) {
     out.push_back(cat(b, t, {{8, 12, 512, 64}, {8, 12, 1, 64}}, -2));      // a KV cache step
     out.push_back(cat(b, t, {{2, 320, 8, 8}, {2, 640, 8, 8}}, 1));          // a UNet skip
     out.push_back(cat(b, t, {{3}, {5}, {1}}, 0));
+    // .contiguous() of attention's output transposed back ([B, H, S, D] -> [B, S, H, D]).
+    out.push_back(clone(b, t, {2, 16, 12, 64}, {12288, 64, 1024, 1}, Arg::integer(0)));
+    out.push_back(clone(b, t, {4, 6}, {1, 4}, Arg::none()));          // preserve a dense transpose
+    out.push_back(clone(b, t, {3, 5}, {0, 1}, Arg::integer(0)));      // an expanded row
+    out.push_back(clone(b, t, {7, 33}, {}, Arg::none()));
     out.push_back(with_number("add", b, t, {77}, DType::kInt64));            // x + 1
     out.push_back(with_number("sub", b, t, {3, 64}, DType::kFloat64, Arg::real(0.5)));
     out.push_back(with_number("div", b, t, {1 << 12}));
@@ -406,6 +419,9 @@ TEST_CASE("templates: supports() accepts exactly the signatures some family hand
       refused.push_back(cat(G, F, {{2, 3}, {0}}, 0));                     // an empty (legacy) element
       refused.push_back(cat(G, F, {{2, 3}, {2, 3}}, 2));                  // dim out of range
       refused.push_back(cat(G, F, std::vector<std::vector<int64_t>>(17, {2, 3}), 0));   // more than 16
+      refused.push_back(clone(G, F, {4, 5}, {8, 1}, Arg::none()));                      // preserve with gaps
+      refused.push_back(clone(G, F, {2, 3, 4, 5}, {}, Arg::integer(2)));                // channels_last
+      refused.push_back(clone(G, F, {2, 2, 2, 2, 2, 2, 2}, {1, 2, 4, 8, 16, 32, 64}, Arg::integer(0)));   // 7 dims
     }
     {
       OpSignature e = embedding(G, F, 10, 4, {3});
@@ -793,6 +809,16 @@ TEST_CASE("templates: the CUDA families compile with NVRTC for sm_90 over their 
     sigs.push_back(mul_scalar(Backend::kCuda, d, {1 << 20}, Arg::real(0.125)));
     sigs.push_back(cat(Backend::kCuda, d, {{8, 12, 512, 64}, {8, 12, 1, 64}}, 2));
     sigs.push_back(cat(Backend::kCuda, d, {{4, 7}, {4, 9}, {4, 1}}, 1));
+    for (int64_t n : {1, 2, 3, 4, 5, 6}) {   // every KF_NDIM: dimensions that do not merge
+      std::vector<int64_t> sizes(static_cast<size_t>(n), 3), strides(static_cast<size_t>(n));
+      int64_t step = 2;
+      for (size_t k = sizes.size(); k-- > 0;) {
+        strides[k] = step;
+        step *= 4;
+      }
+      sigs.push_back(clone(Backend::kCuda, d, sizes, strides, Arg::integer(0)));
+    }
+    sigs.push_back(clone(Backend::kCuda, d, {8, 512, 12, 64}, {393216, 64, 32768, 1}, Arg::integer(0)));
     if (d != DType::kBFloat16) sigs.push_back(cudnn_batch_norm(d, {8, 64, 28, 28}));
     sigs.push_back(embedding(Backend::kCuda, d, 1000, 8, {64}, DType::kInt32));
     sigs.push_back(binary("sub", Backend::kCuda, d, {512, 1024}, {1024}, Arg::real(0.5)));
@@ -996,6 +1022,12 @@ TEST_CASE("templates: CPU instances of every family pass the worker's verificati
   plan(cat(B, F, {{2, 3, 33, 16}, {2, 3, 1, 16}}, -2), 1, 1);
   plan(cat(B, F, {{3, 5}, {3, 7}, {3, 1}}, 1), 1, 0);
   plan(cat(B, F, {{2, 5}, {4, 5}}, 0), 1, 0);
+  plan(clone(B, F, {2, 5, 3, 16}, {240, 16, 80, 1}, Arg::integer(0)), 1, 1);
+  plan(clone(B, F, {4, 6}, {1, 4}, Arg::none()), 1, 0);
+  plan(clone(B, F, {4, 5}, {8, 1}, Arg::integer(0)), 1, 0);              // a slice
+  plan(clone(B, F, {3, 5}, {0, 1}, Arg::integer(0)), 1, 0);
+  plan(clone(B, F, {2, 3, 4, 5, 6, 7}, {2520, 1, 3, 12, 60, 360}, Arg::integer(0)), 1, 0);   // reversed: 6 dims
+  plan(clone(B, F, {9, 33}, {}, Arg::integer(1)), 1, 0);
   plan(with_number("add", B, F, {4099}, DType::kInt64), 1, 0);
   plan(with_number("sub", B, F, {3, 77}, DType::kFloat64, Arg::real(-2.0)), 1, 0);
   plan(with_number("div", B, F, {7, 33}), 1, 0);
@@ -1048,6 +1080,10 @@ TEST_CASE("templates: CUDA instances of every family pass the worker's verificat
     plan(cat(B, d, {{4, 6, 129, 64}, {4, 6, 1, 64}}, 2), 2, 2);
     plan(cat(B, d, {{2, 24, 9, 9}, {2, 40, 9, 9}}, 1), 2, 1);
     plan(cat(B, d, {{3, 5}, {3, 7}, {3, 1}}, -1), 1, 1);
+    plan(clone(B, d, {2, 33, 12, 64}, {25344, 64, 2112, 1}, Arg::integer(0)), 2, 2);
+    plan(clone(B, d, {4, 6}, {1, 4}, Arg::none()), 1, 0);
+    plan(clone(B, d, {5, 40}, {64, 1}, Arg::integer(0)), 1, 1);
+    plan(clone(B, d, {2, 3, 4, 5, 6, 7}, {2520, 1, 3, 12, 60, 360}, Arg::integer(0)), 1, 0);
     if (d != DType::kBFloat16) {
       plan(cudnn_batch_norm(d, {4, 24, 9, 9}), 2, 2);
       plan(cudnn_batch_norm(d, {37, 40}, false), 1, 1);

@@ -151,6 +151,7 @@ class Small(torch.nn.Module):
         h = h - h.mean(-1, keepdim=True) + h.amax(-1, keepdim=True) * 0.1 + h.sum(-1, keepdim=True) * 0.01
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) + torch.exp(-h) * 1e-3
         h = torch.ops.aten.mul.Scalar(h, 0.5)   # what the math attention path calls to scale
+        h = torch.cat([h, h.transpose(1, 2).contiguous().transpose(1, 2)], 0)   # cat, clone
         return {"softmax": torch.softmax(h, dim=-1), "log_softmax": torch.log_softmax(h, dim=1), "h": h}
 
 torch.manual_seed(0)
@@ -299,6 +300,8 @@ cases = [
     (32, lambda: xd ** 0.5,                            ["aten::pow", "Tensor_Scalar", [T(xd), [5, 0.5]]]),
     (34, lambda: torch.ops.aten.mul.Scalar(x, 0.125),  ["aten::mul", "Scalar", [T(x), [5, 0.125]]]),
     (35, lambda: torch.cat([x, x], 1),                 ["aten::cat", "", [[2, [T(x)[1:], T(x)[1:]]], [4, 1]]]),
+    (37, lambda: xt.contiguous(),                      ["aten::clone", "", [T(xt), [4, 0]]]),
+    (38, lambda: x.clone(),                            ["aten::clone", "", [T(x), [0]]]),
     (36, lambda: torch.cat([xs, xs], 0),               ["aten::cat", "", [[2, [T(xs)[1:], T(xs)[1:]]], [4, 0]]]),
     (33, lambda: F.embedding(ix, w8.view(4, 2)),      ["aten::embedding", "", [T(w8.view(4, 2)), T(ix), [4, -1], [3, False], [3, False]]]),
 ]

@@ -1,0 +1,285 @@
+// aten::clone: a copy of self, element for element (raw words, never through float). Handled:
+//   memory_format=contiguous (what Tensor.contiguous() calls on a transposed or sliced tensor):
+//     any strides, the output contiguous; the kernel walks the output in order and gathers each
+//     element from self's strides (Note [Clone plan]);
+//   memory_format=None or preserve with self non-overlapping and dense (contiguous, or permuted
+//     without gaps): the output has self's strides, so the copy is the linear one of self's
+//     numel elements from its first.
+// Preserve with a self that has gaps or overlaps (PyTorch then picks a memory format), channels
+// last, and self tensors of more than kMaxDims dimensions after merging are refused.
+#include <algorithm>
+#include <numeric>
+
+#include "search_daemon/proposers/templates/template_family.h"
+
+namespace kforge::search::templates {
+
+namespace {
+
+constexpr size_t kMaxDims = 6;
+constexpr int64_t kContiguousFormat = 0;   // c10::MemoryFormat::Contiguous
+constexpr int64_t kPreserveFormat = 1;     // c10::MemoryFormat::Preserve
+
+// Note [Clone plan]
+// ~~~~~~~~~~~~~~~~~
+// The output is contiguous in self's sizes. Dimensions of size 1 are dropped, and a dimension is
+// merged into the next-inner one when self steps through the pair as through one (stride = inner
+// stride x inner size), so a contiguous self is one dimension and a transposed [B, H, S, D] ->
+// [B, S, H, D] view three or four. Output element o is then self's element
+// sum_d (o's index in d) x stride_d. Dimensions innermost first.
+struct ClonePlan {
+  bool gather = false;           // contiguous output from any strides; else a linear copy
+  std::vector<int64_t> dims, strides;
+  int64_t numel = 0;
+};
+
+bool dense(const TensorMeta& t) {
+  std::vector<size_t> order(t.sizes.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return t.strides[a] < t.strides[b]; });
+  int64_t expected = 1;
+  for (size_t d : order) {
+    if (t.sizes[d] == 1) continue;
+    if (t.strides[d] != expected) return false;
+    expected *= t.sizes[d];
+  }
+  return true;
+}
+
+std::optional<ClonePlan> clone_plan(const OpSignature& sig, Backend backend) {
+  if (sig.op != "aten::clone" || !sig.overload.empty() || sig.args.size() != 2) return std::nullopt;
+  const TensorMeta* x = tensor_arg(sig, 0);
+  if (x == nullptr || x->sizes.empty() || x->numel() <= 0) return std::nullopt;
+  // The dtypes and device of template_tensor, any strides.
+  TensorMeta as_contiguous = *x;
+  as_contiguous.strides.assign(x->sizes.size(), 1);
+  for (size_t d = x->sizes.size(); d-- > 1;) as_contiguous.strides[d - 1] = as_contiguous.strides[d] * x->sizes[d];
+  if (!template_tensor(&as_contiguous, backend)) return std::nullopt;
+  int64_t format = kPreserveFormat;
+  if (const int64_t* f = int_arg(sig, 1)) {
+    format = *f;
+  } else if (!is_none(sig, 1)) {
+    return std::nullopt;
+  }
+  ClonePlan p;
+  p.numel = x->numel();
+  if (format == kPreserveFormat) {
+    if (!dense(*x)) return std::nullopt;   // PyTorch would pick a format: not handled
+    p.dims = {p.numel};
+    p.strides = {1};
+    return p;
+  }
+  if (format != kContiguousFormat) return std::nullopt;
+  p.gather = true;
+  for (size_t k = x->sizes.size(); k-- > 0;) {   // innermost first
+    if (x->sizes[k] == 1) continue;
+    if (!p.dims.empty() && x->strides[k] == p.strides.back() * p.dims.back()) {
+      p.dims.back() *= x->sizes[k];
+    } else {
+      p.dims.push_back(x->sizes[k]);
+      p.strides.push_back(x->strides[k]);
+    }
+  }
+  if (p.dims.empty()) {   // one element
+    p.dims = {1};
+    p.strides = {1};
+  }
+  if (p.dims.size() > kMaxDims) return std::nullopt;
+  if (p.dims.size() == 1 && p.strides[0] == 1) p.gather = false;   // already contiguous: a linear copy
+  return p;
+}
+
+std::vector<std::string> plan_defines(const ClonePlan& p) {
+  std::vector<std::string> o = {define("KF_GATHER", p.gather ? 1 : 0), define("KF_NDIM", static_cast<int64_t>(p.dims.size()))};
+  for (size_t d = 0; d < p.dims.size(); ++d) {
+    o.push_back(define("KF_D" + std::to_string(d), p.dims[d]));
+    o.push_back(define("KF_S" + std::to_string(d), p.strides[d]));
+  }
+  return o;
+}
+
+// The output: contiguous for a gather, self's layout for a linear copy ({"like": 0}: empty_like
+// keeps a dense tensor's strides).
+OutputSpec clone_output(const OpSignature& sig, const ClonePlan& p) {
+  const TensorMeta& x = *tensor_arg(sig, 0);
+  if (!p.gather && !x.is_contiguous()) return OutputSpec::like(0);
+  std::vector<std::string> sizes, strides(x.sizes.size());
+  std::string step = "1";
+  for (size_t d = x.sizes.size(); d-- > 0;) {
+    strides[d] = step;
+    step = step == "1" ? size_name(0, d) : step + " * " + size_name(0, d);
+  }
+  for (size_t d = 0; d < x.sizes.size(); ++d) sizes.push_back(size_name(0, d));
+  return OutputSpec::explicit_layout(x.dtype, std::move(sizes), std::move(strides));
+}
+
+// Self's offset of output element o (innermost dimension first; the outermost takes the rest).
+const char* const kCloneOffset = R"kf(
+static KF_DEVICE inline kf_i64 kf_src(kf_i64 o) {
+#if !KF_GATHER
+  return o;
+#else
+  kf_i64 off = 0, i = 0;
+  (void)off;
+  (void)i;
+#if KF_NDIM > 1
+  i = o % KF_D0; o /= KF_D0; off += i * KF_S0;
+#else
+  return o * KF_S0;
+#endif
+#if KF_NDIM > 2
+  i = o % KF_D1; o /= KF_D1; off += i * KF_S1;
+#elif KF_NDIM == 2
+  return off + o * KF_S1;
+#endif
+#if KF_NDIM > 3
+  i = o % KF_D2; o /= KF_D2; off += i * KF_S2;
+#elif KF_NDIM == 3
+  return off + o * KF_S2;
+#endif
+#if KF_NDIM > 4
+  i = o % KF_D3; o /= KF_D3; off += i * KF_S3;
+#elif KF_NDIM == 4
+  return off + o * KF_S3;
+#endif
+#if KF_NDIM > 5
+  i = o % KF_D4; o /= KF_D4; off += i * KF_S4;
+  return off + o * KF_S5;
+#elif KF_NDIM == 5
+  return off + o * KF_S4;
+#endif
+#endif
+}
+)kf";
+
+// ---- CUDA ------------------------------------------------------------------------------------------
+
+// Each thread copies KF_ITEMS vectors of KF_VEC elements, KF_BLOCK apart, as raw words: a vector
+// is KF_VEC consecutive elements of self too (KF_VEC > 1 only when self's innermost merged stride
+// is 1 and KF_VEC divides its length), read from its first element's offset.
+const char* const kCudaClone = R"kf(
+extern "C" __global__ void __launch_bounds__(KF_BLOCK)
+kf_clone(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 nvec) {
+  const kf_i64 first = (kf_i64)blockIdx.x * (KF_BLOCK * KF_ITEMS) + threadIdx.x;
+#pragma unroll
+  for (int it = 0; it < KF_ITEMS; ++it) {
+    const kf_i64 i = first + (kf_i64)it * KF_BLOCK;
+    if (i >= nvec) continue;
+    reinterpret_cast<kf_word*>(y)[i] = *reinterpret_cast<const kf_word*>(x + kf_src(i * KF_VEC));
+  }
+}
+)kf";
+
+enum CloneCudaKnob : size_t { kBlock, kVec, kItems };
+
+class CloneCuda final : public FamilyBase {
+ public:
+  CloneCuda()
+      : FamilyBase("clone", Backend::kCuda,
+                   {Knob{"block", {64, 128, 256, 512, 1024}, {}}, Knob{"vec", {1, 2, 4, 8}, {}},
+                    Knob{"items", {1, 2, 4, 8}, {}}}) {}
+
+  bool applies(const OpSignature& sig) const override { return clone_plan(sig, Backend::kCuda).has_value(); }
+
+  bool valid(const OpSignature& sig, std::span<const int64_t> v) const override {
+    const ClonePlan p = *clone_plan(sig, Backend::kCuda);
+    const TensorMeta& x = *tensor_arg(sig, 0);
+    const int64_t bytes = v[kVec] * dtype_size_bytes(x.dtype);
+    if (bytes > 16 || static_cast<int64_t>(x.alignment) % bytes != 0) return false;
+    if (v[kVec] > 1) {
+      // A vector is consecutive in self and starts aligned: innermost stride 1, its length and
+      // every outer stride multiples of the width.
+      if (p.strides[0] != 1 || p.dims[0] % v[kVec] != 0) return false;
+      for (size_t d = 1; d < p.strides.size(); ++d) {
+        if (p.strides[d] % v[kVec] != 0) return false;
+      }
+    }
+    return v[kBlock] * v[kVec] * v[kItems] <= std::max<int64_t>(64, 2 * p.numel);
+  }
+
+  double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
+    const ClonePlan p = *clone_plan(sig, Backend::kCuda);
+    const double ideal_items = p.numel >= (int64_t{1} << 18) ? 2 : 1;
+    return closeness(static_cast<double>(v[kVec] * dtype_size_bytes(tensor_arg(sig, 0)->dtype)), 16, 0.5) *
+           closeness(static_cast<double>(v[kBlock]), 256, 0.3) *
+           closeness(static_cast<double>(v[kItems]), ideal_items, 0.3);
+  }
+
+  KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {
+    const ClonePlan p = *clone_plan(sig, Backend::kCuda);
+    const TensorMeta& x = *tensor_arg(sig, 0);
+    std::vector<std::string> options = {dtype_define(x.dtype)};
+    for (std::string& d : plan_defines(p)) options.push_back(std::move(d));
+    for (std::string d : {define("KF_BLOCK", v[kBlock]), define("KF_VEC", v[kVec]), define("KF_ITEMS", v[kItems]),
+                          define("KF_WORD_BYTES", v[kVec] * dtype_size_bytes(x.dtype))}) {
+      options.push_back(std::move(d));
+    }
+    KernelSpec s = one_launch_spec(Backend::kCuda,
+                                   std::string(kCudaPrelude) + kCudaRawWord + "#define KF_DEVICE __device__\n" +
+                                       kCloneOffset + kCudaClone,
+                                   "kf_clone", options);
+    s.plan.outputs = {clone_output(sig, p)};
+    const std::string nvec = "numel0 / " + std::to_string(v[kVec]);
+    Launch& l = s.plan.launches[0];
+    l.grid[0] = "ceil_div(" + nvec + ", " + std::to_string(v[kBlock] * v[kItems]) + ")";
+    l.block[0] = std::to_string(v[kBlock]);
+    l.args = {ArgBinding::input(0), ArgBinding::output(0), ArgBinding::size(nvec)};
+    return s;
+  }
+};
+
+// ---- CPU -------------------------------------------------------------------------------------------
+
+const char* const kCpuClone = R"kf(
+// KF_CHUNK output elements per block (float32).
+extern "C" void kf_clone(const kforge_cpu_block* blk, void* const* p) {
+  const float* __restrict__ x = KF_PTR(const float, 0);
+  float* __restrict__ y = KF_PTR(float, 1);
+  const int64_t n = KF_I64(2);
+  const int64_t i0 = (int64_t)blk->block_idx[0] * KF_CHUNK;
+  const int64_t i1 = i0 + KF_CHUNK < n ? i0 + KF_CHUNK : n;
+  for (int64_t i = i0; i < i1; ++i) y[i] = x[kf_src(i)];
+}
+)kf";
+
+class CloneCpu final : public FamilyBase {
+ public:
+  CloneCpu() : FamilyBase("cpu.clone", Backend::kCpu, {Knob{"chunk", {1024, 4096, 16384, 65536, 262144}, {}}}) {}
+
+  bool applies(const OpSignature& sig) const override { return clone_plan(sig, Backend::kCpu).has_value(); }
+
+  bool valid(const OpSignature& sig, std::span<const int64_t> v) const override {
+    return v[0] <= std::max<int64_t>(1024, pow2_ceil(clone_plan(sig, Backend::kCpu)->numel));
+  }
+
+  double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
+    const double numel = static_cast<double>(clone_plan(sig, Backend::kCpu)->numel);
+    return closeness(static_cast<double>(v[0]), std::clamp(numel / 16, 1024.0, 65536.0), 0.3);
+  }
+
+  KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {
+    const ClonePlan p = *clone_plan(sig, Backend::kCpu);
+    std::vector<std::string> options = cpu_base_options(sig);
+    for (std::string& d : plan_defines(p)) options.push_back(std::move(d));
+    options.push_back(define("KF_CHUNK", v[0]));
+    KernelSpec s = one_launch_spec(Backend::kCpu,
+                                   std::string(kCpuPrelude) + "#define KF_DEVICE\ntypedef int64_t kf_i64;\n" +
+                                       kCloneOffset + kCpuClone,
+                                   "kf_clone", options);
+    s.plan.outputs = {clone_output(sig, p)};
+    Launch& l = s.plan.launches[0];
+    l.grid[0] = "ceil_div(numel0, " + std::to_string(v[0]) + ")";
+    l.args = {ArgBinding::input(0), ArgBinding::output(0), ArgBinding::size("numel0")};
+    return s;
+  }
+};
+
+}  // namespace
+
+// "clone" (CUDA) and "cpu.clone".
+const FamilyRegistration kRegistered{
+    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<CloneCuda>(); },
+    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<CloneCpu>(); },
+};
+
+}  // namespace kforge::search::templates

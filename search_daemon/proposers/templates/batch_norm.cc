@@ -138,8 +138,11 @@ std::optional<BatchNormArgs> batch_norm_args(const OpSignature& sig, Backend bac
   a.cudnn = op == "aten::cudnn_batch_norm";
   a.x = tensor_arg(sig, 0);
   if (!template_tensor(a.x, backend) || a.x->sizes.size() < 2) return std::nullopt;
-  // cuDNN takes float32 and float16 input (bfloat16 fails there), float32 parameters, a weight.
-  if (a.cudnn && (backend != Backend::kCuda || a.x->dtype == DType::kBFloat16 || tensor_arg(sig, 1) == nullptr)) {
+  // cuDNN takes float32 and float16 input (bfloat16 fails there), float32 parameters, a weight
+  // and a bias (PyTorch's cudnn_batch_norm fails on a None bias, seen on an H100: F.batch_norm
+  // without affine parameters goes to native_batch_norm instead).
+  if (a.cudnn && (backend != Backend::kCuda || a.x->dtype == DType::kBFloat16 || tensor_arg(sig, 1) == nullptr ||
+                  tensor_arg(sig, 2) == nullptr)) {
     return std::nullopt;
   }
   const auto* training = std::get_if<bool>(&sig.args[5].value);
@@ -212,8 +215,7 @@ class BatchNormCuda final : public FamilyBase {
  public:
   BatchNormCuda(std::string family, std::string_view op)
       : FamilyBase(std::move(family), Backend::kCuda,
-                   {Knob{"block", {64, 128, 256, 512, 1024}, {}}, Knob{"vec", {1, 2, 4, 8}, {}},
-                    Knob{"items", {1, 2, 4, 8}, {}}}),
+                   flat_cuda_knobs()),
         op_(op) {}
 
   bool applies(const OpSignature& sig) const override { return batch_norm_args(sig, Backend::kCuda, op_).has_value(); }
@@ -221,15 +223,12 @@ class BatchNormCuda final : public FamilyBase {
   bool valid(const OpSignature& sig, std::span<const int64_t> v) const override {
     const int64_t numel = tensor_arg(sig, 0)->numel();
     return numel % v[kVec] == 0 && vector_fits(sig, v[kVec]) &&
-           v[kBlock] * v[kVec] * v[kItems] <= std::max<int64_t>(64, 2 * numel);
+           flat_cuda_fits(numel, v);
   }
 
   double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
     const TensorMeta& x = *tensor_arg(sig, 0);
-    const double ideal_items = x.numel() >= (int64_t{1} << 18) ? 2 : 1;
-    return closeness(static_cast<double>(v[kVec] * dtype_size_bytes(x.dtype)), 16, 0.5) *
-           closeness(static_cast<double>(v[kBlock]), 256, 0.3) *
-           closeness(static_cast<double>(v[kItems]), ideal_items, 0.3);
+    return flat_cuda_prior(dtype_size_bytes(x.dtype), x.numel(), v);
   }
 
   KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {

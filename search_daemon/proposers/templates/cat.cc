@@ -123,8 +123,7 @@ class CatCuda final : public FamilyBase {
  public:
   CatCuda()
       : FamilyBase("cat", Backend::kCuda,
-                   {Knob{"block", {64, 128, 256, 512, 1024}, {}}, Knob{"vec", {1, 2, 4, 8}, {}},
-                    Knob{"items", {1, 2, 4, 8}, {}}}) {}
+                   flat_cuda_knobs()) {}
 
   bool applies(const OpSignature& sig) const override { return cat_args(sig, Backend::kCuda).has_value(); }
 
@@ -136,15 +135,12 @@ class CatCuda final : public FamilyBase {
     for (size_t k = 0; k < a.seg.size(); ++k) {
       if (a.seg[k] % v[kVec] != 0 || static_cast<int64_t>((*a.tensors)[k].alignment) % bytes != 0) return false;
     }
-    return v[kBlock] * v[kVec] * v[kItems] <= std::max<int64_t>(64, 2 * a.outer * a.row);
+    return flat_cuda_fits(a.outer * a.row, v);
   }
 
   double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
     const CatArgs a = *cat_args(sig, Backend::kCuda);
-    const double ideal_items = a.outer * a.row >= (int64_t{1} << 18) ? 2 : 1;
-    return closeness(static_cast<double>(v[kVec] * dtype_size_bytes((*a.tensors)[0].dtype)), 16, 0.5) *
-           closeness(static_cast<double>(v[kBlock]), 256, 0.3) *
-           closeness(static_cast<double>(v[kItems]), ideal_items, 0.3);
+    return flat_cuda_prior(dtype_size_bytes((*a.tensors)[0].dtype), a.outer * a.row, v);
   }
 
   KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {

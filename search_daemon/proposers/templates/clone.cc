@@ -176,8 +176,7 @@ class CloneCuda final : public FamilyBase {
  public:
   CloneCuda()
       : FamilyBase("clone", Backend::kCuda,
-                   {Knob{"block", {64, 128, 256, 512, 1024}, {}}, Knob{"vec", {1, 2, 4, 8}, {}},
-                    Knob{"items", {1, 2, 4, 8}, {}}}) {}
+                   flat_cuda_knobs()) {}
 
   bool applies(const OpSignature& sig) const override { return clone_plan(sig, Backend::kCuda).has_value(); }
 
@@ -194,15 +193,12 @@ class CloneCuda final : public FamilyBase {
         if (p.strides[d] % v[kVec] != 0) return false;
       }
     }
-    return v[kBlock] * v[kVec] * v[kItems] <= std::max<int64_t>(64, 2 * p.numel);
+    return flat_cuda_fits(p.numel, v);
   }
 
   double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
     const ClonePlan p = *clone_plan(sig, Backend::kCuda);
-    const double ideal_items = p.numel >= (int64_t{1} << 18) ? 2 : 1;
-    return closeness(static_cast<double>(v[kVec] * dtype_size_bytes(tensor_arg(sig, 0)->dtype)), 16, 0.5) *
-           closeness(static_cast<double>(v[kBlock]), 256, 0.3) *
-           closeness(static_cast<double>(v[kItems]), ideal_items, 0.3);
+    return flat_cuda_prior(dtype_size_bytes(tensor_arg(sig, 0)->dtype), p.numel, v);
   }
 
   KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {

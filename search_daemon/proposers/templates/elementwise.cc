@@ -441,6 +441,14 @@ std::optional<double> pow_exponent(const OpSignature& sig) {
   return std::nullopt;
 }
 
+// `v` rounded to `bits` significant bits, to nearest even (a float16 exponent: 11, bfloat16: 8).
+double round_to_bits(double v, int bits) {
+  if (v == 0 || !std::isfinite(v)) return v;
+  int ex = 0;
+  const double m = std::frexp(v, &ex);   // v = m * 2^ex, 0.5 <= |m| < 1
+  return std::ldexp(std::nearbyint(std::ldexp(m, bits)), ex - bits);
+}
+
 // KF_POW_CASE: which of PyTorch's special cases the exponent takes (kf_op's KF_OP 11), 8 = powf.
 int pow_case(double e) {
   constexpr double kCases[] = {2.0, 3.0, 0.5, -0.5, -1.0, -2.0, 1.0, 0.0};
@@ -526,9 +534,13 @@ std::vector<std::string> op_defines(const OpSignature& sig, Pointwise op) {
   if (op == Pointwise::kPow) {
     const double e = *pow_exponent(sig);
     o.push_back(define("KF_POW_CASE", pow_case(e)));
-    // The exponent as a float literal (only the powf case reads it), exact for float exponents.
+    // The exponent as a float literal (only the powf case reads it). PyTorch's CUDA kernel
+    // converts it to the tensor's dtype first (Scalar::to<scalar_t>: 1.7 is 1.7001953 in float16,
+    // 1.703125 in bfloat16), then computes powf in float; float32 and the CPU kernel use float.
+    const DType t = tensor_arg(sig, 0)->dtype;
+    const int bits = t == DType::kFloat16 ? 11 : t == DType::kBFloat16 ? 8 : 24;   // significant bits
     char lit[64];
-    std::snprintf(lit, sizeof lit, "%.9ef", static_cast<double>(static_cast<float>(e)));
+    std::snprintf(lit, sizeof lit, "%.9ef", round_to_bits(static_cast<double>(static_cast<float>(e)), bits));
     o.push_back("-DKF_POW_EXP=" + std::string(lit));
   }
   return o;
@@ -592,8 +604,7 @@ class PointwiseCuda final : public FamilyBase {
  public:
   explicit PointwiseCuda(Pointwise op)
       : FamilyBase(std::string(info(op).family), Backend::kCuda,
-                   {Knob{"block", {64, 128, 256, 512, 1024}, {}}, Knob{"vec", {1, 2, 4, 8}, {}},
-                    Knob{"items", {1, 2, 4, 8}, {}}}),
+                   flat_cuda_knobs()),
         op_(op) {}
 
   bool applies(const OpSignature& sig) const override { return matches(sig, op_, Backend::kCuda); }
@@ -601,18 +612,11 @@ class PointwiseCuda final : public FamilyBase {
   bool valid(const OpSignature& sig, std::span<const int64_t> v) const override {
     const int64_t numel = output_shape(sig, op_).numel;
     // No block whose work would be mostly missing; the smallest configuration always fits.
-    return vec_fits(sig, op_, v[kVec]) && v[kBlock] * v[kVec] * v[kItems] <= std::max<int64_t>(64, 2 * numel);
+    return vec_fits(sig, op_, v[kVec]) && flat_cuda_fits(numel, v);
   }
 
   double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
-    const TensorMeta& x = *tensor_arg(sig, 0);
-    const int64_t numel = output_shape(sig, op_).numel;
-    // Measured on an H200: two vectors per thread were as fast as any on large tensors; more
-    // cost registers and occupancy (eight: up to 2x slower).
-    const double ideal_items = numel >= (int64_t{1} << 18) ? 2 : 1;
-    return closeness(static_cast<double>(v[kVec] * dtype_size_bytes(x.dtype)), 16, 0.5) *
-           closeness(static_cast<double>(v[kBlock]), 256, 0.3) *
-           closeness(static_cast<double>(v[kItems]), ideal_items, 0.3);
+    return flat_cuda_prior(dtype_size_bytes(tensor_arg(sig, 0)->dtype), output_shape(sig, op_).numel, v);
   }
 
   KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {

@@ -114,8 +114,7 @@ class EmbeddingCuda final : public FamilyBase {
  public:
   EmbeddingCuda()
       : FamilyBase("embedding", Backend::kCuda,
-                   {Knob{"block", {64, 128, 256, 512, 1024}, {}}, Knob{"vec", {1, 2, 4, 8}, {}},
-                    Knob{"items", {1, 2, 4, 8}, {}}}) {}
+                   flat_cuda_knobs()) {}
 
   bool applies(const OpSignature& sig) const override { return embedding_args(sig, Backend::kCuda).has_value(); }
 
@@ -126,15 +125,12 @@ class EmbeddingCuda final : public FamilyBase {
     // A vector is one aligned word of the table and of the output (a fresh allocation): D a
     // multiple of it and the table's pointer aligned to it.
     if (d % v[kVec] != 0 || bytes > 16 || static_cast<int64_t>(a.weight->alignment) % bytes != 0) return false;
-    return v[kBlock] * v[kVec] * v[kItems] <= std::max<int64_t>(64, 2 * a.rows * d);
+    return flat_cuda_fits(a.rows * d, v);
   }
 
   double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
     const EmbeddingArgs a = *embedding_args(sig, Backend::kCuda);
-    const double ideal_items = a.rows * a.weight->sizes[1] >= (int64_t{1} << 18) ? 2 : 1;
-    return closeness(static_cast<double>(v[kVec] * dtype_size_bytes(a.weight->dtype)), 16, 0.5) *
-           closeness(static_cast<double>(v[kBlock]), 256, 0.3) *
-           closeness(static_cast<double>(v[kItems]), ideal_items, 0.3);
+    return flat_cuda_prior(dtype_size_bytes(a.weight->dtype), a.rows * a.weight->sizes[1], v);
   }
 
   KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {

@@ -52,6 +52,14 @@ class CudaRowFamily : public FamilyBase {
   virtual double algo_prior(bool cached, int64_t algo) const = 0;
 };
 
+// The flat CUDA kernels (pointwise, batch norm, embedding, cat, clone): each thread handles
+// `items` vectors of `vec` elements, `block` threads apart. Their knobs, in this order (each
+// family's own enum names the positions: block, vec, items), the prior, and the bound that keeps
+// a block's work from being mostly missing (the smallest configuration always fits).
+std::vector<Knob> flat_cuda_knobs();
+double flat_cuda_prior(int64_t element_bytes, int64_t elements, std::span<const int64_t> v);
+bool flat_cuda_fits(int64_t elements, std::span<const int64_t> v);
+
 // ---- signature checks ---------------------------------------------------------------------------
 
 // Argument i as a tensor, or nullptr (missing, None, a scalar, a list).

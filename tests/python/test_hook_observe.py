@@ -818,7 +818,7 @@ out = {}
 with torch.no_grad():
     # The process's first intercepted CUDA call happens inside stream capture: the hook's first
     # look at the device (its arch, through the driver) and its slow path must not break capture.
-    static_x = x.clone()
+    static_x = torch.empty_like(x).copy_(x)   # not x.clone(): clone is a catalog operator
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         static_y = F.silu(static_x) + static_x

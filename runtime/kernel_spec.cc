@@ -230,8 +230,8 @@ StatusOr<const TensorMeta*> tensor_arg(const std::string& field, const OpSignatu
 // arguments (cat's tensors) have no position of their own, so they are numbered after the
 // arguments: index args.size() + k is the k-th element over all list arguments, in argument
 // order. Whoever fills a call's input pointers (the hook's swap call, the worker's candidate
-// runs) appends the lists' elements' data pointers after one entry per argument, in that order:
-// list_input_pointers().
+// runs: TrialInputs::tensor_pointers) appends the lists' elements' data pointers after one entry
+// per argument, in that order.
 StatusOr<const TensorMeta*> input_tensor(const std::string& field, const OpSignature& sig, uint32_t i) {
   if (i < sig.args.size()) return tensor_arg(field, sig, i);
   size_t k = i - sig.args.size();

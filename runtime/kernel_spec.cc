@@ -176,7 +176,7 @@ StatusOr<Launch> read_launch(const Reader& r) {
 StatusOr<OutputSpec> read_output(const Reader& r) {
   KFORGE_RETURN_IF_ERROR(r.expect_array(5));
   OutputSpec o;
-  KFORGE_ASSIGN_OR_RETURN(int64_t layout, child(r, 0, r.path() + ".layout").i64_in(0, 1));
+  KFORGE_ASSIGN_OR_RETURN(int64_t layout, child(r, 0, r.path() + ".layout").i64_in(0, 2));
   o.layout = static_cast<OutputSpec::Layout>(layout);
   KFORGE_ASSIGN_OR_RETURN(o.input, read_u32(child(r, 1, r.path() + ".input"), std::numeric_limits<uint32_t>::max()));
   const Reader dt = child(r, 2, r.path() + ".dtype");
@@ -245,6 +245,20 @@ StatusOr<const TensorMeta*> input_tensor(const std::string& field, const OpSigna
                                 std::to_string(sig.args.size()) + " arguments and " +
                                 std::to_string(i - sig.args.size() - k) + " tensor-list elements");
 }
+
+// Note [In-place outputs]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// An in-place operator (relu_, add_.Tensor) writes its result into `self` and returns `self`.
+// Its plan's output is OutputSpec::in_place(0): resolving gives the argument's own dtype, sizes
+// and strides and records which argument it is (ResolvedOutput::in_place_of), and whoever runs
+// the plan passes that argument's data pointer as the output's, allocating nothing: the hook
+// returns the caller's tensor itself (the same TensorImpl, as PyTorch's kernel does), the worker
+// checks the result through the argument after each run, restoring the argument's values before
+// the next. A kernel for such a plan reads and writes the same memory, so it must read each
+// element before any thread writes it (a pointwise kernel that writes element i from the inputs'
+// element i does). Aliasing between `self` and the other inputs is PyTorch's to refuse (a partial
+// overlap raises there): the hook runs PyTorch's kernel for a call whose other inputs share
+// memory with `self` other than exactly.
 
 // Note [Tensor values]
 // ~~~~~~~~~~~~~~~~~~~~
@@ -380,6 +394,13 @@ OutputSpec OutputSpec::like(uint32_t input, std::optional<DType> dtype) {
   o.layout = Layout::kLikeInput;
   o.input = input;
   o.dtype = dtype;
+  return o;
+}
+
+OutputSpec OutputSpec::in_place(uint32_t input) {
+  OutputSpec o;
+  o.layout = Layout::kInPlace;
+  o.input = input;
   return o;
 }
 
@@ -587,6 +608,22 @@ Status KernelSpec::validate() const {
           return field_error(f, "an output like an input takes no sizes or strides");
         }
         break;
+      case OutputSpec::Layout::kInPlace:
+        if (o.input >= kMaxSignatureArgs) {
+          return field_error(f + ".input", "argument " + std::to_string(o.input) + " is beyond the " +
+                                               std::to_string(kMaxSignatureArgs) + " a signature can have");
+        }
+        if (o.dtype) return field_error(f + ".dtype", "an output written in place has its argument's dtype");
+        if (!o.sizes.empty() || !o.strides.empty()) {
+          return field_error(f, "an output written in place takes no sizes or strides");
+        }
+        for (size_t j = 0; j < i; ++j) {
+          if (plan.outputs[j].layout == OutputSpec::Layout::kInPlace && plan.outputs[j].input == o.input) {
+            return field_error(f + ".input", "argument " + std::to_string(o.input) + " is already output " +
+                                                 std::to_string(j));
+          }
+        }
+        break;
       default: return field_error(f + ".layout", "unknown layout");
     }
   }
@@ -683,7 +720,14 @@ StatusOr<ResolvedLaunchPlan> KernelSpec::resolve(const OpSignature& sig) const {
     const OutputSpec& o = plan.outputs[i];
     const std::string f = idx("outputs", i);
     ResolvedOutput r;
-    if (o.layout == OutputSpec::Layout::kLikeInput) {
+    if (o.layout == OutputSpec::Layout::kInPlace) {
+      // Note [In-place outputs]: the argument as it is, whatever its layout.
+      KFORGE_ASSIGN_OR_RETURN(const TensorMeta* t, tensor_arg(f + ".input", sig, o.input));
+      r.dtype = t->dtype;
+      r.sizes = t->sizes;
+      r.strides = t->strides;
+      r.in_place_of = static_cast<int32_t>(o.input);
+    } else if (o.layout == OutputSpec::Layout::kLikeInput) {
       KFORGE_ASSIGN_OR_RETURN(const TensorMeta* t, tensor_arg(f + ".input", sig, o.input));
       r.dtype = o.dtype.value_or(t->dtype);
       r.sizes = t->sizes;

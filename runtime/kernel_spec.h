@@ -88,16 +88,21 @@ struct OutputSpec {
     kExplicit = 0,    // dtype, sizes and strides given as expressions (empty_strided)
     kLikeInput = 1,   // torch.empty_like(args[input]) (preserve_format), optionally another dtype;
                       // strides as ATen picks them (Note [empty_like strides] in kernel_spec.cc)
+    kInPlace = 2,     // tensor argument `input` itself, written in place and returned (relu_,
+                      // add_): nothing is allocated; dtype, sizes and strides are the argument's
+                      // (Note [In-place outputs] in kernel_spec.cc)
   };
   Layout layout = Layout::kExplicit;
-  uint32_t input = 0;                 // kLikeInput: the signature argument; 0 otherwise
-  std::optional<DType> dtype;         // kExplicit: required; kLikeInput: nullopt keeps the input's
+  uint32_t input = 0;                 // kLikeInput, kInPlace: the signature argument; 0 otherwise
+  std::optional<DType> dtype;         // kExplicit: required; kLikeInput: nullopt keeps the input's;
+                                      // kInPlace: nullopt
   std::vector<std::string> sizes;     // kExplicit: LaunchExprs, one per dimension
   std::vector<std::string> strides;   // kExplicit: LaunchExprs in elements, as many as sizes
 
   static OutputSpec explicit_layout(DType dtype, std::vector<std::string> sizes,
                                     std::vector<std::string> strides);
   static OutputSpec like(uint32_t input, std::optional<DType> dtype = std::nullopt);
+  static OutputSpec in_place(uint32_t input);
   friend bool operator==(const OutputSpec&, const OutputSpec&) = default;
 };
 
@@ -167,6 +172,9 @@ struct ResolvedOutput {
   std::vector<int64_t> sizes;
   std::vector<int64_t> strides;
   int64_t storage_bytes = 0;   // the smallest allocation that holds every element
+  // OutputSpec::kInPlace: the signature argument this output is (its data pointer is the
+  // output's; nothing is allocated); -1 for an allocated output.
+  int32_t in_place_of = -1;
   friend bool operator==(const ResolvedOutput&, const ResolvedOutput&) = default;
 };
 

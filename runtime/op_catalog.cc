@@ -40,6 +40,8 @@ using R = ArgRole;
 //   pow.Tensor_Scalar    2 (x * x for 2, a pow call otherwise: counted as 2)
 //   cudnn_batch_norm     4, as native_batch_norm
 //   cat, clone           1 (a copy: counted as one operation per element)
+//   relu_, add_, mul_    as relu, add, mul; self is read once and written once (its bytes count
+//                        as an input and as the output)
 //   embedding            1 per index (a copy: an address computation per row); bytes: indices, and
 //                        the rows gathered (as many as the output) read, not the whole table
 //                        (ArgDecl::gathered, which also leaves the table out of "largest")
@@ -188,6 +190,17 @@ constexpr std::array<std::string_view, 2> kCatFamilies = {"cat", "cpu.cat"};
 
 constexpr std::array<ArgDecl, 2> kCloneArgs = {{{"self", R::kData}, {"memory_format", R::kMode}}};
 constexpr std::array<std::string_view, 2> kCloneFamilies = {"clone", "cpu.clone"};
+
+// ---- in-place variants ---------------------------------------------------------------------------
+
+constexpr std::array<OutputDecl, 1> kSelfOut = {{{"self", OutputRule::kSelf}}};
+constexpr std::array<std::string_view, 2> kReluInplaceFamilies = {"relu_", "cpu.relu_"};
+constexpr std::array<std::string_view, 2> kAddInplaceFamilies = {"add_", "cpu.add_"};
+constexpr std::array<std::string_view, 2> kMulInplaceFamilies = {"mul_", "cpu.mul_"};
+#define KFORGE_IN_PLACE_OUTPUT                                                                              \
+  "Output 0: self itself ({\"in_place\": 0}): the result is written into self's memory, through self's "   \
+  "strides, and nothing is allocated; its dtype, sizes and strides are self's. Every element of self is "   \
+  "read before it is overwritten (read and write element i in the same thread)."
 
 // ---- embedding -----------------------------------------------------------------------------------
 
@@ -378,12 +391,31 @@ Output 3 (reserve): cuDNN's reserve space, dtype uint8, in inference empty (size
      "strides when self is non-overlapping and dense (no gaps, no repeats), else those of self's suggested "
      "memory format (contiguous, or channels_last for a 4-dimensional self laid out so); channels_last for 2.",
      "", "aten::clone.out", kCloneFamilies, ""},
+    {"aten::relu_", "", "aten::relu_(Tensor(a!) self) -> Tensor(a!)", kReluArgs, kSelfOut, 1,
+     "ReLU in place, elementwise: self = x < 0 ? 0 : x. NaN stays NaN and -0.0 stays -0.0, as in PyTorch (do "
+     "not write max(x, 0)). Exact in every dtype.\n" KFORGE_IN_PLACE_OUTPUT,
+     "", "", kReluInplaceFamilies, ""},
+    {"aten::add_", "Tensor", "aten::add_.Tensor(Tensor(a!) self, Tensor other, *, Scalar alpha=1) -> Tensor(a!)",
+     kAddArgs, kSelfOut, 2,
+     "In place, elementwise: self = self + alpha * other (alpha: argument 2, an int or float scalar), other "
+     "broadcast to self's sizes (sizes align from the last dimension; a dimension of size 1 or missing in "
+     "other repeats: index it with stride 0; self is never broadcast). Compute in float32 for "
+     "float16/bfloat16 self (float64 for float64), round to self's dtype.\n" KFORGE_IN_PLACE_OUTPUT,
+     "", "", kAddInplaceFamilies, ""},
+    {"aten::mul_", "Tensor", "aten::mul_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)", kBinaryArgs,
+     kSelfOut, 1,
+     "In place, elementwise: self = self * other, other broadcast to self's sizes (sizes align from the "
+     "last dimension; a dimension of size 1 or missing in other repeats: index it with stride 0; self is "
+     "never broadcast). Compute in float32 for float16/bfloat16 self (float64 for float64), round to self's "
+     "dtype.\n" KFORGE_IN_PLACE_OUTPUT,
+     "", "", kMulInplaceFamilies, ""},
 }};
 
 #undef KFORGE_REDUCED_OUTPUT
 #undef KFORGE_BROADCAST_OUTPUT
 #undef KFORGE_BROADCAST_RULE
 #undef KFORGE_LIKE_SELF_OUTPUT
+#undef KFORGE_IN_PLACE_OUTPUT
 
 // The schema's argument count: the comma-separated items at depth 0 between its first '(' and the
 // matching ')', less the keyword-only marker "*".
@@ -537,10 +569,16 @@ std::vector<TensorMeta> expected_outputs(const OpSignature& sig) {
   if (x == nullptr && list != nullptr && !list->empty()) x = &(*list)[0];   // cat: its first tensor
   if (e == nullptr || x == nullptr) return out;
   for (const OutputDecl& o : e->outputs) {
+    if (o.rule == OutputRule::kSelf) {   // argument 0 itself, strides included
+      out.push_back(*x);
+      continue;
+    }
     TensorMeta m;
     m.dtype = x->dtype;
     m.device = x->device;
     switch (o.rule) {
+      case OutputRule::kSelf:
+        break;
       case OutputRule::kLikeInput0:
         m.sizes = x->sizes;
         break;

@@ -62,7 +62,10 @@
   OP(cudnn_batch_norm)                            \
   OP_OVERLOAD(mul, Scalar)                        \
   OP(cat)                                         \
-  OP(clone)
+  OP(clone)                                       \
+  OP(relu_)                                       \
+  OP_OVERLOAD(add_, Tensor)                       \
+  OP_OVERLOAD(mul_, Tensor)
 
 namespace kforge::catalog {
 
@@ -135,6 +138,8 @@ enum class OutputRule : uint8_t {
                     // size is cuDNN's to say; the catalog answers [0])
   kConcat,          // cat: the first element of the tensor list argument 0, with dimension
                     // argument 1 the sum of all elements' (their dtype: the first's)
+  kSelf,            // argument 0 itself, written in place and returned (relu_, add_): its dtype,
+                    // sizes and strides (OutputSpec::in_place in a plan)
 };
 
 struct OutputDecl {

@@ -266,7 +266,9 @@ void print_plan(const KernelSpec& spec, std::ostream& out) {
   for (size_t i = 0; i < spec.plan.outputs.size(); ++i) {
     const OutputSpec& o = spec.plan.outputs[i];
     out << "  output " << i << ": ";
-    if (o.layout == OutputSpec::Layout::kLikeInput) {
+    if (o.layout == OutputSpec::Layout::kInPlace) {
+      out << "input " << o.input << ", written in place";
+    } else if (o.layout == OutputSpec::Layout::kLikeInput) {
       out << "empty_like(input " << o.input << ")";
       if (o.dtype) out << " as " << dtype_name(*o.dtype);
     } else {

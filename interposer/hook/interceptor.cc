@@ -202,6 +202,12 @@ const c10::KernelFunction& unboxed_original(const InterceptedOp& op) {
   return op.original.*private_member(SafeKernelFunctionKernel{});
 }
 
+// The first of a call's arguments (an in-place operator's self).
+template <class First, class... Rest>
+First& first_argument(First& first, Rest&...) {
+  return first;
+}
+
 template <class Sig>
 struct TypedInterceptor;
 
@@ -216,7 +222,8 @@ struct TypedInterceptor<R(A...)> {
   static std::unique_ptr<OpSignature> make_signature(void* context) {
     auto* p = static_cast<Pending*>(context);
     const torch::jit::Stack boxed =
-        std::apply([](const auto&... a) { return c10::impl::boxArgs<A...>(a...); }, p->args);
+        std::apply([](const auto&... a) { return c10::impl::boxArgs<const std::remove_cvref_t<A>&...>(a...); },
+                   p->args);
     if (boxed.size() != p->op->identity.num_arguments) return nullptr;
     std::unique_ptr<OpSignature> sig = build_stack_signature(p->op->identity, boxed.data(), *p->op->arch);
     if (sig && p->op->sampler != nullptr) p->op->sampler->sample(sig->id(), boxed.data(), p->op->identity.num_arguments);
@@ -254,7 +261,13 @@ struct TypedInterceptor<R(A...)> {
       }
       if (stack) {
         run_replacement(op, *r, op.handle, keys, &*stack);
-        return c10::impl::PopResult<R>::call(*stack);
+        if constexpr (std::is_lvalue_reference_v<R>) {
+          // An in-place operator (relu_, add_: `Tensor& (Tensor& self, ...)`) returns self, which the
+          // entry or PyTorch's kernel wrote (Note [In-place calls] in swap_call.cc).
+          return first_argument(args...);
+        } else {
+          return c10::impl::PopResult<R>::call(*stack);
+        }
       }
     }
 

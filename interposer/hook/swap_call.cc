@@ -1,6 +1,7 @@
 #include "interposer/hook/swap_call.h"
 
 #include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/Parallel.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -72,6 +73,69 @@ std::string check_outputs(const InterceptedOp& op, const ResolvedLaunchPlan& pla
            " returns " + std::to_string(op.num_returns) + (op.returns_tensors ? " tensors" : " values, not all tensors");
   }
   return {};
+}
+
+// Note [In-place calls]
+// An entry whose plan writes an argument in place (ResolvedOutput::in_place_of: relu_, add_;
+// Note [In-place outputs] in runtime/kernel_spec.cc) is handed that argument's own memory as its
+// output and returns the caller's tensor itself. Its kernel assumes, as PyTorch does, that `self`
+// has no internal overlap and that no other input shares memory with it except exactly (the same
+// elements: x.add_(x)); where self overlaps itself or another input only partly, PyTorch's kernel
+// runs (and raises the error it raises). A shadow call runs the entry on a copy of self taken
+// before either kernel ran (PyTorch's writes the caller's self), compares that copy with what
+// PyTorch's kernel left in self, and computes the float64 reference from the copy taken before;
+// where another input is self exactly, the shadow call runs PyTorch's kernel alone (the entry,
+// reading `other` from the caller's self, could see PyTorch's result), uncompared. An active call
+// that fails after the kernel started may have written part of self before PyTorch's kernel runs
+// on it: only a fault in the entry's own kernel does that, and it disables the entry.
+
+// The argument the plan's output `o` is written into, checked against the plan (it matched the
+// signature, so only a broken table makes these differ). Null: why is set.
+const at::Tensor* in_place_arg(const InterceptedOp& op, const c10::IValue* args, const ResolvedOutput& o,
+                               std::string& why) {
+  const auto i = static_cast<uint32_t>(o.in_place_of);
+  if (i >= op.identity.num_arguments || !args[i].isTensor() || !args[i].toTensor().defined()) {
+    why = "the plan writes argument " + std::to_string(i) + " in place, which is not a tensor";
+    return nullptr;
+  }
+  const at::Tensor& t = args[i].toTensor();
+  if (t.scalar_type() != scalar_type_of(o.dtype) || t.sizes() != at::IntArrayRef(o.sizes) ||
+      t.strides() != at::IntArrayRef(o.strides)) {
+    why = "argument " + std::to_string(i) + " is not the tensor the plan writes in place (dtype, sizes or strides)";
+    return nullptr;
+  }
+  return &t;
+}
+
+// How the arguments an in-place plan writes share memory with the others (Note [In-place calls]).
+enum class InPlaceAliasing { kNone, kExact, kPartial };
+
+InPlaceAliasing in_place_aliasing(const InterceptedOp& op, const ResolvedLaunchPlan& plan, const c10::IValue* args) {
+  InPlaceAliasing worst = InPlaceAliasing::kNone;
+  for (const ResolvedOutput& o : plan.outputs) {
+    if (o.in_place_of < 0) continue;
+    const auto i = static_cast<uint32_t>(o.in_place_of);
+    if (i >= op.identity.num_arguments || !args[i].isTensor()) continue;   // in_place_arg says why
+    const at::Tensor& self = args[i].toTensor();
+    if (!self.defined()) continue;
+    if (at::has_internal_overlap(self) != at::MemOverlap::No) return InPlaceAliasing::kPartial;
+    for (uint32_t j = 0; j < op.identity.num_arguments; ++j) {
+      if (j == i || !args[j].isTensor() || !args[j].toTensor().defined()) continue;
+      switch (at::get_overlap_status(self, args[j].toTensor())) {
+        case at::MemOverlapStatus::No: break;
+        case at::MemOverlapStatus::Full: worst = InPlaceAliasing::kExact; break;
+        default: return InPlaceAliasing::kPartial;
+      }
+    }
+  }
+  return worst;
+}
+
+bool writes_in_place(const ResolvedLaunchPlan& plan) {
+  for (const ResolvedOutput& o : plan.outputs) {
+    if (o.in_place_of >= 0) return true;
+  }
+  return false;
 }
 
 // Note [CUDA calls]
@@ -225,7 +289,14 @@ std::string run_candidate_cuda(const InterceptedOp& op, const Replacement& r, co
   outs.clear();
   outs.reserve(plan.outputs.size());
   for (const ResolvedOutput& o : plan.outputs) {
-    outs.push_back(at::empty_strided(o.sizes, o.strides, on_device.dtype(scalar_type_of(o.dtype))));
+    if (o.in_place_of >= 0) {   // Note [In-place calls]
+      std::string why;
+      const at::Tensor* self = in_place_arg(op, args, o, why);
+      if (self == nullptr) return why;
+      outs.push_back(*self);
+    } else {
+      outs.push_back(at::empty_strided(o.sizes, o.strides, on_device.dtype(scalar_type_of(o.dtype))));
+    }
     io.outputs.push_back(reinterpret_cast<CUdeviceptr>(outs.back().mutable_data_ptr()));
   }
   c10::SmallVector<at::Tensor, 4> scratch;
@@ -272,8 +343,15 @@ std::string run_candidate(const InterceptedOp& op, const Replacement& r, const c
   outs.clear();
   outs.reserve(plan.outputs.size());
   for (const ResolvedOutput& o : plan.outputs) {
-    outs.push_back(at::empty_strided(o.sizes, o.strides,
-                                     at::TensorOptions().dtype(scalar_type_of(o.dtype)).device(at::kCPU)));
+    if (o.in_place_of >= 0) {   // Note [In-place calls]
+      std::string why;
+      const at::Tensor* self = in_place_arg(op, args, o, why);
+      if (self == nullptr) return why;
+      outs.push_back(*self);
+    } else {
+      outs.push_back(at::empty_strided(o.sizes, o.strides,
+                                       at::TensorOptions().dtype(scalar_type_of(o.dtype)).device(at::kCPU)));
+    }
     io.outputs.push_back(outs.back().data_ptr());
   }
   CpuRunOptions run_options;
@@ -390,12 +468,46 @@ bool same_values(const at::Tensor& a, const at::Tensor& b) {
   return at::equal(at::isnan(a), at::isnan(b)) && at::equal(at::nan_to_num(a, 0.0), at::nan_to_num(b, 0.0));
 }
 
+// Whether the plan writes argument i in place.
+bool written_in_place(const ResolvedLaunchPlan& plan, size_t i) {
+  for (const ResolvedOutput& o : plan.outputs) {
+    if (o.in_place_of >= 0 && static_cast<size_t>(o.in_place_of) == i) return true;
+  }
+  return false;
+}
+
+// The arguments a shadow call's entry runs on (Note [In-place calls]): `args`, with each argument
+// the plan writes in place replaced by a copy of its snapshot in the same layout. May throw.
+std::vector<c10::IValue> entry_arguments(const ResolvedLaunchPlan& plan, const std::vector<c10::IValue>& args,
+                                         const std::vector<at::Tensor>& snapshot) {
+  std::vector<c10::IValue> in = args;
+  for (size_t i = 0; i < in.size() && i < snapshot.size(); ++i) {
+    if (!written_in_place(plan, i) || !snapshot[i].defined()) continue;
+    const at::Tensor& self = args[i].toTensor();
+    in[i] = at::empty_strided(self.sizes(), self.strides(), self.options()).copy_(snapshot[i]);
+  }
+  return in;
+}
+
+// The arguments of the float64 reference: `args`, with each argument written in place as it was
+// before either kernel ran (its snapshot).
+std::vector<c10::IValue> reference_arguments(const ResolvedLaunchPlan& plan, const std::vector<c10::IValue>& args,
+                                             const std::vector<at::Tensor>& snapshot) {
+  std::vector<c10::IValue> in = args;
+  for (size_t i = 0; i < in.size() && i < snapshot.size(); ++i) {
+    if (written_in_place(plan, i) && snapshot[i].defined()) in[i] = snapshot[i];
+  }
+  return in;
+}
+
 // After the entry ran: empty if it left every input as the snapshot has it; else the inputs are
-// put back (before PyTorch's kernel or the caller reads them) and the reason is returned.
-std::string restore_inputs(const std::vector<c10::IValue>& args, const std::vector<at::Tensor>& snapshot) {
+// put back (before PyTorch's kernel or the caller reads them) and the reason is returned. The
+// arguments the plan writes in place are PyTorch's kernel's to write: not looked at.
+std::string restore_inputs(const ResolvedLaunchPlan& plan, const std::vector<c10::IValue>& args,
+                           const std::vector<at::Tensor>& snapshot) {
   std::string why;
   for (size_t i = 0; i < snapshot.size() && i < args.size(); ++i) {
-    if (!snapshot[i].defined()) continue;
+    if (!snapshot[i].defined() || written_in_place(plan, i)) continue;
     const at::Tensor& t = args[i].toTensor();
     if (same_values(t, snapshot[i])) continue;
     const_cast<at::Tensor&>(t).copy_(snapshot[i]);
@@ -533,13 +645,16 @@ static void run_shadow(const InterceptedOp& op, const Replacement& r, const c10:
   std::vector<at::Tensor> cand;
   std::string why;
   uint64_t entry_ns = 0, pytorch_ns = 0;
+  const bool in_place = writes_in_place(*r.plan);
   auto run_entry = [&]() noexcept {
     try {
       HookWorkScope scope;
+      std::vector<c10::IValue> copy;   // Note [In-place calls]: the entry writes a copy of self
+      if (in_place) copy = entry_arguments(*r.plan, args, snapshot);
       const auto t0 = std::chrono::steady_clock::now();
-      why = run_candidate(op, r, args.data(), cand, nullptr);
+      why = run_candidate(op, r, in_place ? copy.data() : args.data(), cand, nullptr);
       entry_ns = elapsed_ns(t0);
-      if (std::string wrote = restore_inputs(args, snapshot); !wrote.empty() && why.empty()) why = wrote;
+      if (std::string wrote = restore_inputs(*r.plan, args, snapshot); !wrote.empty() && why.empty()) why = wrote;
     } catch (...) {
       why = shadow_exception_why();
     }
@@ -553,7 +668,8 @@ static void run_shadow(const InterceptedOp& op, const Replacement& r, const c10:
   if (why.empty()) {
     try {
       HookWorkScope scope;
-      why = compare_with_reference(op, handle, keys, args, *stack, cand);
+      why = compare_with_reference(op, handle, keys, in_place ? reference_arguments(*r.plan, args, snapshot) : args,
+                                   *stack, cand);
     } catch (...) {
       why = shadow_exception_why();
     }
@@ -672,16 +788,19 @@ static void run_cuda(const InterceptedOp& op, const Replacement& r, const c10::O
   std::vector<at::Tensor> snapshot, cand;
   std::optional<ShadowEvents> events;
   uint64_t entry_ns = 0, pytorch_ns = 0;
+  const bool in_place = writes_in_place(*r.plan);
   auto run_entry = [&]() noexcept {
     try {
       HookWorkScope scope;
+      std::vector<c10::IValue> copy;   // Note [In-place calls]: the entry writes a copy of self
+      if (in_place) copy = entry_arguments(*r.plan, args, snapshot);
       if (events) events->record(0, call.stream);
-      why = run_candidate(op, r, args.data(), cand, &call);
+      why = run_candidate(op, r, in_place ? copy.data() : args.data(), cand, &call);
       if (events) events->record(1, call.stream);
       // Our own synchronizing work, no part of any capture: relaxed, so it does not fail for (or
       // disturb) a graph another thread captures in global mode (ScopedCaptureMode).
       const ScopedCaptureMode relaxed(cu, CU_STREAM_CAPTURE_MODE_RELAXED);
-      if (std::string wrote = restore_inputs(args, snapshot); !wrote.empty() && why.empty()) why = wrote;
+      if (std::string wrote = restore_inputs(*r.plan, args, snapshot); !wrote.empty() && why.empty()) why = wrote;
     } catch (...) {
       why = shadow_exception_why();
     }
@@ -704,7 +823,8 @@ static void run_cuda(const InterceptedOp& op, const Replacement& r, const c10::O
     try {
       HookWorkScope scope;
       const ScopedCaptureMode relaxed(cu, CU_STREAM_CAPTURE_MODE_RELAXED);
-      why = compare_with_reference(op, handle, keys, args, *stack, cand);
+      why = compare_with_reference(op, handle, keys, in_place ? reference_arguments(*r.plan, args, snapshot) : args,
+                                   *stack, cand);
       if (why.empty() && events) {
         entry_ns = events->between(0, 1);
         pytorch_ns = events->between(2, 3);
@@ -720,6 +840,22 @@ static void run_cuda(const InterceptedOp& op, const Replacement& r, const c10::O
 
 void run_replacement(const InterceptedOp& op, const Replacement& r, const c10::OperatorHandle& handle,
                      c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  if (writes_in_place(*r.plan)) {
+    // Note [In-place calls]: partial overlap is PyTorch's to refuse; exact aliasing is not shadowed.
+    InPlaceAliasing aliasing = InPlaceAliasing::kPartial;
+    try {
+      HookWorkScope scope;
+      if (stack->size() >= op.identity.num_arguments) {
+        aliasing = in_place_aliasing(op, *r.plan, stack->data() + (stack->size() - op.identity.num_arguments));
+      }
+    } catch (...) {
+    }
+    if (aliasing == InPlaceAliasing::kPartial ||
+        (aliasing == InPlaceAliasing::kExact && r.state != SwapState::kActive)) {
+      op.original.callBoxed(handle, keys, stack);
+      return;
+    }
+  }
   if (r.backend == Backend::kCuda) {
     run_cuda(op, r, handle, keys, stack);
   } else if (r.state == SwapState::kActive) {

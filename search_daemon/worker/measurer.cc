@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <exception>
+#include <utility>
 
 #include "runtime/op_catalog.h"
 #include "search_daemon/worker/timing_stats.h"
@@ -33,6 +34,10 @@ void run_candidate(EvalDevice& device, const LoadedCandidate& c, const ResolvedL
   keep.clear();
   std::vector<void*> outs, scratch;
   for (const ResolvedOutput& o : plan.outputs) {
+    if (o.in_place_of >= 0) {   // the input itself (Note [In-place outputs] in runtime/kernel_spec.cc)
+      outs.push_back(inputs.at(static_cast<size_t>(o.in_place_of)));
+      continue;
+    }
     keep.push_back(at::empty_strided(o.sizes, o.strides, device.options(to_scalar_type(o.dtype))));
     outs.push_back(keep.back().data_ptr());
   }
@@ -73,11 +78,29 @@ MeasureRun measure(EvalDevice& device, const LoadedCandidate& candidate, const M
     }
     std::vector<std::vector<void*>> pointers;
     for (const TrialInputs& s : sets) pointers.push_back(s.tensor_pointers());
+    // An in-place operator writes its input: before each timed call (of either kernel) the
+    // arguments it writes get their drawn values back, so every call computes on the same data
+    // (repeated in-place calls would drift into infinities or denormals), outside the interval
+    // and before the cache flush.
+    std::vector<std::pair<at::Tensor, at::Tensor>> in_place;   // (the argument, its drawn values), per set
+    std::vector<std::vector<size_t>> in_place_of_set(sets.size());
+    for (const ResolvedOutput& o : r.plan->outputs) {
+      if (o.in_place_of < 0) continue;
+      for (size_t set = 0; set < sets.size(); ++set) {
+        const at::Tensor& self = sets[set].args().at(static_cast<size_t>(o.in_place_of)).tensors.at(0);
+        in_place_of_set[set].push_back(in_place.size());
+        in_place.emplace_back(self, self.clone());
+      }
+    }
+    auto reset_in_place = [&](size_t set) {
+      for (size_t k : in_place_of_set[set]) in_place[k].first.copy_(in_place[k].second);
+    };
 
     std::vector<at::Tensor> keep;
     // Set when a timed interval saw one of our threads preempted (Note [Preempted pairs]).
     bool preempted = false;
     auto time_candidate = [&](size_t set) {
+      reset_in_place(set);
       device.flush_caches();
       const long switches = involuntary_switches();
       EvalDevice::Interval t = device.start_interval();
@@ -90,6 +113,7 @@ MeasureRun measure(EvalDevice& device, const LoadedCandidate& candidate, const M
     auto time_baseline = [&](size_t set) {
       if (r.policy.self_baseline) return time_candidate(set);
       torch::jit::Stack stack = sets[set].stack();
+      reset_in_place(set);
       device.flush_caches();
       const long switches = involuntary_switches();
       EvalDevice::Interval t = device.start_interval();

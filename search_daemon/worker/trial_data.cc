@@ -377,16 +377,23 @@ std::vector<at::Tensor> TrialInputs::snapshot() const {
   return out;
 }
 
-std::string TrialInputs::changes_since(const std::vector<at::Tensor>& before, bool* in_guards) const {
+std::string TrialInputs::changes_since(const std::vector<at::Tensor>& before, bool* in_guards,
+                                       const std::vector<bool>* written_in_place) const {
   size_t k = 0;
   *in_guards = false;
   for (size_t i = 0; i < args_.size(); ++i) {
+    const bool written = written_in_place != nullptr && i < written_in_place->size() && (*written_in_place)[i];
     for (size_t j = 0; j < args_[i].buffers.size(); ++j, ++k) {
       const GuardedBuffer& b = args_[i].buffers[j];
       if (k >= before.size() || at::equal(b.whole(), before[k])) continue;
-      const at::Tensor changed = at::nonzero(b.whole().ne(before[k])).cpu();
-      const int64_t first = changed[0][0].item<int64_t>();
       const int64_t start = static_cast<uint8_t*>(b.data()) - static_cast<uint8_t*>(b.whole().data_ptr());
+      at::Tensor diff = b.whole().ne(before[k]);
+      if (written) {   // its data region is the output's: only the guards count
+        diff.narrow(0, start, b.data_bytes()).fill_(false);
+        if (!diff.any().item<bool>()) continue;
+      }
+      const at::Tensor changed = at::nonzero(diff).cpu();
+      const int64_t first = changed[0][0].item<int64_t>();
       const std::string which = "input " + std::to_string(i) + (args_[i].buffers.size() > 1 ? "[" + std::to_string(j) + "]" : "");
       if (first < start || first >= start + b.data_bytes()) {
         *in_guards = true;

@@ -110,8 +110,10 @@ class TrialInputs {
   std::vector<void*> tensor_pointers() const;
   // Copies of every input allocation (guards included), for input_modified / out_of_bounds checks.
   std::vector<at::Tensor> snapshot() const;
-  // Empty if every allocation equals `before`; else which input and where it changed.
-  std::string changes_since(const std::vector<at::Tensor>& before, bool* in_guards) const;
+  // Empty if every allocation equals `before`; else which input and where it changed. The data of
+  // the arguments `written_in_place` marks (by argument index) may change; their guards may not.
+  std::string changes_since(const std::vector<at::Tensor>& before, bool* in_guards,
+                            const std::vector<bool>* written_in_place = nullptr) const;
   // Bytes of all tensor data (for rotating timing inputs).
   int64_t data_bytes() const;
 

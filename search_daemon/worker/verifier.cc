@@ -103,9 +103,40 @@ torch::jit::Stack reference_stack(const TrialInputs& in, const OpSignature& sig)
   return s;
 }
 
+// Note [Verifying in place]
+// A plan output written in place (ResolvedOutput::in_place_of: relu_, add_; Note [In-place
+// outputs] in runtime/kernel_spec.cc) is the trial's own argument: nothing is allocated or
+// poisoned for it. PyTorch's kernel and the float64 reference run on copies of that argument (in
+// its layout), so the trial's argument keeps its drawn values until a candidate run; before every
+// candidate run its values are put back (TrialRun::self_values), and after the run the output is
+// read through it. The argument's guards are still checked, its data is not "input_modified";
+// every other input must stay untouched. "not_written" becomes: the candidate left the argument as
+// it was where PyTorch's kernel changed it (an in-place kernel that wrote somewhere else).
+
+// Which signature arguments the plan writes in place, by argument index.
+std::vector<bool> in_place_args(const ResolvedLaunchPlan& plan, size_t num_args) {
+  std::vector<bool> w(num_args, false);
+  for (const ResolvedOutput& o : plan.outputs) {
+    if (o.in_place_of >= 0 && static_cast<size_t>(o.in_place_of) < num_args) w[static_cast<size_t>(o.in_place_of)] = true;
+  }
+  return w;
+}
+
+// `stack` with each argument the plan writes in place replaced by a copy in the same layout (the
+// same tensor's values, or the float64 conversion's), so that running PyTorch's kernel on it
+// leaves the trial's tensor alone.
+torch::jit::Stack with_in_place_copies(torch::jit::Stack stack, const std::vector<bool>& written) {
+  for (size_t i = 0; i < stack.size() && i < written.size(); ++i) {
+    if (!written[i] || !stack[i].isTensor()) continue;
+    const at::Tensor t = stack[i].toTensor();
+    stack[i] = at::empty_strided(t.sizes(), t.strides(), t.options()).copy_(t);
+  }
+  return stack;
+}
+
 // The candidate's output and scratch buffers for one run, poisoned.
 struct RunBuffers {
-  std::vector<GuardedBuffer> out_buffers;
+  std::vector<std::optional<GuardedBuffer>> out_buffers;   // none for an output written in place
   std::vector<at::Tensor> outputs;
   std::vector<GuardedBuffer> scratch;
   std::vector<void*> out_ptrs;
@@ -114,9 +145,21 @@ struct RunBuffers {
 
 enum class Poison { kFirst, kSecond };
 
-RunBuffers make_run_buffers(const EvalDevice& device, const ResolvedLaunchPlan& plan, Poison poison) {
+// `in_place_values`: per signature argument, the values an argument written in place is reset to
+// before the run (Note [Verifying in place]); undefined for the others.
+RunBuffers make_run_buffers(const EvalDevice& device, const ResolvedLaunchPlan& plan, Poison poison,
+                            const TrialInputs& in, const std::vector<at::Tensor>& in_place_values) {
   RunBuffers b;
   for (const ResolvedOutput& o : plan.outputs) {
+    if (o.in_place_of >= 0) {
+      const auto i = static_cast<size_t>(o.in_place_of);
+      const at::Tensor& self = in.args().at(i).tensors.at(0);
+      self.copy_(in_place_values.at(i));
+      b.out_ptrs.push_back(self.data_ptr());
+      b.outputs.push_back(self);
+      b.out_buffers.emplace_back(std::nullopt);
+      continue;
+    }
     const at::ScalarType st = to_scalar_type(o.dtype);
     GuardedBuffer g = GuardedBuffer::make(device.device(), o.storage_bytes, 0, GuardedBuffer::Guard::kCanary, st);
     at::Tensor v = g.view(st, o.sizes, o.strides);
@@ -184,6 +227,7 @@ class TrialRunner {
   VerifyRun& out_;
   std::vector<at::Tensor> prev_candidate_;   // the previous trial's candidate outputs (bits)
   std::vector<at::Tensor> prev_torch_;       // and PyTorch's
+  std::vector<bool> written_;                // the arguments the plan writes in place
 };
 
 std::optional<Failure> TrialRunner::launch(const TrialInputs& in, RunBuffers& b, uint64_t block_seed,
@@ -211,13 +255,14 @@ std::optional<Failure> TrialRunner::launch(const TrialInputs& in, RunBuffers& b,
 std::optional<Failure> TrialRunner::check_memory(const TrialInputs& in, const std::vector<at::Tensor>& before,
                                                  const RunBuffers& b) {
   for (size_t k = 0; k < b.out_buffers.size(); ++k) {
-    if (std::string d = b.out_buffers[k].guard_damage(); !d.empty()) return Failure{"out_of_bounds", "output " + std::to_string(k) + ": " + d};
+    if (!b.out_buffers[k]) continue;   // in place: the input's guards, below
+    if (std::string d = b.out_buffers[k]->guard_damage(); !d.empty()) return Failure{"out_of_bounds", "output " + std::to_string(k) + ": " + d};
   }
   for (size_t k = 0; k < b.scratch.size(); ++k) {
     if (std::string d = b.scratch[k].guard_damage(); !d.empty()) return Failure{"out_of_bounds", "scratch " + std::to_string(k) + ": " + d};
   }
   bool in_guards = false;
-  if (std::string d = in.changes_since(before, &in_guards); !d.empty()) {
+  if (std::string d = in.changes_since(before, &in_guards, &written_); !d.empty()) {
     return Failure{in_guards ? "out_of_bounds" : "input_modified", d};
   }
   return std::nullopt;
@@ -233,12 +278,18 @@ std::optional<Failure> TrialRunner::run(const TrialPlan& t, size_t trial_index) 
     return Failure{"inputs", out_.worker_error};
   }
   const TrialInputs& in = *made;
+  written_ = in_place_args(plan, in.args().size());
+  // Note [Verifying in place]: the drawn values of each argument written in place.
+  std::vector<at::Tensor> in_place_values(in.args().size());
+  for (size_t i = 0; i < written_.size(); ++i) {
+    if (written_[i]) in_place_values[i] = in.args()[i].tensors.at(0).clone();
+  }
 
   std::vector<at::Tensor> torch_out;
   std::vector<at::Tensor> ref;
   try {
-    torch_out = call_op(r_.op, in.stack());
-    ref = call_op(r_.op, reference_stack(in, *r_.signature));
+    torch_out = call_op(r_.op, with_in_place_copies(in.stack(), written_));
+    ref = call_op(r_.op, with_in_place_copies(reference_stack(in, *r_.signature), written_));
   } catch (const std::exception& e) {
     out_.worker_error = "PyTorch's kernel failed on the " + t.label + " inputs: " + std::string(e.what()).substr(0, 400);
     return Failure{"reference", out_.worker_error};
@@ -268,7 +319,7 @@ std::optional<Failure> TrialRunner::run(const TrialPlan& t, size_t trial_index) 
   const uint64_t seed_base = 0x9E3779B97F4A7C15ull * (trial_index + 1);
 
   // Run 1: the result every other run is compared with.
-  RunBuffers first = make_run_buffers(device_, plan, Poison::kFirst);
+  RunBuffers first = make_run_buffers(device_, plan, Poison::kFirst, in, in_place_values);
   if (auto f = launch(in, first, seed_base | 1, 0xFF)) return f;
   if (auto f = check_memory(in, before, first)) return f;
   std::vector<at::Tensor> bits;
@@ -276,6 +327,21 @@ std::optional<Failure> TrialRunner::run(const TrialPlan& t, size_t trial_index) 
     const at::Tensor& o = first.outputs[k];
     if (o.numel() == 0) {
       bits.push_back(at::Tensor());
+      continue;
+    }
+    if (plan.outputs[k].in_place_of >= 0) {
+      // Note [Verifying in place]: nothing to poison; left as drawn where PyTorch's kernel wrote.
+      const at::Tensor drawn = bits_of(in_place_values[static_cast<size_t>(plan.outputs[k].in_place_of)]);
+      const at::Tensor changed_by_torch = bits_of(torch_out[k]).ne(drawn);
+      if (changed_by_torch.any().item<bool>() && at::equal(bits_of(o), drawn)) {
+        const int64_t at_flat = first_true(changed_by_torch);
+        return Failure{"not_written", "output " + std::to_string(k) + " (argument " +
+                                          std::to_string(plan.outputs[k].in_place_of) +
+                                          ", written in place) was left as it was, where PyTorch's kernel changed " +
+                                          std::to_string(changed_by_torch.sum().item<int64_t>()) + " elements (first at " +
+                                          index_text(at_flat, o.sizes()) + ")"};
+      }
+      bits.push_back(bits_of(o).clone());
       continue;
     }
     const at::Tensor unwritten = bits_of(o).eq(poison_of(o));
@@ -305,7 +371,7 @@ std::optional<Failure> TrialRunner::run(const TrialPlan& t, size_t trial_index) 
   // Determinism: the same poisons, other block orders (CPU) or simply another run (CUDA).
   const uint32_t again = std::max<uint32_t>(1, r_.policy.determinism_runs);
   for (uint32_t run = 0; run < again; ++run) {
-    RunBuffers b = make_run_buffers(device_, plan, Poison::kFirst);
+    RunBuffers b = make_run_buffers(device_, plan, Poison::kFirst, in, in_place_values);
     if (auto f = launch(in, b, seed_base + 2 * (run + 1) + 1, 0xFF)) return f;
     if (auto f = check_memory(in, before, b)) return f;
     if (auto f = differs(first, b, bits, "nondeterministic", "run " + std::to_string(run + 2) + " differs from run 1 in")) return f;
@@ -313,7 +379,7 @@ std::optional<Failure> TrialRunner::run(const TrialPlan& t, size_t trial_index) 
 
   // Uninitialized reads: scratch, shared memory and outputs poisoned otherwise, blocks as in run 1.
   {
-    RunBuffers b = make_run_buffers(device_, plan, Poison::kSecond);
+    RunBuffers b = make_run_buffers(device_, plan, Poison::kSecond, in, in_place_values);
     if (auto f = launch(in, b, seed_base | 1, 0x00)) return f;
     if (auto f = check_memory(in, before, b)) return f;
     if (auto f = differs(first, b, bits, "uninitialized_read",

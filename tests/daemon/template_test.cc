@@ -186,6 +186,12 @@ OpSignature binary(const std::string& op, Backend b, DType t, std::vector<int64_
   return s;
 }
 
+// The in-place variant of `s` (relu_, add_.Tensor, mul_.Tensor): the same arguments, self written.
+OpSignature in_place(OpSignature s) {
+  s.op += "_";
+  return s;
+}
+
 // add, sub, mul, div .Tensor with a Python number: `other` a 0-dimensional CPU tensor.
 OpSignature with_number(const std::string& op, Backend b, DType t, std::vector<int64_t> a,
                         DType number = DType::kFloat64, Arg alpha = Arg::integer(1)) {
@@ -260,6 +266,14 @@ std::vector<OpSignature> signatures(Backend b) {
     out.push_back(reduce("mean", b, t, {4, 32, 7, 7}, std::vector<int64_t>{-1, -2}));   // global pooling
     out.push_back(reduce("sum", b, t, {3, 1000}, std::nullopt));                        // everything: 0-dim
     out.push_back(reduce("amax", b, t, {5, 77}, std::vector<int64_t>{1}, true));
+    // In place (Note [In-place outputs] in runtime/kernel_spec.cc): resnet's relu_ and residual add_.
+    out.push_back(in_place(relu(b, t, {2, 64, 28, 28})));
+    out.push_back(in_place(relu(b, t, {1001})));
+    out.push_back(in_place(add(b, t, {2, 3, 1001}, Arg::real(0.5))));
+    out.push_back(in_place(binary("add", b, t, {4, 3, 49, 49}, {1, 3, 49, 49})));   // a bias added in place
+    out.push_back(in_place(with_number("add", b, t, {77}, DType::kInt64)));          // x += 1
+    out.push_back(in_place(binary("mul", b, t, {2, 5, 64}, {2, 5, 1})));
+    out.push_back(in_place(with_number("mul", b, t, {3, 33})));                       // x *= 0.5
   }
   return out;
 }
@@ -410,6 +424,8 @@ TEST_CASE("templates: supports() accepts exactly the signatures some family hand
     refused.push_back(pow_scalar(G, F, {8}, Arg::real(std::numeric_limits<double>::quiet_NaN())));   // not finite
     refused.push_back(pow_scalar(G, F, {8}, Arg::boolean(true)));                                    // not a number
     refused.push_back(mul_scalar(G, F, {8}, Arg::boolean(true)));                                    // not a number
+    refused.push_back(in_place(binary("mul", G, F, {1}, {4, 1, 33})));   // self would be broadcast
+    refused.push_back(in_place(binary("add", G, F, {5, 1}, {5, 7})));
     {
       OpSignature c = cat(G, F, {{2, 3}, {2, 4}}, 1);
       std::get<std::vector<TensorMeta>>(c.args[0].value)[1].dtype = DType::kFloat16;   // two dtypes
@@ -1038,6 +1054,13 @@ TEST_CASE("templates: CPU instances of every family pass the worker's verificati
   plan(reduce("sum", B, F, {9, 1001}, std::nullopt), 1, 1);
   plan(reduce("sum", B, F, {37, 130}, std::vector<int64_t>{1}, true), 1, 1);
   plan(reduce("amax", B, F, {33, 1003}, std::vector<int64_t>{-1}), 1, 2);
+  // In place: the result is read through self (Note [Verifying in place] in worker/verifier.cc).
+  plan(in_place(relu(B, F, {7, 1031})), 1, 1);
+  plan(in_place(binary("add", B, F, {16, 3, 49, 49}, {1, 3, 49, 49})), 1, 1);
+  plan(in_place(add(B, F, {4099}, Arg::real(-0.75))), 1, 0);
+  plan(in_place(with_number("add", B, F, {77}, DType::kInt64)), 1, 0);
+  plan(in_place(binary("mul", B, F, {3, 5, 257}, {3, 5, 1})), 1, 1);
+  plan(in_place(with_number("mul", B, F, {5, 1001})), 1, 0);
   verify_all("cpu", work);
 }
 
@@ -1104,6 +1127,12 @@ TEST_CASE("templates: CUDA instances of every family pass the worker's verificat
     plan(reduce("mean", B, d, {8, 64, 7, 7}, std::vector<int64_t>{-1, -2}), 2, 1);
     plan(reduce("sum", B, d, {3, 50257}, std::nullopt), 1, 1);
     plan(reduce("amax", B, d, {37, 1003}, std::vector<int64_t>{1}, true), 2, 2);
+    plan(in_place(relu(B, d, {2, 64, 28, 28})), 2, 1);
+    plan(in_place(binary("add", B, d, {8, 64, 28, 28}, {8, 64, 28, 28})), 2, 1);   // resnet's residual
+    plan(in_place(binary("add", B, d, {64, 3, 49, 49}, {1, 3, 49, 49})), 1, 1);
+    plan(in_place(with_number("add", B, d, {37, 1001}, DType::kInt64)), 1, 0);
+    plan(in_place(binary("mul", B, d, {5, 7, 256}, {5, 7, 1})), 2, 1);
+    plan(in_place(with_number("mul", B, d, {3, 4099})), 1, 0);
   }
   verify_all("cuda:0", work);
 }

@@ -130,7 +130,8 @@ if DEV == "cuda":
 
 class Small(torch.nn.Module):
     # Every catalog operator, on CPU: layer_norm, group_norm, gelu, silu, add, relu, sigmoid, tanh,
-    # hardswish, sub, mul (Tensor, Scalar), div, mean, amax, sum, neg, rsqrt, exp, pow, batch norm (cuDNN off: on CUDA
+    # hardswish, sub, mul (Tensor, Scalar), div, mean, amax, sum, neg, rsqrt, exp, pow, relu_, add_, mul_,
+    # batch norm (cuDNN off: on CUDA
     # resnet18's reaches cudnn_batch_norm), softmax, log_softmax; embedding is GPT-2's.
     def __init__(self):
         super().__init__()
@@ -144,13 +145,19 @@ class Small(torch.nn.Module):
         h = F.gelu(self.fc(self.ln(x)))
         h = h + x
         h = self.gn(h)
-        h = torch.batch_norm(h, self.bn.weight, self.bn.bias, self.bn.running_mean, self.bn.running_var,
-                             False, 0.1, 1e-5, False)
+        # cudnn_enabled=False alone still reaches cudnn_batch_norm on CUDA (torch 2.11, checked on an
+        # H100): only cuDNN switched off makes it native_batch_norm there.
+        with torch.backends.cudnn.flags(enabled=False):
+            h = torch.batch_norm(h, self.bn.weight, self.bn.bias, self.bn.running_mean, self.bn.running_var,
+                                 False, 0.1, 1e-5, False)
         h = F.silu(h) + F.gelu(F.relu(h), approximate="tanh")
         h = torch.sigmoid(h) * torch.tanh(h) - F.hardswish(h) / (h.abs() + 1)
         h = h - h.mean(-1, keepdim=True) + h.amax(-1, keepdim=True) * 0.1 + h.sum(-1, keepdim=True) * 0.01
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) + torch.exp(-h) * 1e-3
         h = torch.ops.aten.mul.Scalar(h, 0.5)   # what the math attention path calls to scale
+        g = h * 1.5
+        g.add_(h).mul_(torch.sigmoid(h)).relu_()   # in place: add_, mul_, relu_ (resnet's residual and ReLU)
+        h = h + g
         h = torch.cat([h, h.transpose(1, 2).contiguous().transpose(1, 2)], 0)   # cat, clone
         return {"softmax": torch.softmax(h, dim=-1), "log_softmax": torch.log_softmax(h, dim=1), "h": h}
 
@@ -262,7 +269,8 @@ xd = torch.randn(3, 5, dtype=torch.float64)
 xb = torch.randn(2, 6).to(torch.bfloat16)
 img = torch.randn(2, 8, 5, 5)
 w8, b8 = torch.randn(8), torch.randn(8)
-m8, v8 = torch.randn(8), torch.rand(8).add_(0.5)   # add_: not intercepted
+m8, v8 = torch.randn(8), torch.empty(8).uniform_(0.5, 1.5)   # no intercepted operator
+xr, xa, xm, xm2 = torch.randn(4, 8), torch.randn(4, 8), torch.randn(4, 8), torch.randn(4, 8)   # written in place
 n0 = torch.randn(0, 8)                     # no elements: null data pointer
 ix = torch.tensor([[0, 3], [2, 2]])        # int64 indices into a [4, 2] table
 cases = [
@@ -304,6 +312,9 @@ cases = [
     (38, lambda: x.clone(),                            ["aten::clone", "", [T(x), [0]]]),
     (36, lambda: torch.cat([xs, xs], 0),               ["aten::cat", "", [[2, [T(xs)[1:], T(xs)[1:]]], [4, 0]]]),
     (33, lambda: F.embedding(ix, w8.view(4, 2)),      ["aten::embedding", "", [T(w8.view(4, 2)), T(ix), [4, -1], [3, False], [3, False]]]),
+    (39, lambda: xr.relu_(),                           ["aten::relu_", "", [T(xr)]]),
+    (40, lambda: xa.add_(w8, alpha=2),                 ["aten::add_", "Tensor", [T(xa), T(w8), [4, 2]]]),
+    (41, lambda: xm.mul_(xm2),                         ["aten::mul_", "Tensor", [T(xm), T(xm2)]]),
 ]
 arch = os.environ["KFORGE_TEST_ARCH"]
 expected = {}
@@ -545,7 +556,7 @@ def test_model_signatures_reach_a_daemon(hook_path, dev, tmp_path):
 CAPTURING = """
 DEV = os.environ["KFORGE_TEST_DEVICE"]
 torch.manual_seed(0)
-x = torch.randn(6, 10).mul_(3).to(DEV)  # mul_: not a catalog operator, so only the two calls below are sampled
+x = torch.normal(0.0, 3.0, (6, 10)).to(DEV)   # no catalog operator: only the two calls below are sampled
 x[0, 0] = float("nan")
 x[1, 1] = float("-inf")
 x[2, :4] = 0

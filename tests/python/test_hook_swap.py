@@ -601,3 +601,104 @@ def test_an_entry_for_cat_reads_the_tensors_of_its_list(hook_path, build_dir, pu
     data = torch.load(out)
     for (p, q), y in zip(data["pairs"], data["ys"]):
         assert torch.equal(y, torch.cat([p, q], 1))
+
+
+ADD_INPLACE_KERNEL = r"""
+#include <cstdint>
+#include "runtime/cpu_kernel_abi.h"
+// add_.Tensor(self, other, alpha) of two contiguous float32 tensors of n elements: self += alpha * other,
+// written through self's own pointer (the plan's output 0 is argument 0, in place).
+extern "C" void add_in_place(const kforge_cpu_block* blk, void* const* params) {
+  (void)blk;
+  const float* self = *(const float* const*)params[0];
+  const float* other = *(const float* const*)params[1];
+  const float alpha = *(const float*)params[2];
+  float* out = *(float* const*)params[3];
+  const int64_t n = *(const int64_t*)params[4];
+  for (int64_t i = 0; i < n; ++i) out[i] = self[i] + alpha * other[i];
+}
+"""
+
+INPLACE_MODEL = """
+torch.manual_seed(0)
+x, y = torch.randn(4, 8), torch.randn(4, 8)
+x.add_(y)                               # first sight
+lib.kforge_hook_report_now(20000)       # loads the entry
+res = {"same_object": [], "versions": [], "pairs": [], "results": []}
+for i in range(40):
+    a, b = torch.randn(4, 8), torch.randn(4, 8)
+    a0, v0 = a.clone(), a._version
+    r = a.add_(b)
+    res["same_object"].append(r is a)
+    res["versions"].append(a._version - v0)
+    res["pairs"].append((a0, b))
+    res["results"].append(a.clone())
+# Through a view: the rows 4..7 of a bigger tensor (its data pointer is past the storage's start).
+base = torch.randn(8, 8)
+base0, b = base.clone(), torch.randn(4, 8)
+base[4:].add_(b)
+res["view"] = (base0, b, base.clone())
+# self as other, exactly: the entry (active) reads each element before writing it.
+z = torch.randn(4, 8)
+z0 = z.clone()
+z.add_(z)
+res["aliased"] = (z0, z.clone())
+# Partial overlap is PyTorch's to refuse, hooked or not.
+big = torch.randn(8, 8)
+try:
+    big[0:4].add_(big[2:6])
+    res["partial"] = "no error"
+except RuntimeError as e:
+    res["partial"] = str(e).splitlines()[0]
+torch.save(res, os.environ["KFORGE_TEST_OUT"])
+emit({"stats": stats()})
+"""
+
+
+def test_an_in_place_entry_writes_self_through_its_views_and_returns_it(hook_path, build_dir, publish_tool,
+                                                                        kernel_include_dir, tmp_path):
+    # add_ writes into self and returns it (Note [In-place calls] in interposer/hook/swap_call.cc):
+    # the shadow calls compare the entry's copy of self with what PyTorch's kernel wrote; once
+    # active, the entry writes the caller's tensor (a view too), the caller gets the same object
+    # back with its version bumped once, and a partial overlap still raises PyTorch's error.
+    cxx = shutil.which("c++") or shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    (tmp_path / "add.cc").write_text(ADD_INPLACE_KERNEL)
+    r = subprocess.run([cxx, "-shared", "-fPIC", f"-I{kernel_include_dir}", "-O2", "-o", str(tmp_path / "add.so"),
+                        str(tmp_path / "add.cc")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    s, _ = run_child("""
+        x = torch.randn(4, 8)
+        x.add_(torch.randn(4, 8))
+        emit(stats())
+    """, child_env(hook_path, KFORGE_OBSERVE_EVERY=1))
+    (sig,) = [x for x in s["signatures"] if x["signature"].startswith("aten::add_")]
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    r = subprocess.run([str(publish_tool), "--cache", str(cache), "--signature", sig["encoding"],
+                        "--backend", "cpu", "--source", str(tmp_path / "add.cc"), "--so", str(tmp_path / "add.so"),
+                        "--entry", "add_in_place", "--launch",
+                        "entry=add_in_place;grid=1,1,1;block=1,1,1;smem=0;args=input:0,input:1,scalar:2:f32,output:0,"
+                        "size:numel0:i64",
+                        "--output", "in_place:0", "--torch-version", s["torch_version"], "--compile-option=-O2"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "out.pt"
+    res, err = run_child(INPLACE_MODEL, child_env(hook_path, KFORGE_CACHE_DIR=cache, KFORGE_TEST_OUT=out,
+                                                  KFORGE_MODE="active", KFORGE_CONFIRM_WIN=0))
+    (sig,) = [x for x in res["stats"]["signatures"] if x["signature"].startswith("aten::add_")]
+    assert sig["state"] == "active", (sig, err)
+    # Every call here has the entry's signature (44); the partial overlap went to PyTorch's kernel,
+    # so 20 of the loop, the view and the aliased call were the entry's.
+    assert sig["calls"] == 44 and sig["shadow_calls"] == sig["clean_shadow_calls"] == 20, sig
+    assert sig["active_calls"] == 22 and sig["fallbacks"] == 0, sig
+    data = torch.load(out)
+    assert all(data["same_object"]) and data["versions"] == [1] * 40
+    for (a0, b), y in zip(data["pairs"], data["results"]):
+        assert torch.equal(y, a0 + b)          # one float add: PyTorch's exact result
+    base0, b, base = data["view"]
+    assert torch.equal(base[:4], base0[:4]) and torch.equal(base[4:], base0[4:] + b)
+    z0, z = data["aliased"]
+    assert torch.equal(z, z0 + z0)
+    assert "single memory location" in data["partial"], data["partial"]

@@ -246,7 +246,7 @@ TEST_CASE("KernelSpec::decode: scalar fields of the wrong type or range name the
   check_field(decode_error(replaced(s, {4, 1}, with_int(5))), "entry_points[1]");
   check_field(decode_error(replaced(s, {5}, with_str("-O3"))), "compile_options");
   check_field(decode_error(replaced(s, {6, 0, 1}, with_int(4))), "scratch[0].bytes");
-  check_field(decode_error(replaced(s, {7, 1, 0}, with_int(2))), "outputs[1].layout");
+  check_field(decode_error(replaced(s, {7, 1, 0}, with_int(3))), "outputs[1].layout");
   check_field(decode_error(replaced(s, {7, 0, 1}, with_int(-1))), "outputs[0].input");
   check_field(decode_error(replaced(s, {7, 1, 2}, with_int(kDTypeCount))), "outputs[1].dtype");
   check_field(decode_error(replaced(s, {7, 1, 3, 0}, with_int(1))), "outputs[1].sizes[0]");
@@ -645,4 +645,35 @@ TEST_CASE("KernelSpec::resolve: an output like an input follows torch.empty_like
   CHECK(scalar.storage_bytes == 4);
   // An empty tensor needs no storage.
   CHECK(like_strides(tensor(DType::kFloat32, {0, 3})).storage_bytes == 0);
+}
+
+TEST_CASE("KernelSpec: an output written in place is its argument, layout and all, and round-trips") {
+  KernelSpec s = cpu_spec();
+  s.plan.outputs = {OutputSpec::in_place(0)};
+  REQUIRE(s.validate().ok());
+  StatusOr<KernelSpec> back = KernelSpec::decode(s.encode());
+  REQUIRE(back.ok());
+  CHECK(*back == s);
+  CHECK(back->plan.outputs[0].layout == OutputSpec::Layout::kInPlace);
+  // The argument's own strides, gaps included (nothing is allocated, so nothing is made dense).
+  OpSignature sig{"aten::relu_", "", {Arg::tensor(tensor(DType::kBFloat16, {4, 3}, {8, 2}))},
+                  Target{Backend::kCpu, "x86_64"}};
+  auto r = s.resolve(sig);
+  REQUIRE(r.ok());
+  CHECK(r->outputs[0].in_place_of == 0);
+  CHECK(r->outputs[0].dtype == DType::kBFloat16);
+  CHECK(r->outputs[0].strides == std::vector<int64_t>{8, 2});
+  // An allocated output says so.
+  s.plan.outputs = {OutputSpec::like(0)};
+  CHECK(s.resolve(sig)->outputs[0].in_place_of == -1);
+  // What cannot be written in place names its field.
+  s.plan.outputs = {OutputSpec::in_place(0), OutputSpec::in_place(0)};
+  check_field(s.validate(), "outputs[1].input");
+  s.plan.outputs = {OutputSpec::in_place(0)};
+  s.plan.outputs[0].dtype = DType::kFloat32;
+  check_field(s.validate(), "outputs[0].dtype");
+  s.plan.outputs = {OutputSpec::in_place(1)};
+  OpSignature scalar{"aten::test", "", {Arg::tensor(tensor(DType::kFloat32, {4})), Arg::real(0.5)},
+                     Target{Backend::kCpu, "x86_64"}};
+  CHECK_THAT(s.resolve(scalar).status().message(), Catch::Contains("not a tensor"));
 }

@@ -284,6 +284,11 @@ StatusOr<OutputSpec> parse_output(std::string_view text) {
     }
     return OutputSpec::like(*i, dtype);
   }
+  if (parts[0] == "in_place" && parts.size() == 2) {
+    StatusOr<uint32_t> i = parse_index(parts[1], where);
+    if (!i.ok()) return i.status();
+    return OutputSpec::in_place(*i);
+  }
   if (parts[0] == "explicit" && parts.size() == 4) {
     StatusOr<DType> d = dtype_from_name(parts[1]);
     if (!d.ok()) return invalid_argument(where + ": " + d.status().message());
@@ -295,7 +300,7 @@ StatusOr<OutputSpec> parse_output(std::string_view text) {
     }
     return OutputSpec::explicit_layout(*d, std::move(sizes), std::move(strides));
   }
-  return invalid_argument(where + ": expected like:N[:DTYPE] or explicit:DTYPE:SIZES:STRIDES");
+  return invalid_argument(where + ": expected like:N[:DTYPE], in_place:N or explicit:DTYPE:SIZES:STRIDES");
 }
 
 StatusOr<ScratchBuffer> parse_scratch(std::string_view text) {
@@ -319,7 +324,7 @@ std::string usage() {
          "  SPEC: entry=NAME;grid=E[,E[,E]];block=E[,E[,E]];smem=E;args=ARG,ARG,...\n"
          "  ARG:  input:N | output:N | scratch:N | size:E[:i64|i32] | scalar:N:i64|i32|f64|f32|bool\n"
          "        | value:N:i64|i32|f64|f32|bool (the value of a one-element CPU tensor argument)\n"
-         "  OUT:  like:N[:DTYPE] | explicit:DTYPE:E,E,...:E,E,...  (sizes, then strides)\n"
+         "  OUT:  like:N[:DTYPE] | in_place:N | explicit:DTYPE:E,E,...:E,E,...  (sizes, then strides)\n"
          "  E is a launch expression over the signature's named sizes (numel0, size0_1, ...).\n"
          "  Exit status: 0 published, 1 a check or step failed, 2 usage error.\n";
 }

@@ -162,6 +162,8 @@ TEST_CASE("launch text that cannot mean a launch is rejected, naming the part", 
 TEST_CASE("output text parses into OutputSpec", "[publish_test_entry]") {
   CHECK(*parse_output("like:0") == OutputSpec::like(0));
   CHECK(*parse_output("like:1:float64") == OutputSpec::like(1, DType::kFloat64));
+  CHECK(*parse_output("in_place:0") == OutputSpec::in_place(0));
+  CHECK_FALSE(parse_output("in_place:0:float32").ok());
   CHECK(*parse_output("explicit:float32:numel0 / size0_1,size0_1:size0_1,1") ==
         OutputSpec::explicit_layout(DType::kFloat32, {"numel0 / size0_1", "size0_1"}, {"size0_1", "1"}));
   CHECK_FALSE(parse_output("like").ok());

@@ -362,6 +362,69 @@ extern "C" void softmax_rows(const kforge_cpu_block* b, void* const* p) {
     s.plan.outputs = {OutputSpec::explicit_layout(DType::kFloat32, {"size0_0", "size0_1"}, {"1", "size0_0"})};
     add("changes output strides", std::move(s), EvalStatus::kVerifyFailed, "output_layout", "", "sizes/strides");
   }
+  // Cheats that fit the newer shapes of operators: in place, broadcast, reduction.
+  {
+    const std::string arch = sm.target.arch;
+    OpSignature relu_ = OpSignature{"aten::relu_", "", {Arg::tensor(matrix(DeviceType::kCpu, {kRows, kCols}))},
+                                    target_for(B, arch)};
+    KernelSpec s = row_spec(B, R"(
+#include "runtime/cpu_kernel_abi.h"
+extern "C" void softmax_rows(const kforge_cpu_block* b, void* const* p) {
+  const float* x = *(const float* const*)p[0];
+  float* y = *(float* const*)p[1];               // a scratch copy: self is never written
+  const int64_t cols = *(const int64_t*)p[2];
+  const int64_t row = b->block_idx[0];
+  for (int64_t c = 0; c < cols; ++c) y[row * cols + c] = x[row * cols + c] < 0 ? 0.0f : x[row * cols + c];
+}
+)");
+    s.plan.outputs = {OutputSpec::in_place(0)};
+    s.plan.scratch = {ScratchBuffer{"copy", "numel0 * 4"}};
+    s.plan.launches[0].args = {ArgBinding::input(0), ArgBinding::scratch(0), ArgBinding::size("size0_1")};
+    c.push_back(Case{"an in-place kernel that writes a copy", std::move(s), EvalStatus::kVerifyFailed, "not_written",
+                     "normal", "written in place", 60000, relu_});
+  }
+  {
+    OpSignature bias_add{"aten::add", "Tensor",
+                         {Arg::tensor(matrix(DeviceType::kCpu, {kRows, kCols})),
+                          Arg::tensor(matrix(DeviceType::kCpu, {kCols})), Arg::integer(1)},
+                         target_for(B, sm.target.arch)};
+    KernelSpec s = row_spec(B, R"(
+#include "runtime/cpu_kernel_abi.h"
+extern "C" void softmax_rows(const kforge_cpu_block* b, void* const* p) {
+  const float* x = *(const float* const*)p[0];
+  const float* bias = *(const float* const*)p[1];
+  float* y = *(float* const*)p[2];
+  const int64_t cols = *(const int64_t*)p[3];
+  const int64_t i0 = (int64_t)b->block_idx[0] * cols;
+  for (int64_t i = i0; i < i0 + cols; ++i) y[i] = x[i] + bias[i];   // bias indexed as if it were x's size
+}
+)");
+    s.plan.launches[0].args = {ArgBinding::input(0), ArgBinding::input(1), ArgBinding::output(0),
+                               ArgBinding::size("size0_1")};
+    c.push_back(Case{"a broadcast that reads past its operand", std::move(s), EvalStatus::kVerifyFailed,
+                     "nan_inf_positions", "normal", "", 60000, bias_add});
+  }
+  {
+    OpSignature row_sum{"aten::sum", "dim_IntList",
+                        {Arg::tensor(matrix(DeviceType::kCpu, {kRows, kCols + 1})), Arg::int_list({-1}),
+                         Arg::boolean(false), Arg::none()},
+                        target_for(B, sm.target.arch)};
+    KernelSpec s = row_spec(B, R"(
+#include "runtime/cpu_kernel_abi.h"
+extern "C" void softmax_rows(const kforge_cpu_block* b, void* const* p) {
+  const float* x = *(const float* const*)p[0];
+  float* y = *(float* const*)p[1];
+  const int64_t cols = *(const int64_t*)p[2];
+  const float* xr = x + (int64_t)b->block_idx[0] * cols;
+  double s = 0;
+  for (int64_t c = 0; c + 4 <= cols; c += 4) s += (double)xr[c] + xr[c + 1] + xr[c + 2] + xr[c + 3];   // the tail is dropped
+  y[b->block_idx[0]] = (float)s;
+}
+)");
+    s.plan.outputs = {OutputSpec::explicit_layout(DType::kFloat32, {"size0_0"}, {"1"})};
+    c.push_back(Case{"a reduction that drops the tail", std::move(s), EvalStatus::kVerifyFailed, "accuracy", "normal",
+                     "", 60000, row_sum});
+  }
   // The CPU's "another stream": work that outlives the launch on a thread of its own.
   add("launches work outside the launch (a thread)", row_spec(B, cpu_softmax("pthread_t t; pthread_create(&t, 0, work, 0);",
                                                                               "#include <pthread.h>\nstatic void* work(void*) { return 0; }\n")),

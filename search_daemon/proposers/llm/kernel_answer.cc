@@ -231,6 +231,11 @@ StatusOr<ArgBinding> read_arg(const Reader& r) {
 }
 
 StatusOr<OutputSpec> read_output(const Reader& r) {
+  if (std::optional<Reader> in_place = r.member("in_place")) {
+    KFORGE_RETURN_IF_ERROR(r.expect_object({"in_place"}));
+    KFORGE_ASSIGN_OR_RETURN(uint32_t i, in_place->index());
+    return OutputSpec::in_place(i);
+  }
   if (std::optional<Reader> like = r.member("like")) {
     KFORGE_RETURN_IF_ERROR(r.expect_object({"like", "dtype"}));
     KFORGE_ASSIGN_OR_RETURN(uint32_t i, like->index());
@@ -444,7 +449,9 @@ std::string plan_json(const KernelSpec& spec, std::string_view summary) {
   ojson outputs = ojson::array();
   for (const OutputSpec& o : spec.plan.outputs) {
     ojson out = ojson::object();
-    if (o.layout == OutputSpec::Layout::kLikeInput) {
+    if (o.layout == OutputSpec::Layout::kInPlace) {
+      out["in_place"] = o.input;
+    } else if (o.layout == OutputSpec::Layout::kLikeInput) {
       out["like"] = o.input;
       if (o.dtype) out["dtype"] = std::string(dtype_name(*o.dtype));
     } else {

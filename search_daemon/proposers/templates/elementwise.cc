@@ -9,6 +9,11 @@
 //             [Tensor values] in runtime/kernel_spec.cc), so one kernel serves every value.
 //             mul.Scalar (a Scalar `other`, as the math attention path scales by) takes the same
 //             unary kernel with the number as a scalar argument.
+// In-place variants (relu_, add_.Tensor, mul_.Tensor: Note [In-place outputs] in
+// runtime/kernel_spec.cc) take the same kernels with the output bound to `self` (OutputSpec::
+// in_place(0)): each thread reads its elements before it writes them, and the pointers lose
+// __restrict__ (KF_RESTRICT), since `self` is read and written through two of them. They claim a
+// contiguous `self` whose shape is the broadcast's (PyTorch refuses to broadcast into `self`).
 // Each element is computed in float with PyTorch's own formula and constants, so the result rounds
 // as PyTorch's does (relu rounds nothing: x < 0 ? 0 : x keeps NaN and -0.0, as clamp_min does;
 // hardswish clamps with comparisons, which keep NaN, as std::min/std::max do in PyTorch's kernel).
@@ -35,24 +40,25 @@ struct PointwiseInfo {
   std::string_view overload;   // "Tensor"
   std::string_view family;     // the CUDA family; the CPU one is "cpu." + this
   int code;                    // KF_OP (unary kernel) or KF_BIN (binary kernel)
+  std::string_view in_place;   // the in-place variant in the catalog ("aten::relu_"; same overload), or ""
 };
 
 constexpr PointwiseInfo kInfo[] = {
-    {Pointwise::kGelu, "aten::gelu", "", "gelu", 0},
-    {Pointwise::kSilu, "aten::silu", "", "silu", 1},
-    {Pointwise::kRelu, "aten::relu", "", "relu", 3},
-    {Pointwise::kSigmoid, "aten::sigmoid", "", "sigmoid", 4},
-    {Pointwise::kTanh, "aten::tanh", "", "tanh", 5},
-    {Pointwise::kHardswish, "aten::hardswish", "", "hardswish", 6},
-    {Pointwise::kNeg, "aten::neg", "", "neg", 8},
-    {Pointwise::kRsqrt, "aten::rsqrt", "", "rsqrt", 9},
-    {Pointwise::kExp, "aten::exp", "", "exp", 10},
-    {Pointwise::kPow, "aten::pow", "Tensor_Scalar", "pow", 11},
-    {Pointwise::kAdd, "aten::add", "Tensor", "add", 0},
-    {Pointwise::kSub, "aten::sub", "Tensor", "sub", 1},
-    {Pointwise::kMul, "aten::mul", "Tensor", "mul", 2},
-    {Pointwise::kDiv, "aten::div", "Tensor", "div", 3},
-    {Pointwise::kMulScalar, "aten::mul", "Scalar", "mul_scalar", 2},
+    {Pointwise::kGelu, "aten::gelu", "", "gelu", 0, ""},
+    {Pointwise::kSilu, "aten::silu", "", "silu", 1, ""},
+    {Pointwise::kRelu, "aten::relu", "", "relu", 3, "aten::relu_"},
+    {Pointwise::kSigmoid, "aten::sigmoid", "", "sigmoid", 4, ""},
+    {Pointwise::kTanh, "aten::tanh", "", "tanh", 5, ""},
+    {Pointwise::kHardswish, "aten::hardswish", "", "hardswish", 6, ""},
+    {Pointwise::kNeg, "aten::neg", "", "neg", 8, ""},
+    {Pointwise::kRsqrt, "aten::rsqrt", "", "rsqrt", 9, ""},
+    {Pointwise::kExp, "aten::exp", "", "exp", 10, ""},
+    {Pointwise::kPow, "aten::pow", "Tensor_Scalar", "pow", 11, ""},
+    {Pointwise::kAdd, "aten::add", "Tensor", "add", 0, "aten::add_"},
+    {Pointwise::kSub, "aten::sub", "Tensor", "sub", 1, ""},
+    {Pointwise::kMul, "aten::mul", "Tensor", "mul", 2, "aten::mul_"},
+    {Pointwise::kDiv, "aten::div", "Tensor", "div", 3, ""},
+    {Pointwise::kMulScalar, "aten::mul", "Scalar", "mul_scalar", 2, ""},
 };
 
 const PointwiseInfo& info(Pointwise op) { return kInfo[static_cast<size_t>(op)]; }
@@ -182,14 +188,14 @@ const char* const kCudaPointwise = R"kf(
 // Each thread handles KF_ITEMS vectors of KF_VEC elements, KF_BLOCK apart (coalesced); the
 // n % KF_VEC elements after the last whole vector go to the first threads of block 0.
 extern "C" __global__ void __launch_bounds__(KF_BLOCK)
-kf_pointwise(const kf_t* __restrict__ a,
+kf_pointwise(const kf_t* KF_RESTRICT a,
 #if KF_SCALAR
              float s,
 #endif
 #if KF_ALPHA
              float alpha,
 #endif
-             kf_t* __restrict__ y, kf_i64 n) {
+             kf_t* KF_RESTRICT y, kf_i64 n) {
 #if !KF_SCALAR
   const float s = 0.0f;
 #endif
@@ -239,11 +245,11 @@ __device__ __forceinline__ void kf_read(const kf_t* __restrict__ p, float (&out)
 }
 
 extern "C" __global__ void __launch_bounds__(KF_BLOCK)
-kf_binary(const kf_t* __restrict__ a, const kf_t* __restrict__ b,
+kf_binary(const kf_t* KF_RESTRICT a, const kf_t* KF_RESTRICT b,
 #if KF_ALPHA
           float alpha,
 #endif
-          kf_t* __restrict__ y, kf_i64 n) {
+          kf_t* KF_RESTRICT y, kf_i64 n) {
 #if !KF_ALPHA
   const float alpha = 1.0f;
 #endif
@@ -276,7 +282,7 @@ kf_binary(const kf_t* __restrict__ a, const kf_t* __restrict__ b,
 const char* const kCpuPointwise = R"kf(
 // KF_CHUNK elements per block.
 extern "C" void kf_pointwise(const kforge_cpu_block* blk, void* const* p) {
-  const float* __restrict__ a = KF_PTR(const float, 0);
+  const float* KF_RESTRICT a = KF_PTR(const float, 0);
   int slot = 1;
 #if KF_SCALAR
   const float s = KF_F32(slot++);
@@ -288,7 +294,7 @@ extern "C" void kf_pointwise(const kforge_cpu_block* blk, void* const* p) {
 #else
   const float alpha = 1.0f;
 #endif
-  float* __restrict__ y = KF_PTR(float, slot);
+  float* KF_RESTRICT y = KF_PTR(float, slot);
   const int64_t n = KF_I64(slot + 1);
   const int64_t i0 = (int64_t)blk->block_idx[0] * KF_CHUNK;
   const int64_t i1 = i0 + KF_CHUNK < n ? i0 + KF_CHUNK : n;
@@ -300,15 +306,15 @@ const char* const kCpuBinary = R"kf(
 // KF_CHUNK output elements per block, walked a run of the innermost dimension at a time: within a
 // run both inputs advance by a constant stride (1 or 0), a loop the compiler vectorizes.
 extern "C" void kf_binary(const kforge_cpu_block* blk, void* const* p) {
-  const float* __restrict__ a = KF_PTR(const float, 0);
-  const float* __restrict__ b = KF_PTR(const float, 1);
+  const float* KF_RESTRICT a = KF_PTR(const float, 0);
+  const float* KF_RESTRICT b = KF_PTR(const float, 1);
 #if KF_ALPHA
   const float alpha = KF_F32(2);
-  float* __restrict__ y = KF_PTR(float, 3);
+  float* KF_RESTRICT y = KF_PTR(float, 3);
   const int64_t n = KF_I64(4);
 #else
   const float alpha = 1.0f;
-  float* __restrict__ y = KF_PTR(float, 2);
+  float* KF_RESTRICT y = KF_PTR(float, 2);
   const int64_t n = KF_I64(3);
 #endif
   const int64_t i0 = (int64_t)blk->block_idx[0] * KF_CHUNK;
@@ -318,9 +324,9 @@ extern "C" void kf_binary(const kforge_cpu_block* blk, void* const* p) {
     kf_offsets(o, &oa, &ob);
     const int64_t left_in_row = KF_D0 - o % KF_D0;
     const int64_t len = left_in_row < i1 - o ? left_in_row : i1 - o;
-    const float* __restrict__ pa = a + oa;
-    const float* __restrict__ pb = b + ob;
-    float* __restrict__ py = y + o;
+    const float* KF_RESTRICT pa = a + oa;
+    const float* KF_RESTRICT pb = b + ob;
+    float* KF_RESTRICT py = y + o;
     for (int64_t k = 0; k < len; ++k) py[k] = kf_bin(pa[k * KF_SA0], pb[k * KF_SB0], alpha);
     o += len;
   }
@@ -473,10 +479,20 @@ bool broadcasting(const OpSignature& sig, Pointwise op) {
   return is_binary(op) && !scalar_other(op) && !value_other(sig);
 }
 
-// The signature's op and argument checks for `op`, or false when the templates do not handle it.
-bool matches(const OpSignature& sig, Pointwise op, Backend backend) {
+bool matches_op(const OpSignature& sig, Pointwise op, Backend backend);
+
+// The signature's op and argument checks for `op` (its in-place variant when `in_place`), or false
+// when the templates do not handle it.
+bool matches(const OpSignature& sig, Pointwise op, Backend backend, bool in_place) {
   const PointwiseInfo& in = info(op);
-  if (sig.op != in.aten || sig.overload != in.overload) return false;
+  if (sig.op != (in_place ? in.in_place : in.aten) || sig.overload != in.overload) return false;
+  if (!matches_op(sig, op, backend)) return false;
+  if (!in_place || !broadcasting(sig, op)) return true;
+  // The result is written into self: the broadcast shape must be self's.
+  return broadcast_plan(*tensor_arg(sig, 0), *tensor_arg(sig, 1))->out_sizes == tensor_arg(sig, 0)->sizes;
+}
+
+bool matches_op(const OpSignature& sig, Pointwise op, Backend backend) {
   const TensorMeta* a = tensor_arg(sig, 0);
   if (!template_tensor(a, backend)) return false;
   switch (op) {
@@ -568,11 +584,12 @@ struct OutputShape {
   OutputSpec spec;
 };
 
-OutputShape output_shape(const OpSignature& sig, Pointwise op) {
+OutputShape output_shape(const OpSignature& sig, Pointwise op, bool in_place) {
   const TensorMeta& a = *tensor_arg(sig, 0);
-  if (!broadcasting(sig, op)) return {a.numel(), "numel0", OutputSpec::like(0)};
+  OutputSpec self = in_place ? OutputSpec::in_place(0) : OutputSpec::like(0);
+  if (!broadcasting(sig, op)) return {a.numel(), "numel0", std::move(self)};
   const BroadcastPlan p = *broadcast_plan(a, *tensor_arg(sig, 1));
-  return {out_numel(p), out_numel_expr(p), broadcast_output(p, a.dtype)};
+  return {out_numel(p), out_numel_expr(p), in_place ? std::move(self) : broadcast_output(p, a.dtype)};
 }
 
 // Whether vectors of `vec` elements suit the signature: aligned inputs, and for the broadcasting
@@ -584,8 +601,9 @@ bool vec_fits(const OpSignature& sig, Pointwise op, int64_t vec) {
 }
 
 // The formulas' source for a backend.
-std::string formulas(const OpSignature& sig, Pointwise op, Backend backend) {
+std::string formulas(const OpSignature& sig, Pointwise op, Backend backend, bool in_place) {
   std::string s = backend == Backend::kCuda ? "#define KF_DEVICE __device__\n" : "#define KF_DEVICE\n";
+  s += in_place ? "#define KF_RESTRICT\n" : "#define KF_RESTRICT __restrict__\n";
   // hardswish's 1/6: PyTorch's CUDA kernel multiplies by it, its CPU kernel divides by 6.
   if (op == Pointwise::kHardswish) {
     s += backend == Backend::kCuda ? "#define KF_SIXTH 0.16666666666666666f\n" : "#define KF_SIXTH (1.0f / 6.0f)\n";
@@ -600,23 +618,24 @@ std::string formulas(const OpSignature& sig, Pointwise op, Backend backend) {
 
 enum PointwiseCudaKnob : size_t { kBlock, kVec, kItems };
 
+// The family's name: "relu", its in-place variant's "relu_".
+std::string family_name(Pointwise op, bool in_place) { return std::string(info(op).family) + (in_place ? "_" : ""); }
+
 class PointwiseCuda final : public FamilyBase {
  public:
-  explicit PointwiseCuda(Pointwise op)
-      : FamilyBase(std::string(info(op).family), Backend::kCuda,
-                   flat_cuda_knobs()),
-        op_(op) {}
+  PointwiseCuda(Pointwise op, bool in_place)
+      : FamilyBase(family_name(op, in_place), Backend::kCuda, flat_cuda_knobs()), op_(op), in_place_(in_place) {}
 
-  bool applies(const OpSignature& sig) const override { return matches(sig, op_, Backend::kCuda); }
+  bool applies(const OpSignature& sig) const override { return matches(sig, op_, Backend::kCuda, in_place_); }
 
   bool valid(const OpSignature& sig, std::span<const int64_t> v) const override {
-    const int64_t numel = output_shape(sig, op_).numel;
+    const int64_t numel = output_shape(sig, op_, in_place_).numel;
     // No block whose work would be mostly missing; the smallest configuration always fits.
     return vec_fits(sig, op_, v[kVec]) && flat_cuda_fits(numel, v);
   }
 
   double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
-    return flat_cuda_prior(dtype_size_bytes(tensor_arg(sig, 0)->dtype), output_shape(sig, op_).numel, v);
+    return flat_cuda_prior(dtype_size_bytes(tensor_arg(sig, 0)->dtype), output_shape(sig, op_, in_place_).numel, v);
   }
 
   KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {
@@ -629,10 +648,10 @@ class PointwiseCuda final : public FamilyBase {
     const bool binary = broadcasting(sig, op_);
     const std::string entry = binary ? "kf_binary" : "kf_pointwise";
     KernelSpec s = one_launch_spec(Backend::kCuda,
-                                   std::string(kCudaPrelude) + formulas(sig, op_, Backend::kCuda) +
+                                   std::string(kCudaPrelude) + formulas(sig, op_, Backend::kCuda, in_place_) +
                                        (binary ? kCudaBinary : kCudaPointwise),
                                    entry, options);
-    OutputShape out = output_shape(sig, op_);
+    OutputShape out = output_shape(sig, op_, in_place_);
     s.plan.outputs = {std::move(out.spec)};
     Launch& l = s.plan.launches[0];
     l.grid[0] = "ceil_div(" + out.numel_expr + ", " + std::to_string(v[kBlock] * v[kVec] * v[kItems]) + ")";
@@ -643,25 +662,27 @@ class PointwiseCuda final : public FamilyBase {
 
  private:
   Pointwise op_;
+  bool in_place_;
 };
 
 // ---- CPU -------------------------------------------------------------------------------------------
 
 class PointwiseCpu final : public FamilyBase {
  public:
-  explicit PointwiseCpu(Pointwise op)
-      : FamilyBase("cpu." + std::string(info(op).family), Backend::kCpu,
+  PointwiseCpu(Pointwise op, bool in_place)
+      : FamilyBase("cpu." + family_name(op, in_place), Backend::kCpu,
                    {Knob{"chunk", {1024, 4096, 16384, 65536, 262144}, {}}}),
-        op_(op) {}
+        op_(op),
+        in_place_(in_place) {}
 
-  bool applies(const OpSignature& sig) const override { return matches(sig, op_, Backend::kCpu); }
+  bool applies(const OpSignature& sig) const override { return matches(sig, op_, Backend::kCpu, in_place_); }
 
   bool valid(const OpSignature& sig, std::span<const int64_t> v) const override {
-    return v[0] <= std::max<int64_t>(1024, pow2_ceil(output_shape(sig, op_).numel));
+    return v[0] <= std::max<int64_t>(1024, pow2_ceil(output_shape(sig, op_, in_place_).numel));
   }
 
   double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
-    const double numel = static_cast<double>(output_shape(sig, op_).numel);
+    const double numel = static_cast<double>(output_shape(sig, op_, in_place_).numel);
     return closeness(static_cast<double>(v[0]), std::clamp(numel / 16, 1024.0, 65536.0), 0.3);
   }
 
@@ -671,10 +692,10 @@ class PointwiseCpu final : public FamilyBase {
     options.push_back(define("KF_CHUNK", v[0]));
     const bool binary = broadcasting(sig, op_);
     KernelSpec s = one_launch_spec(Backend::kCpu,
-                                   std::string(kCpuPrelude) + formulas(sig, op_, Backend::kCpu) +
+                                   std::string(kCpuPrelude) + formulas(sig, op_, Backend::kCpu, in_place_) +
                                        (binary ? kCpuBinary : kCpuPointwise),
                                    binary ? "kf_binary" : "kf_pointwise", options);
-    OutputShape out = output_shape(sig, op_);
+    OutputShape out = output_shape(sig, op_, in_place_);
     s.plan.outputs = {std::move(out.spec)};
     Launch& l = s.plan.launches[0];
     l.grid[0] = "ceil_div(" + out.numel_expr + ", " + std::to_string(v[0]) + ")";
@@ -684,15 +705,16 @@ class PointwiseCpu final : public FamilyBase {
 
  private:
   Pointwise op_;
+  bool in_place_;
 };
 
-template <Pointwise Op>
+template <Pointwise Op, bool InPlace = false>
 std::unique_ptr<KernelTemplate> make_cuda() {
-  return std::make_unique<PointwiseCuda>(Op);
+  return std::make_unique<PointwiseCuda>(Op, InPlace);
 }
-template <Pointwise Op>
+template <Pointwise Op, bool InPlace = false>
 std::unique_ptr<KernelTemplate> make_cpu() {
-  return std::make_unique<PointwiseCpu>(Op);
+  return std::make_unique<PointwiseCpu>(Op, InPlace);
 }
 
 }  // namespace
@@ -709,6 +731,9 @@ const FamilyRegistration kRegistered{
     make_cpu<Pointwise::kNeg>, make_cpu<Pointwise::kRsqrt>, make_cpu<Pointwise::kExp>, make_cpu<Pointwise::kPow>,
     make_cpu<Pointwise::kAdd>, make_cpu<Pointwise::kSub>,
     make_cpu<Pointwise::kMul>, make_cpu<Pointwise::kDiv>, make_cpu<Pointwise::kMulScalar>,
+    // The in-place variants (PointwiseInfo::in_place): "relu_", "cpu.relu_", ...
+    make_cuda<Pointwise::kRelu, true>, make_cuda<Pointwise::kAdd, true>, make_cuda<Pointwise::kMul, true>,
+    make_cpu<Pointwise::kRelu, true>, make_cpu<Pointwise::kAdd, true>, make_cpu<Pointwise::kMul, true>,
 };
 
 }  // namespace kforge::search::templates

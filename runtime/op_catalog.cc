@@ -25,7 +25,7 @@ using R = ArgRole;
 //   add.Tensor           2 (multiply by alpha, add)
 //   silu                 4 (negate, exp, add, divide)
 //   gelu                 8 (erf form: scale, erf, add, two multiplies; tanh form about the same)
-//   _softmax, _log_softmax   5 (max, subtract, exp, sum, divide or log)
+//   _softmax, _log_softmax, _safe_softmax   5 (max, subtract, exp, sum, divide or log)
 //   native_layer_norm    8 (mean, centre, square, sum, rsqrt, scale, weight, bias)
 //   native_group_norm    8
 //   relu                 1 (compare and select)
@@ -59,6 +59,12 @@ constexpr std::array<ArgDecl, 3> kSoftmaxArgs = {{
 constexpr std::array<OutputDecl, 1> kOneLikeInput = {{{kOneOut, OutputRule::kLikeInput0}}};
 constexpr std::array<std::string_view, 2> kSoftmaxFamilies = {"softmax", "cpu.softmax"};
 constexpr std::array<std::string_view, 2> kLogSoftmaxFamilies = {"log_softmax", "cpu.log_softmax"};
+constexpr std::array<ArgDecl, 3> kSafeSoftmaxArgs = {{
+    {"self", R::kData},
+    {"dim", R::kDim},
+    {"dtype", R::kResultType},
+}};
+constexpr std::array<std::string_view, 2> kSafeSoftmaxFamilies = {"safe_softmax", "cpu.safe_softmax"};
 
 // ---- native_layer_norm ---------------------------------------------------------------------------
 
@@ -409,6 +415,16 @@ Output 3 (reserve): cuDNN's reserve space, dtype uint8, in inference empty (size
      "never broadcast). Compute in float32 for float16/bfloat16 self (float64 for float64), round to self's "
      "dtype.\n" KFORGE_IN_PLACE_OUTPUT,
      "", "", kMulInplaceFamilies, ""},
+    {"aten::_safe_softmax", "", "aten::_safe_softmax(Tensor self, int dim, ScalarType? dtype=None) -> Tensor",
+     kSafeSoftmaxArgs, kOneLikeInput, 5,
+     "Softmax along dimension dim (argument 1; negative counts from the end) as aten::_softmax computes it, "
+     "except that a row whose elements are all -inf gives 0 everywhere instead of NaN (what "
+     "scaled_dot_product_attention's math path calls: a fully masked query attends to nothing); a row of "
+     "-inf and NaN still gives NaN. Accumulate in float32 for float16/bfloat16 input, in float64 for "
+     "float64. dtype (argument 2): None keeps self's dtype, else self is converted to it first.\n"
+     "Output 0: the sizes of self with contiguous strides (even when self is not contiguous), dtype of self "
+     "(or dtype).",
+     "", "", kSafeSoftmaxFamilies, ""},
 }};
 
 #undef KFORGE_REDUCED_OUTPUT

@@ -65,7 +65,8 @@
   OP(clone)                                       \
   OP(relu_)                                       \
   OP_OVERLOAD(add_, Tensor)                       \
-  OP_OVERLOAD(mul_, Tensor)
+  OP_OVERLOAD(mul_, Tensor)                       \
+  OP(_safe_softmax)
 
 namespace kforge::catalog {
 

@@ -13,6 +13,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
@@ -186,6 +187,11 @@ OpSignature binary(const std::string& op, Backend b, DType t, std::vector<int64_
   return s;
 }
 
+// _safe_softmax over the last dimension, dtype None.
+OpSignature safe_softmax(Backend b, DType t, std::vector<int64_t> sizes) {
+  return OpSignature{"aten::_safe_softmax", "", {Arg::tensor(tensor(b, t, sizes)), Arg::integer(-1), Arg::none()}, target(b)};
+}
+
 // The in-place variant of `s` (relu_, add_.Tensor, mul_.Tensor): the same arguments, self written.
 OpSignature in_place(OpSignature s) {
   s.op += "_";
@@ -267,6 +273,8 @@ std::vector<OpSignature> signatures(Backend b) {
     out.push_back(reduce("sum", b, t, {3, 1000}, std::nullopt));                        // everything: 0-dim
     out.push_back(reduce("amax", b, t, {5, 77}, std::vector<int64_t>{1}, true));
     // In place (Note [In-place outputs] in runtime/kernel_spec.cc): resnet's relu_ and residual add_.
+    out.push_back(safe_softmax(b, t, {2, 4, 77, 77}));                       // math attention's probabilities
+    out.push_back(safe_softmax(b, t, {5, 1001}));
     out.push_back(in_place(relu(b, t, {2, 64, 28, 28})));
     out.push_back(in_place(relu(b, t, {1001})));
     out.push_back(in_place(add(b, t, {2, 3, 1001}, Arg::real(0.5))));
@@ -425,6 +433,11 @@ TEST_CASE("templates: supports() accepts exactly the signatures some family hand
     refused.push_back(pow_scalar(G, F, {8}, Arg::boolean(true)));                                    // not a number
     refused.push_back(mul_scalar(G, F, {8}, Arg::boolean(true)));                                    // not a number
     refused.push_back(in_place(binary("mul", G, F, {1}, {4, 1, 33})));   // self would be broadcast
+    {
+      OpSignature ss = safe_softmax(G, DType::kFloat16, {4, 8});
+      ss.args[2] = Arg::integer(6);   // dtype=float32: a result type of its own
+      refused.push_back(ss);
+    }
     refused.push_back(in_place(binary("add", G, F, {5, 1}, {5, 7})));
     {
       OpSignature c = cat(G, F, {{2, 3}, {2, 4}}, 1);
@@ -982,7 +995,83 @@ void verify_all(const std::string& device, const std::vector<std::pair<OpSignatu
                   }());
 }
 
+// _safe_softmax over [6, 33] on `device`, with one captured call whose rows are all -inf (0 out),
+// -inf and NaN (NaN out), mostly -inf, one finite, and normal: every instance of the family must
+// pass; the same kernels without KF_SAFE (plain softmax: NaN for the -inf rows) must fail there
+// with nan_inf_positions, so the captured trial is what decides (Note [Safe softmax]).
+void check_safe_softmax_rows(const std::string& device, Backend b, const std::string& arch) {
+  OpSignature sig = safe_softmax(b, DType::kFloat32, {6, 33});
+  sig.target.arch = arch;
+  std::vector<float> x(6 * 33);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  for (float& v : x) v = normal(rng);
+  const float inf = std::numeric_limits<float>::infinity();
+  for (int c = 0; c < 33; ++c) x[c] = -inf;                                  // row 0: all -inf
+  for (int c = 0; c < 33; ++c) x[33 + c] = c == 5 ? std::nanf("") : -inf;     // row 1: -inf and a NaN
+  for (int c = 0; c < 30; ++c) x[2 * 33 + c] = -inf;                         // row 2: three finite
+  for (int c = 0; c < 33; ++c) x[3 * 33 + c] = c == 32 ? 1.5f : -inf;        // row 3: one finite
+  wire::CapturedInputs cap;
+  cap.pid = 1;
+  cap.signature_id = sig.id();
+  wire::CapturedTensor t;
+  t.arg_index = 0;
+  t.dtype = DType::kFloat32;
+  t.sizes = {6, 33};
+  t.strides = {33, 1};
+  t.bytes.assign(reinterpret_cast<const char*>(x.data()), x.size() * sizeof(float));
+  cap.tensors = {t};
+
+  TempDir dir("kforge-safe-softmax-test");
+  eval::WorkerOptions o;
+  o.program = env_or_empty("KFORGE_WORKER");
+  if (o.program.empty()) FAIL("KFORGE_WORKER must name the kforge-worker launcher (ctest sets it)");
+  o.device = device;
+  o.build_cache_dir = (dir.path / "builds").string();
+  eval::WorkerProcess w(o);
+  uint64_t id = 1;
+  auto evaluate = [&](const KernelSpec& spec) {
+    eval::EvalJob j;
+    j.job_id = id++;
+    j.signature = sig;
+    j.spec = spec;
+    j.policy.seed = 42;
+    j.policy.measure = false;
+    j.captured = {cap};
+    return w.evaluate(j);
+  };
+  const std::vector<Move> moves = instances(sig, 2, 2, 31);
+  REQUIRE(!moves.empty());
+  for (const Move& m : moves) {
+    INFO(m.label);
+    const eval::EvalResult r = evaluate(m.spec);
+    INFO("status " << eval::eval_status_name(r.status) << ": " << r.message << " / " << r.verify.failed_check << " / "
+                   << r.verify.trial << " / " << r.verify.detail);
+    CHECK(r.status == eval::EvalStatus::kVerified);
+    KernelSpec plain = m.spec;
+    for (std::string& opt : plain.compile_options) {
+      if (opt == "-DKF_SAFE=1") opt = "-DKF_SAFE=0";
+    }
+    REQUIRE(plain.compile_options != m.spec.compile_options);
+    const eval::EvalResult p = evaluate(plain);
+    INFO("without KF_SAFE: " << eval::eval_status_name(p.status) << " / " << p.verify.failed_check << " / "
+                             << p.verify.trial << " / " << p.verify.detail);
+    CHECK(p.status == eval::EvalStatus::kVerifyFailed);
+    CHECK(p.verify.failed_check == "nan_inf_positions");
+    CHECK(p.verify.trial == "captured#1");
+  }
+}
+
 }  // namespace
+
+TEST_CASE("templates: safe_softmax writes 0 for rows of -inf and NaN for rows with a NaN, on the CPU", "[cpu]") {
+  check_safe_softmax_rows("cpu", Backend::kCpu, cpu_host_environment("").arch);
+}
+
+TEST_CASE("templates: safe_softmax writes 0 for rows of -inf and NaN for rows with a NaN, on CUDA", "[gpu]") {
+  const std::string arch = env_or_empty("KFORGE_TEST_CUDA_ARCH").empty() ? "sm_90" : env_or_empty("KFORGE_TEST_CUDA_ARCH");
+  check_safe_softmax_rows("cuda:0", Backend::kCuda, arch);
+}
 
 TEST_CASE("templates: CPU instances of every family pass the worker's verification", "[cpu]") {
   const Backend B = Backend::kCpu;
@@ -1055,6 +1144,8 @@ TEST_CASE("templates: CPU instances of every family pass the worker's verificati
   plan(reduce("sum", B, F, {37, 130}, std::vector<int64_t>{1}, true), 1, 1);
   plan(reduce("amax", B, F, {33, 1003}, std::vector<int64_t>{-1}), 1, 2);
   // In place: the result is read through self (Note [Verifying in place] in worker/verifier.cc).
+  plan(safe_softmax(B, F, {37, 1001}), 2, 2);
+  plan(safe_softmax(B, F, {3, 5, 1}), 1, 0);
   plan(in_place(relu(B, F, {7, 1031})), 1, 1);
   plan(in_place(binary("add", B, F, {16, 3, 49, 49}, {1, 3, 49, 49})), 1, 1);
   plan(in_place(add(B, F, {4099}, Arg::real(-0.75))), 1, 0);
@@ -1127,6 +1218,8 @@ TEST_CASE("templates: CUDA instances of every family pass the worker's verificat
     plan(reduce("mean", B, d, {8, 64, 7, 7}, std::vector<int64_t>{-1, -2}), 2, 1);
     plan(reduce("sum", B, d, {3, 50257}, std::nullopt), 1, 1);
     plan(reduce("amax", B, d, {37, 1003}, std::vector<int64_t>{1}, true), 2, 2);
+    plan(safe_softmax(B, d, {37, 1000}), 2, 2);
+    plan(safe_softmax(B, d, {2, 8, 33, 4099}), 2, 1);
     plan(in_place(relu(B, d, {2, 64, 28, 28})), 2, 1);
     plan(in_place(binary("add", B, d, {8, 64, 28, 28}, {8, 64, 28, 28})), 2, 1);   // resnet's residual
     plan(in_place(binary("add", B, d, {64, 3, 49, 49}, {1, 3, 49, 49})), 1, 1);

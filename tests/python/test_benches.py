@@ -48,3 +48,18 @@ def test_e2e_overhead_runs_and_its_checks_pass(build_dir):
                     "--repeats", "1", "--calib-calls", "10")
     assert "decoded tokens: identical in every child" in out, out
     assert "analytic bound:" in out, out
+
+
+def test_hook_identity_every_model_identical_under_the_hook(build_dir):
+    # The six models at --small sizes, fp32, each in its own child under the hook with an empty
+    # cache (about a minute on 2 cores): interceptors out, in, out again, outputs compared bitwise.
+    models = ("resnet50", "convnext_tiny", "vit_b_16", "unet", "gpt2", "llama")
+    out = run_bench("hook_identity.py", build_dir, "--small")
+    assert "hook_identity: 6 of 6 identical" in out.splitlines()[-1], out
+    assert "bench_toggle=on" in out and "mode=active" in out, out
+    rows = {line.split()[0]: line for line in out.splitlines() if line.split()[:1] and line.split()[0] in models}
+    assert sorted(rows) == sorted(models), out
+    for line in rows.values():
+        assert line.split()[1:4] == ["fp32", "cpu", "identical;"], line
+        counted = line.split("intercepted calls counted: ")[1]
+        assert int(counted.split()[0]) > 0 and "0 and 0 out (A, C)" in counted, line

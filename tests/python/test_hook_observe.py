@@ -130,7 +130,7 @@ if DEV == "cuda":
 
 class Small(torch.nn.Module):
     # Every catalog operator, on CPU: layer_norm, group_norm, gelu, silu, add, relu, sigmoid, tanh,
-    # hardswish, sub, mul (Tensor, Scalar), div, mean, amax, sum, neg, rsqrt, exp, pow, relu_, add_, mul_,
+    # hardswish, sub, mul (Tensor, Scalar), div, mean, amax, sum, neg, rsqrt, exp, pow, relu_, add_, mul_, _safe_softmax,
     # batch norm (cuDNN off: on CUDA
     # resnet18's reaches cudnn_batch_norm), softmax, log_softmax; embedding is GPT-2's.
     def __init__(self):
@@ -159,7 +159,8 @@ class Small(torch.nn.Module):
         g.add_(h).mul_(torch.sigmoid(h)).relu_()   # in place: add_, mul_, relu_ (resnet's residual and ReLU)
         h = h + g
         h = torch.cat([h, h.transpose(1, 2).contiguous().transpose(1, 2)], 0)   # cat, clone
-        return {"softmax": torch.softmax(h, dim=-1), "log_softmax": torch.log_softmax(h, dim=1), "h": h}
+        return {"softmax": torch.softmax(h, dim=-1), "log_softmax": torch.log_softmax(h, dim=1), "h": h,
+                "safe_softmax": torch.ops.aten._safe_softmax(h, -1)}   # math attention's softmax
 
 torch.manual_seed(0)
 out = {}
@@ -315,6 +316,7 @@ cases = [
     (39, lambda: xr.relu_(),                           ["aten::relu_", "", [T(xr)]]),
     (40, lambda: xa.add_(w8, alpha=2),                 ["aten::add_", "Tensor", [T(xa), T(w8), [4, 2]]]),
     (41, lambda: xm.mul_(xm2),                         ["aten::mul_", "Tensor", [T(xm), T(xm2)]]),
+    (42, lambda: torch.ops.aten._safe_softmax(x, -1),  ["aten::_safe_softmax", "", [T(x), [4, -1], [0]]]),
 ]
 arch = os.environ["KFORGE_TEST_ARCH"]
 expected = {}

@@ -1,6 +1,6 @@
-// aten::_softmax and aten::_log_softmax over the last dimension of a contiguous tensor
-// (half_to_float false): the row reductions of the library. One source per backend; KF_LOG picks
-// log_softmax.
+// aten::_softmax, aten::_log_softmax and aten::_safe_softmax over the last dimension of a
+// contiguous tensor (half_to_float false, dtype None): the row reductions of the library. One
+// source per backend; KF_LOG picks log_softmax, KF_SAFE _safe_softmax (Note [Safe softmax]).
 #include <algorithm>
 
 #include "search_daemon/proposers/templates/template_family.h"
@@ -18,10 +18,25 @@ namespace {
 // PyTorch's results for non-finite inputs: a -inf element adds nothing until some element is
 // finite (exp(-inf - -inf) would be NaN), a NaN makes s NaN, a +inf makes s NaN through
 // exp(inf - inf), exactly where the two-pass algorithm gets NaN.
+// Note [Safe softmax]
+// ~~~~~~~~~~~~~~~~~~~
+// _safe_softmax (scaled_dot_product_attention's math path) is softmax, except that a row whose
+// elements are all -inf gives 0 everywhere instead of NaN (PyTorch: where(all(x == -inf), 0,
+// softmax(x))). A row of -inf and NaN is not such a row: its softmax is NaN. With KF_SAFE the
+// two-pass sum skips -inf elements (exp(-inf - m) is 0 for a finite m anyway), and the online sum
+// never adds one while the max is -inf, so in both the row sum is 0 exactly when every element is
+// -inf (any other row has its max's exp(0) = 1 in the sum, or a NaN), and such a row is written as 0.
 const char* const kCudaSoftmax = R"kf(
 // Rows mapped as kCudaRowMapping says; KF_ONLINE: Note [Online softmax]; KF_VEC elements per
 // access (cols % KF_VEC == 0); KF_ITEMS vectors per thread kept in registers when the row fits (0:
-// always stream from memory); KF_LOG: log_softmax.
+// always stream from memory); KF_LOG: log_softmax; KF_SAFE: _safe_softmax (Note [Safe softmax]).
+__device__ __forceinline__ float kf_exp_shifted(float x, float m) {
+#if KF_SAFE
+  return x == KF_NEG_INF ? 0.0f : expf(x - m);
+#else
+  return expf(x - m);
+#endif
+}
 __device__ __forceinline__ void kf_online_add(float& m, kf_acc& s, float v) {
   if (v > m) {
     s = s * (kf_acc)expf(m - v) + (kf_acc)expf(v - v);   // expf(v - v): NaN for v = +inf
@@ -131,7 +146,7 @@ kf_softmax(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 rows, kf_i64
       if ((kf_i64)it * KF_NT + tid < nvec) {
 #pragma unroll
         for (int k = 0; k < KF_VEC; ++k) {
-          const float e = expf(v[it][k] - m);
+          const float e = kf_exp_shifted(v[it][k], m);
           s += (kf_acc)e;
 #if !KF_LOG
           v[it][k] = e;   // softmax writes e * (1 / s): exp once per element
@@ -142,6 +157,7 @@ kf_softmax(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 rows, kf_i64
     s = kf_row_sum(s, red_s);
 #endif
     const float f = kf_finish(s);
+    const bool dead = KF_SAFE && s == (kf_acc)0;   // every element -inf
 #pragma unroll
     for (int it = 0; it < KF_ITEMS; ++it) {
       const kf_i64 i = (kf_i64)it * KF_NT + tid;
@@ -150,9 +166,9 @@ kf_softmax(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 rows, kf_i64
 #pragma unroll
         for (int k = 0; k < KF_VEC; ++k) {
 #if !KF_LOG && !KF_ONLINE
-          o[k] = v[it][k] * f;
+          o[k] = dead ? 0.0f : v[it][k] * f;
 #else
-          o[k] = kf_out(v[it][k], m, f);
+          o[k] = dead ? 0.0f : kf_out(v[it][k], m, f);
 #endif
         }
         kf_store<KF_VEC>(yr, i, o);
@@ -182,17 +198,18 @@ kf_softmax(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 rows, kf_i64
     float v[KF_VEC];
     kf_load<KF_VEC>(xr, i, v);
 #pragma unroll
-    for (int k = 0; k < KF_VEC; ++k) s += (kf_acc)expf(v[k] - m);
+    for (int k = 0; k < KF_VEC; ++k) s += (kf_acc)kf_exp_shifted(v[k], m);
   }
   s = kf_row_sum(s, red_s);
 #endif
   const float f = kf_finish(s);
+  const bool dead = KF_SAFE && s == (kf_acc)0;
   for (kf_i64 i = tid; i < nvec; i += KF_NT) {
     float v[KF_VEC];
     kf_load<KF_VEC>(xr, i, v);
     float o[KF_VEC];
 #pragma unroll
-    for (int k = 0; k < KF_VEC; ++k) o[k] = kf_out(v[k], m, f);
+    for (int k = 0; k < KF_VEC; ++k) o[k] = dead ? 0.0f : kf_out(v[k], m, f);
     kf_store<KF_VEC>(yr, i, o);
   }
 }
@@ -221,6 +238,14 @@ static inline void kf_online_merge(float& m, double& s, float m2, double s2) {
   m = mn;
 }
 
+static inline float kf_exp_shifted(float x, float m) {
+#if KF_SAFE
+  return x == -INFINITY ? 0.0f : expf(x - m);
+#else
+  return expf(x - m);
+#endif
+}
+
 static void kf_row(const float* __restrict__ x, float* __restrict__ y, int64_t cols) {
   float m = -INFINITY;
   double s = 0;
@@ -246,7 +271,7 @@ static void kf_row(const float* __restrict__ x, float* __restrict__ y, int64_t c
   for (int l = 0; l < KF_LANES; ++l) sl[l] = 0;
   for (int64_t c = 0; c < body; c += KF_LANES) {
     for (int l = 0; l < KF_LANES; ++l) {
-      const float e = expf(x[c + l] - m);
+      const float e = kf_exp_shifted(x[c + l], m);
 #if !KF_LOG
       y[c + l] = e;
 #endif
@@ -254,13 +279,19 @@ static void kf_row(const float* __restrict__ x, float* __restrict__ y, int64_t c
     }
   }
   for (int64_t c = body; c < cols; ++c) {
-    const float e = expf(x[c] - m);
+    const float e = kf_exp_shifted(x[c], m);
 #if !KF_LOG
     y[c] = e;
 #endif
     sl[0] += e;
   }
   for (int l = 0; l < KF_LANES; ++l) s += sl[l];
+#endif
+#if KF_SAFE
+  if (s == 0) {   // every element -inf (Note [Safe softmax])
+    for (int64_t c = 0; c < cols; ++c) y[c] = 0.0f;
+    return;
+  }
 #endif
 #if KF_LOG
   const double ls = log(s);
@@ -285,14 +316,28 @@ extern "C" void kf_softmax(const kforge_cpu_block* b, void* const* p) {
 }
 )kf";
 
-bool softmax_signature(const OpSignature& sig, bool log, Backend backend) {
-  if (sig.op != (log ? "aten::_log_softmax" : "aten::_softmax") || !sig.overload.empty() || sig.args.size() != 3) {
-    return false;
-  }
+enum class Softmax : uint8_t { kSoftmax, kLog, kSafe };
+
+const char* aten_name(Softmax k) {
+  return k == Softmax::kLog ? "aten::_log_softmax" : k == Softmax::kSafe ? "aten::_safe_softmax" : "aten::_softmax";
+}
+
+std::string family_name(Softmax k, Backend b) {
+  const std::string base = k == Softmax::kLog ? "log_softmax" : k == Softmax::kSafe ? "safe_softmax" : "softmax";
+  return b == Backend::kCpu ? "cpu." + base : base;
+}
+
+bool softmax_signature(const OpSignature& sig, Softmax kind, Backend backend) {
+  if (sig.op != aten_name(kind) || !sig.overload.empty() || sig.args.size() != 3) return false;
   const TensorMeta* x = tensor_arg(sig, 0);
   const int64_t* dim = int_arg(sig, 1);
-  const bool* half_to_float = std::get_if<bool>(&sig.args[2].value);
-  if (!template_tensor(x, backend) || dim == nullptr || half_to_float == nullptr || *half_to_float) return false;
+  if (!template_tensor(x, backend) || dim == nullptr) return false;
+  if (kind == Softmax::kSafe) {
+    if (!std::holds_alternative<std::monostate>(sig.args[2].value)) return false;   // dtype None only
+  } else {
+    const bool* half_to_float = std::get_if<bool>(&sig.args[2].value);
+    if (half_to_float == nullptr || *half_to_float) return false;
+  }
   const auto last = static_cast<int64_t>(x->sizes.size()) - 1;
   return *dim == -1 || *dim == last;
 }
@@ -301,13 +346,15 @@ bool softmax_signature(const OpSignature& sig, bool log, Backend backend) {
 
 class SoftmaxCuda final : public CudaRowFamily {
  public:
-  explicit SoftmaxCuda(bool log) : CudaRowFamily(log ? "log_softmax" : "softmax", {"two_pass", "online"}), log_(log) {}
+  explicit SoftmaxCuda(Softmax kind)
+      : CudaRowFamily(family_name(kind, Backend::kCuda), {"two_pass", "online"}), kind_(kind) {}
 
-  bool applies(const OpSignature& sig) const override { return softmax_signature(sig, log_, Backend::kCuda); }
+  bool applies(const OpSignature& sig) const override { return softmax_signature(sig, kind_, Backend::kCuda); }
 
   KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {
     const TensorMeta& x = *tensor_arg(sig, 0);
-    std::vector<std::string> options = {dtype_define(x.dtype), define("KF_LOG", log_ ? 1 : 0),
+    std::vector<std::string> options = {dtype_define(x.dtype), define("KF_LOG", kind_ == Softmax::kLog ? 1 : 0),
+                                        define("KF_SAFE", kind_ == Softmax::kSafe ? 1 : 0),
                                         define("KF_ONLINE", v[kAlgo])};
     KernelSpec s = one_launch_spec(Backend::kCuda, "", "kf_softmax", {});
     Launch& l = s.plan.launches[0];
@@ -327,7 +374,7 @@ class SoftmaxCuda final : public CudaRowFamily {
     (void)cached;
     return algo == 0 ? 1.0 : 0.6;
   }
-  bool log_;
+  Softmax kind_;
 };
 
 // ---- CPU -------------------------------------------------------------------------------------------
@@ -336,14 +383,14 @@ enum SoftmaxCpuKnob : size_t { kCpuAlgo, kCpuRows, kCpuLanes };
 
 class SoftmaxCpu final : public FamilyBase {
  public:
-  explicit SoftmaxCpu(bool log)
-      : FamilyBase(log ? "cpu.log_softmax" : "cpu.softmax", Backend::kCpu,
+  explicit SoftmaxCpu(Softmax kind)
+      : FamilyBase(family_name(kind, Backend::kCpu), Backend::kCpu,
                    {Knob{"algo", {0, 1}, {"two_pass", "online"}},
                     Knob{"rows", {1, 2, 4, 8, 16, 32, 64}, {}},
                     Knob{"lanes", {1, 4, 8, 16}, {}}}),
-        log_(log) {}
+        kind_(kind) {}
 
-  bool applies(const OpSignature& sig) const override { return softmax_signature(sig, log_, Backend::kCpu); }
+  bool applies(const OpSignature& sig) const override { return softmax_signature(sig, kind_, Backend::kCpu); }
 
   bool valid(const OpSignature& sig, std::span<const int64_t> v) const override {
     const TensorMeta& x = *tensor_arg(sig, 0);
@@ -360,7 +407,8 @@ class SoftmaxCpu final : public FamilyBase {
   KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {
     const TensorMeta& x = *tensor_arg(sig, 0);
     std::vector<std::string> options = cpu_base_options(sig);
-    for (std::string o : {define("KF_LOG", log_ ? 1 : 0), define("KF_ONLINE", v[kCpuAlgo]),
+    for (std::string o : {define("KF_LOG", kind_ == Softmax::kLog ? 1 : 0), define("KF_SAFE", kind_ == Softmax::kSafe ? 1 : 0),
+                          define("KF_ONLINE", v[kCpuAlgo]),
                           define("KF_ROWS", v[kCpuRows]), define("KF_LANES", v[kCpuLanes])}) {
       options.push_back(std::move(o));
     }
@@ -374,18 +422,20 @@ class SoftmaxCpu final : public FamilyBase {
   }
 
  private:
-  bool log_;
+  Softmax kind_;
 };
 
 }  // namespace
 
-// aten::_softmax and aten::_log_softmax over the last dimension (catalog families "softmax",
-// "log_softmax", "cpu.softmax", "cpu.log_softmax").
+// aten::_softmax, aten::_log_softmax and aten::_safe_softmax over the last dimension (catalog
+// families "softmax", "log_softmax", "safe_softmax" and their "cpu." twins).
 const FamilyRegistration kRegistered{
-    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<SoftmaxCuda>(false); },
-    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<SoftmaxCuda>(true); },
-    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<SoftmaxCpu>(false); },
-    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<SoftmaxCpu>(true); },
+    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<SoftmaxCuda>(Softmax::kSoftmax); },
+    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<SoftmaxCuda>(Softmax::kLog); },
+    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<SoftmaxCuda>(Softmax::kSafe); },
+    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<SoftmaxCpu>(Softmax::kSoftmax); },
+    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<SoftmaxCpu>(Softmax::kLog); },
+    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<SoftmaxCpu>(Softmax::kSafe); },
 };
 
 }  // namespace kforge::search::templates

@@ -943,8 +943,10 @@ std::vector<Move> partial_blocks(const OpSignature& s) {
 }
 
 // Every instance must come back verified: built, six trials (normal, uniform, large, offset,
-// zeros, normal) passed with every check.
-void verify_all(const std::string& device, const std::vector<std::pair<OpSignature, std::vector<Move>>>& work) {
+// zeros, normal) passed with every check. `every_family`: and every family of the device's backend
+// has verified instances among them.
+void verify_all(const std::string& device, const std::vector<std::pair<OpSignature, std::vector<Move>>>& work,
+                bool every_family = true) {
   TempDir t("kforge-template-worker-test");
   eval::WorkerOptions o;
   o.program = env_or_empty("KFORGE_WORKER");
@@ -986,7 +988,7 @@ void verify_all(const std::string& device, const std::vector<std::pair<OpSignatu
   for (const KernelTemplate* k : template_library()) {
     if (k->backend() == backend) all.emplace(k->family());
   }
-  CHECK(families == all);
+  if (every_family) CHECK(families == all);
   WARN(device << ": " << verified << " template instances verified by the worker, families: "
                << [&] {
                     std::string f;
@@ -1062,7 +1064,138 @@ void check_safe_softmax_rows(const std::string& device, Backend b, const std::st
   }
 }
 
+// Note [Property sweep]
+// Each signature of signatures(b), with one tensor argument changed in one of these ways, keeping
+// its sizes (so the other arguments still fit): a data pointer only as aligned as its dtype; the
+// last two dimensions transposed (a non-contiguous view); rows with gaps (a slice of wider rows);
+// channels-last (4 dimensions); no elements (the first dimension 0). A family must either refuse
+// the result (no moves: never an exception) or have its instances verified by the worker.
+enum class Mutation { kMisaligned, kTransposed, kGaps, kChannelsLast, kEmpty };
+const char* mutation_name(Mutation m) {
+  switch (m) {
+    case Mutation::kMisaligned: return "misaligned";
+    case Mutation::kTransposed: return "transposed";
+    case Mutation::kGaps: return "gaps";
+    case Mutation::kChannelsLast: return "channels_last";
+    case Mutation::kEmpty: return "empty";
+  }
+  return "?";
+}
+
+bool mutate(TensorMeta& t, Mutation m) {
+  const size_t r = t.sizes.size();
+  switch (m) {
+    case Mutation::kMisaligned: {
+      const auto elem = static_cast<uint32_t>(dtype_size_bytes(t.dtype));
+      if (t.alignment <= elem) return false;
+      t.alignment = elem;
+      return true;
+    }
+    case Mutation::kTransposed: {
+      if (r < 2 || t.sizes[r - 1] < 2 || t.sizes[r - 2] < 2) return false;
+      std::vector<int64_t> sizes = t.sizes;
+      std::swap(sizes[r - 1], sizes[r - 2]);
+      std::vector<int64_t> st(r, 1);
+      for (size_t d = r - 1; d-- > 0;) st[d] = st[d + 1] * sizes[d + 1];
+      std::swap(st[r - 1], st[r - 2]);
+      t.strides = st;
+      return true;
+    }
+    case Mutation::kGaps: {
+      if (r < 2 || t.sizes[r - 1] < 1) return false;
+      std::vector<int64_t> st(r, 1);
+      st[r - 2] = t.sizes[r - 1] + 3;
+      for (size_t d = r - 2; d-- > 0;) st[d] = st[d + 1] * t.sizes[d + 1];
+      t.strides = st;
+      return true;
+    }
+    case Mutation::kChannelsLast: {
+      if (r != 4 || t.sizes[1] < 2) return false;
+      const int64_t c = t.sizes[1], h = t.sizes[2], w = t.sizes[3];
+      t.strides = {h * w * c, 1, w * c, c};
+      return true;
+    }
+    case Mutation::kEmpty:
+      if (r < 1) return false;
+      t.sizes[0] = 0;
+      return true;
+  }
+  return false;
+}
+
+// `defaults` proposals and up to `samples` sampled instances of every family that applies; none
+// when no family does.
+std::vector<Move> instances_if_any(const OpSignature& s, size_t defaults, size_t samples, uint64_t seed) {
+  TemplateProposer p;
+  SearchTree tree;
+  std::vector<Move> out = p.propose(ProposalRequest{&s, &tree, 0, defaults, seed, {}});
+  if (out.empty()) return out;
+  for (const Move& m : out) tree.add(0, m);
+  std::mt19937_64 rng(seed);
+  for (size_t tries = 0; tries < 8 * samples && out.size() < defaults + samples; ++tries) {
+    std::optional<Move> m = p.sample(s, rng);
+    if (!m || tree.find(m->spec.id())) continue;
+    tree.add(0, *m);
+    out.push_back(std::move(*m));
+  }
+  return out;
+}
+
 }  // namespace
+
+namespace {
+
+// Note [Property sweep] over signatures(backend) on `device`.
+void property_sweep(const std::string& device, Backend backend, const std::string& arch) {
+  // KFORGE_SWEEP_EVERY=n keeps one case in n (CI samples; bench runs take 1: every case).
+  const std::string every_text = env_or_empty("KFORGE_SWEEP_EVERY");
+  const size_t every = every_text.empty() ? 1 : std::max<size_t>(1, std::stoul(every_text));
+  std::vector<std::pair<OpSignature, std::vector<Move>>> work;
+  std::map<std::string, std::pair<size_t, size_t>> by_mutation;   // served, refused
+  size_t index = 0;
+  for (OpSignature base : signatures(backend)) {
+    base.target.arch = arch;
+    for (size_t i = 0; i < base.args.size(); ++i) {
+      if (!std::holds_alternative<TensorMeta>(base.args[i].value)) continue;
+      if (std::get<TensorMeta>(base.args[i].value).sizes.empty()) continue;   // a Python number
+      for (Mutation m : {Mutation::kMisaligned, Mutation::kTransposed, Mutation::kGaps, Mutation::kChannelsLast,
+                         Mutation::kEmpty}) {
+        OpSignature s = base;
+        if (!mutate(std::get<TensorMeta>(s.args[i].value), m)) continue;
+        if (index++ % every != 0) continue;
+        INFO(name_of(s) << " (argument " << i << " " << mutation_name(m) << ")");
+        std::vector<Move> moves;
+        REQUIRE_NOTHROW(moves = instances_if_any(s, 1, 1, 29 + index));
+        auto& count = by_mutation[mutation_name(m)];
+        if (moves.empty()) {
+          ++count.second;
+          continue;
+        }
+        ++count.first;
+        work.emplace_back(s, std::move(moves));
+      }
+    }
+  }
+  verify_all(device, work, /*every_family=*/false);
+  std::string summary;
+  for (const auto& [name, c] : by_mutation) {
+    summary += name + ": " + std::to_string(c.first) + " served, " + std::to_string(c.second) + " refused; ";
+  }
+  WARN(device << " property sweep (one case in " << every << "): " << summary);
+}
+
+}  // namespace
+
+// Run apart from "[cpu]" (ctest templates.sweep_cpu, sampled there by KFORGE_SWEEP_EVERY).
+TEST_CASE("templates: CPU property sweep: odd layouts are served correctly or refused cleanly", "[sweep]") {
+  property_sweep("cpu", Backend::kCpu, cpu_host_environment("").arch);
+}
+
+// From the bundle on a GPU host: kforge_template_tests "[gpu-sweep]" (not part of "[gpu]").
+TEST_CASE("templates: CUDA property sweep: odd layouts are served correctly or refused cleanly", "[gpu-sweep]") {
+  const std::string arch = env_or_empty("KFORGE_TEST_CUDA_ARCH").empty() ? "sm_90" : env_or_empty("KFORGE_TEST_CUDA_ARCH");
+  property_sweep("cuda:0", Backend::kCuda, arch);
+}
 
 TEST_CASE("templates: safe_softmax writes 0 for rows of -inf and NaN for rows with a NaN, on the CPU", "[cpu]") {
   check_safe_softmax_rows("cpu", Backend::kCpu, cpu_host_environment("").arch);

@@ -39,7 +39,7 @@ using R = ArgRole;
 //   mul.Scalar           1
 //   pow.Tensor_Scalar    2 (x * x for 2, a pow call otherwise: counted as 2)
 //   cudnn_batch_norm     4, as native_batch_norm
-//   cat, clone           1 (a copy: counted as one operation per element)
+//   cat, clone, _to_copy 1 (a copy: counted as one operation per element)
 //   relu_, add_, mul_    as relu, add, mul; self is read once and written once (its bytes count
 //                        as an input and as the output)
 //   embedding            1 per index (a copy: an address computation per row); bytes: indices, and
@@ -65,6 +65,20 @@ constexpr std::array<ArgDecl, 3> kSafeSoftmaxArgs = {{
     {"dtype", R::kResultType},
 }};
 constexpr std::array<std::string_view, 2> kSafeSoftmaxFamilies = {"safe_softmax", "cpu.safe_softmax"};
+
+// ---- _to_copy ------------------------------------------------------------------------------------
+
+constexpr std::array<ArgDecl, 7> kToCopyArgs = {{
+    {"self", R::kData},
+    {"dtype", R::kResultType},
+    {"layout", R::kMode},
+    {"device", R::kMode},
+    {"pin_memory", R::kUnused},
+    {"non_blocking", R::kUnused},
+    {"memory_format", R::kMode},
+}};
+constexpr std::array<OutputDecl, 1> kConvertedOut = {{{kOneOut, OutputRule::kConverted}}};
+constexpr std::array<std::string_view, 2> kToCopyFamilies = {"to_copy", "cpu.to_copy"};
 
 // ---- native_layer_norm ---------------------------------------------------------------------------
 
@@ -425,6 +439,20 @@ Output 3 (reserve): cuDNN's reserve space, dtype uint8, in inference empty (size
      "Output 0: the sizes of self with contiguous strides (even when self is not contiguous), dtype of self "
      "(or dtype).",
      "", "", kSafeSoftmaxFamilies, ""},
+    {"aten::_to_copy", "",
+     "aten::_to_copy(Tensor self, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, "
+     "bool? pin_memory=None, bool non_blocking=False, MemoryFormat? memory_format=None) -> Tensor",
+     kToCopyArgs, kConvertedOut, 1,
+     "A copy of self converted to dtype (argument 1: a c10::ScalarType code, 6 float32, 5 float16, 15 "
+     "bfloat16, 7 float64; None keeps self's dtype): what Tensor.to(dtype), .float(), .half() call. Each "
+     "element converted as static_cast does: to a narrower float type rounded to nearest even (float32 to "
+     "bfloat16: round the upper 16 bits to nearest even; NaN stays NaN), between float16 and bfloat16 "
+     "through float32; widening is exact. layout (argument 2) and device (argument 3, a string such as "
+     "\"cuda:0\" or \"cpu\") None: the same as self's; memory_format (argument 6) as clone's (None: "
+     "preserve).\n"
+     "Output 0: the sizes of self, dtype as above; strides like self's for preserve (self's when self is "
+     "non-overlapping and dense, else contiguous in self's stride order), contiguous for memory_format 0.",
+     "", "aten::_to_copy.out", kToCopyFamilies, ""},
 }};
 
 #undef KFORGE_REDUCED_OUTPUT
@@ -585,6 +613,17 @@ std::vector<TensorMeta> expected_outputs(const OpSignature& sig) {
   if (x == nullptr && list != nullptr && !list->empty()) x = &(*list)[0];   // cat: its first tensor
   if (e == nullptr || x == nullptr) return out;
   for (const OutputDecl& o : e->outputs) {
+    if (o.rule == OutputRule::kConverted) {
+      TensorMeta m = *x;
+      m.strides = contiguous_strides(m.sizes);
+      if (const int64_t* code = int_at(sig, 1)) {
+        const std::optional<DType> t = dtype_of_scalar_type(*code);
+        if (!t) return {};
+        m.dtype = *t;
+      }
+      out.push_back(std::move(m));
+      continue;
+    }
     if (o.rule == OutputRule::kSelf) {   // argument 0 itself, strides included
       out.push_back(*x);
       continue;
@@ -594,6 +633,7 @@ std::vector<TensorMeta> expected_outputs(const OpSignature& sig) {
     m.device = x->device;
     switch (o.rule) {
       case OutputRule::kSelf:
+      case OutputRule::kConverted:
         break;
       case OutputRule::kLikeInput0:
         m.sizes = x->sizes;
@@ -692,6 +732,26 @@ std::vector<TensorMeta> expected_outputs(const OpSignature& sig) {
     out.push_back(std::move(m));
   }
   return out;
+}
+
+std::optional<DType> dtype_of_scalar_type(int64_t code) noexcept {
+  switch (code) {   // c10/core/ScalarType.h
+    case 0: return DType::kUInt8;
+    case 1: return DType::kInt8;
+    case 2: return DType::kInt16;
+    case 3: return DType::kInt32;
+    case 4: return DType::kInt64;
+    case 5: return DType::kFloat16;
+    case 6: return DType::kFloat32;
+    case 7: return DType::kFloat64;
+    case 9: return DType::kComplex64;
+    case 10: return DType::kComplex128;
+    case 11: return DType::kBool;
+    case 15: return DType::kBFloat16;
+    case 23: return DType::kFloat8E5M2;
+    case 24: return DType::kFloat8E4M3FN;
+    default: return std::nullopt;
+  }
 }
 
 bool output_values_unspecified(const OpEntry& e, size_t k, DeviceType input_device, std::optional<bool> training) {

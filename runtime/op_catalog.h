@@ -66,7 +66,8 @@
   OP(relu_)                                       \
   OP_OVERLOAD(add_, Tensor)                       \
   OP_OVERLOAD(mul_, Tensor)                       \
-  OP(_safe_softmax)
+  OP(_safe_softmax)                               \
+  OP(_to_copy)
 
 namespace kforge::catalog {
 
@@ -139,6 +140,8 @@ enum class OutputRule : uint8_t {
                     // size is cuDNN's to say; the catalog answers [0])
   kConcat,          // cat: the first element of the tensor list argument 0, with dimension
                     // argument 1 the sum of all elements' (their dtype: the first's)
+  kConverted,       // argument 0's sizes in the dtype argument 1 names (a c10::ScalarType code;
+                    // None: argument 0's dtype): _to_copy
   kSelf,            // argument 0 itself, written in place and returned (relu_, add_): its dtype,
                     // sizes and strides (OutputSpec::in_place in a plan)
 };
@@ -180,6 +183,10 @@ size_t index_of(const OpEntry& e) noexcept;
 
 // Why `e` is incomplete ("aten::x: argument 2 has no name"), or "" when it is complete.
 std::string incomplete(const OpEntry& e);
+
+// The DType of a c10::ScalarType code as operators take it (dtype=: 6 float32, 5 float16, 15
+// bfloat16, 7 float64, ...), or nullopt for a code kforge has no DType for.
+std::optional<DType> dtype_of_scalar_type(int64_t code) noexcept;
 
 // The sizes and dtype of each output of a call of `sig` (OutputRule); empty for an operator that
 // is not in the catalog or arguments that do not fit its schema.

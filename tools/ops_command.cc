@@ -28,6 +28,7 @@ std::string_view output_rule_name(catalog::OutputRule r) {
     case catalog::OutputRule::kCudnnReserve: return "cudnn_reserve";
     case catalog::OutputRule::kConcat: return "concat";
     case catalog::OutputRule::kSelf: return "self (in place)";
+    case catalog::OutputRule::kConverted: return "converted";
   }
   return "?";
 }

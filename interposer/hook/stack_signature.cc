@@ -3,6 +3,7 @@
 #include <c10/core/TensorImpl.h>
 
 #include <array>
+#include <cstdio>
 #include <limits>
 #include <string_view>
 #include <utility>
@@ -99,6 +100,16 @@ bool tensor_facts(const at::Tensor& t, TensorFacts& f) {
   return t.defined() && tensor_facts(*t.unsafeGetTensorImpl(), f);
 }
 
+// A device argument (_to_copy's device=) as a string: "cpu", "cuda", "cuda:1". Other device types
+// give "" (the call is not described: PyTorch's kernel runs, counted as unknown).
+std::string_view device_text(const c10::Device& d, char (&buf)[24]) noexcept {
+  if (d.is_cpu()) return "cpu";
+  if (!d.is_cuda()) return {};
+  if (!d.has_index()) return "cuda";
+  const int n = std::snprintf(buf, sizeof buf, "cuda:%d", static_cast<int>(d.index()));
+  return n > 0 && n < static_cast<int>(sizeof buf) ? std::string_view(buf, static_cast<size_t>(n)) : std::string_view();
+}
+
 // Note [One classification, two encoders]
 // visit_args() decides what each argument is and hands it to a sink: WriterSink writes the
 // canonical bytes (fast path), BuilderSink builds the OpSignature (slow path). Because the
@@ -132,6 +143,13 @@ bool visit_arg(const c10::IValue& v, Sink& sink, int& cuda_index) {
   }
   if (v.isDouble()) {
     sink.real(v.toDouble());
+    return true;
+  }
+  if (v.isDevice()) {
+    char buf[24];
+    const std::string_view s = device_text(v.toDevice(), buf);
+    if (s.empty()) return false;
+    sink.string(s);
     return true;
   }
   if (v.isString()) {
@@ -358,6 +376,37 @@ bool typed_arg(TypedVisit& v, std::optional<c10::ScalarType> t) noexcept {
     return true;
   }
   v.out.integer(static_cast<int64_t>(*t));
+  return true;
+}
+
+// A Layout boxes as its integer code (IValue(Layout)).
+bool typed_arg(TypedVisit& v, std::optional<c10::Layout> l) noexcept {
+  if (!l.has_value()) {
+    v.out.none();
+  } else {
+    v.out.integer(static_cast<int64_t>(*l));
+  }
+  return true;
+}
+
+bool typed_arg(TypedVisit& v, std::optional<c10::Device> d) noexcept {
+  if (!d.has_value()) {
+    v.out.none();
+    return true;
+  }
+  char buf[24];
+  const std::string_view s = device_text(*d, buf);
+  if (s.empty()) return false;
+  v.out.string(s);
+  return true;
+}
+
+bool typed_arg(TypedVisit& v, std::optional<bool> b) noexcept {
+  if (!b.has_value()) {
+    v.out.none();
+  } else {
+    v.out.boolean(*b);
+  }
   return true;
 }
 

@@ -97,6 +97,9 @@ bool typed_arg(TypedVisit& v, std::string_view s) noexcept;
 bool typed_arg(TypedVisit& v, const c10::Scalar& s) noexcept;
 bool typed_arg(TypedVisit& v, const at::ITensorListRef& list) noexcept;   // Tensor[] (cat's tensors)
 bool typed_arg(TypedVisit& v, std::optional<c10::MemoryFormat> f) noexcept;  // MemoryFormat? (None or an int)
+bool typed_arg(TypedVisit& v, std::optional<c10::Layout> l) noexcept;        // Layout? (None or an int)
+bool typed_arg(TypedVisit& v, std::optional<c10::Device> d) noexcept;        // Device? (None or "cpu", "cuda:0")
+bool typed_arg(TypedVisit& v, std::optional<bool> b) noexcept;               // bool? (None or a bool)
 
 // `cuda_index` gets the first CUDA tensor's device index (-1 if none).
 template <class... A>

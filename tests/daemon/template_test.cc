@@ -192,6 +192,16 @@ OpSignature safe_softmax(Backend b, DType t, std::vector<int64_t> sizes) {
   return OpSignature{"aten::_safe_softmax", "", {Arg::tensor(tensor(b, t, sizes)), Arg::integer(-1), Arg::none()}, target(b)};
 }
 
+// _to_copy of `t` to the dtype of ScalarType code `code` (6 float32, 5 float16, 15 bfloat16, 7
+// float64), everything else at its default.
+OpSignature to_copy(Backend b, DType t, std::vector<int64_t> sizes, int64_t code) {
+  return OpSignature{"aten::_to_copy",
+                     "",
+                     {Arg::tensor(tensor(b, t, sizes)), Arg::integer(code), Arg::none(), Arg::none(), Arg::none(),
+                      Arg::boolean(false), Arg::none()},
+                     target(b)};
+}
+
 // The in-place variant of `s` (relu_, add_.Tensor, mul_.Tensor): the same arguments, self written.
 OpSignature in_place(OpSignature s) {
   s.op += "_";
@@ -275,6 +285,16 @@ std::vector<OpSignature> signatures(Backend b) {
     // In place (Note [In-place outputs] in runtime/kernel_spec.cc): resnet's relu_ and residual add_.
     out.push_back(safe_softmax(b, t, {2, 4, 77, 77}));                       // math attention's probabilities
     out.push_back(safe_softmax(b, t, {5, 1001}));
+    // The casts around a bfloat16 RMSNorm; float32 <-> float64 on the CPU.
+    if (b == Backend::kCuda) {
+      out.push_back(to_copy(b, t, {2, 7, 2048}, t == DType::kFloat32 ? 15 : 6));
+      out.push_back(to_copy(b, t, {1001}, t == DType::kFloat16 ? 15 : 5));
+    } else {
+      out.push_back(to_copy(b, t, {2, 7, 2048}, 7));
+      out.push_back(to_copy(b, t, {1001}, 15));
+      out.push_back(to_copy(b, DType::kBFloat16, {3, 77}, 6));
+      out.push_back(to_copy(b, DType::kFloat64, {33}, 6));
+    }
     out.push_back(in_place(relu(b, t, {2, 64, 28, 28})));
     out.push_back(in_place(relu(b, t, {1001})));
     out.push_back(in_place(add(b, t, {2, 3, 1001}, Arg::real(0.5))));
@@ -1279,6 +1299,11 @@ TEST_CASE("templates: CPU instances of every family pass the worker's verificati
   // In place: the result is read through self (Note [Verifying in place] in worker/verifier.cc).
   plan(safe_softmax(B, F, {37, 1001}), 2, 2);
   plan(safe_softmax(B, F, {3, 5, 1}), 1, 0);
+  plan(to_copy(B, F, {3, 4099}, 15), 1, 1);
+  plan(to_copy(B, DType::kBFloat16, {3, 4099}, 6), 1, 1);
+  plan(to_copy(B, F, {7, 33}, 7), 1, 0);
+  plan(to_copy(B, DType::kFloat64, {1001}, 6), 1, 0);
+  plan(to_copy(B, DType::kFloat64, {77}, 15), 1, 0);
   plan(in_place(relu(B, F, {7, 1031})), 1, 1);
   plan(in_place(binary("add", B, F, {16, 3, 49, 49}, {1, 3, 49, 49})), 1, 1);
   plan(in_place(add(B, F, {4099}, Arg::real(-0.75))), 1, 0);
@@ -1352,6 +1377,7 @@ TEST_CASE("templates: CUDA instances of every family pass the worker's verificat
     plan(reduce("sum", B, d, {3, 50257}, std::nullopt), 1, 1);
     plan(reduce("amax", B, d, {37, 1003}, std::vector<int64_t>{1}, true), 2, 2);
     plan(safe_softmax(B, d, {37, 1000}), 2, 2);
+    for (int64_t code : {6, 5, 15}) plan(to_copy(B, d, {37, 4099}, code), 2, 1);
     plan(safe_softmax(B, d, {2, 8, 33, 4099}), 2, 1);
     plan(in_place(relu(B, d, {2, 64, 28, 28})), 2, 1);
     plan(in_place(binary("add", B, d, {8, 64, 28, 28}, {8, 64, 28, 28})), 2, 1);   // resnet's residual

@@ -131,6 +131,7 @@ if DEV == "cuda":
 class Small(torch.nn.Module):
     # Every catalog operator, on CPU: layer_norm, group_norm, gelu, silu, add, relu, sigmoid, tanh,
     # hardswish, sub, mul (Tensor, Scalar), div, mean, amax, sum, neg, rsqrt, exp, pow, relu_, add_, mul_, _safe_softmax,
+    # _to_copy,
     # batch norm (cuDNN off: on CUDA
     # resnet18's reaches cudnn_batch_norm), softmax, log_softmax; embedding is GPT-2's.
     def __init__(self):
@@ -158,6 +159,7 @@ class Small(torch.nn.Module):
         g = h * 1.5
         g.add_(h).mul_(torch.sigmoid(h)).relu_()   # in place: add_, mul_, relu_ (resnet's residual and ReLU)
         h = h + g
+        h = h.double().float()                     # _to_copy, both ways (exact)
         h = torch.cat([h, h.transpose(1, 2).contiguous().transpose(1, 2)], 0)   # cat, clone
         return {"softmax": torch.softmax(h, dim=-1), "log_softmax": torch.log_softmax(h, dim=1), "h": h,
                 "safe_softmax": torch.ops.aten._safe_softmax(h, -1)}   # math attention's softmax
@@ -267,7 +269,7 @@ x = torch.randn(4, 8)
 xt = torch.randn(8, 4).t()                 # non-contiguous
 xs = torch.randn(33)[1:]                   # data pointer 4 bytes past an aligned allocation
 xd = torch.randn(3, 5, dtype=torch.float64)
-xb = torch.randn(2, 6).to(torch.bfloat16)
+xb = torch.randn(2, 6, dtype=torch.bfloat16)   # not .to(): _to_copy is intercepted
 img = torch.randn(2, 8, 5, 5)
 w8, b8 = torch.randn(8), torch.randn(8)
 m8, v8 = torch.randn(8), torch.empty(8).uniform_(0.5, 1.5)   # no intercepted operator
@@ -317,6 +319,9 @@ cases = [
     (40, lambda: xa.add_(w8, alpha=2),                 ["aten::add_", "Tensor", [T(xa), T(w8), [4, 2]]]),
     (41, lambda: xm.mul_(xm2),                         ["aten::mul_", "Tensor", [T(xm), T(xm2)]]),
     (42, lambda: torch.ops.aten._safe_softmax(x, -1),  ["aten::_safe_softmax", "", [T(x), [4, -1], [0]]]),
+    (43, lambda: x.to(torch.float64),                  ["aten::_to_copy", "", [T(x), [4, 7], [0], [0], [0], [3, False], [0]]]),
+    (44, lambda: xb.float(),                           ["aten::_to_copy", "", [T(xb), [4, 6], [0], [0], [0], [3, False], [0]]]),
+    (45, lambda: x.to("cpu", torch.float64),           ["aten::_to_copy", "", [T(x), [4, 7], [0], [6, "cpu"], [0], [3, False], [0]]]),
 ]
 arch = os.environ["KFORGE_TEST_ARCH"]
 expected = {}
@@ -596,8 +601,9 @@ def test_input_statistics_and_captured_inputs_reach_a_daemon(hook_path, dev, cap
     router = ctx.socket(zmq.ROUTER)
     router.setsockopt(zmq.LINGER, 0)
     router.bind(endpoint)
+    # The test's own copies to and from the device (.to(DEV), .cpu(): _to_copy) are not what it samples.
     env = child_env(hook_path, KFORGE_DAEMON_ENDPOINT=endpoint, KFORGE_TEST_OUT=tmp_path / "in.pt",
-                    KFORGE_TEST_DEVICE=dev, KFORGE_CAPTURE_INPUTS=int(capture))
+                    KFORGE_TEST_DEVICE=dev, KFORGE_CAPTURE_INPUTS=int(capture), KFORGE_DENY_OPS="aten::_to_copy")
     proc = subprocess.Popen([sys.executable, "-c", PRELUDE + textwrap.dedent(CAPTURING)], env=env,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     stats_by_sig, captures = {}, []
@@ -855,8 +861,9 @@ emit({"stats": stats(), "cc": list(torch.cuda.get_device_capability())})
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_calls_are_observed_and_unchanged(hook_path, tmp_path):
     run_child(CUDA, child_env(KFORGE_TEST_OUT=tmp_path / "plain.pt"))
+    # The test's own copies (x.half(), .cpu(): _to_copy) are not what it counts and times.
     hooked, _, _ = run_child(CUDA, child_env(hook_path, KFORGE_TEST_OUT=tmp_path / "hooked.pt",
-                                             KFORGE_SAMPLE_RATE=1))
+                                             KFORGE_SAMPLE_RATE=1, KFORGE_DENY_OPS="aten::_to_copy"))
     assert_bitwise_equal(tmp_path / "plain.pt", tmp_path / "hooked.pt")
     out = torch.load(tmp_path / "hooked.pt")
     assert torch.equal(out["graph"], out["graph_eager"])

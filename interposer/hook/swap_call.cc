@@ -107,6 +107,21 @@ const at::Tensor* in_place_arg(const InterceptedOp& op, const c10::IValue* args,
   return &t;
 }
 
+// Appends the plan's output `o` to `outs`: the argument it is written into (Note [In-place
+// calls]), or a fresh tensor of its dtype, sizes and strides from torch's allocator on `device`.
+// Empty: appended; else why not. May throw (allocation).
+std::string add_output(const InterceptedOp& op, const c10::IValue* args, const ResolvedOutput& o,
+                       const at::TensorOptions& device, std::vector<at::Tensor>& outs) {
+  if (o.in_place_of < 0) {
+    outs.push_back(at::empty_strided(o.sizes, o.strides, device.dtype(scalar_type_of(o.dtype))));
+    return {};
+  }
+  std::string why;
+  const at::Tensor* self = in_place_arg(op, args, o, why);
+  if (self != nullptr) outs.push_back(*self);
+  return why;
+}
+
 // How the arguments an in-place plan writes share memory with the others (Note [In-place calls]).
 enum class InPlaceAliasing { kNone, kExact, kPartial };
 
@@ -289,14 +304,7 @@ std::string run_candidate_cuda(const InterceptedOp& op, const Replacement& r, co
   outs.clear();
   outs.reserve(plan.outputs.size());
   for (const ResolvedOutput& o : plan.outputs) {
-    if (o.in_place_of >= 0) {   // Note [In-place calls]
-      std::string why;
-      const at::Tensor* self = in_place_arg(op, args, o, why);
-      if (self == nullptr) return why;
-      outs.push_back(*self);
-    } else {
-      outs.push_back(at::empty_strided(o.sizes, o.strides, on_device.dtype(scalar_type_of(o.dtype))));
-    }
+    if (std::string why = add_output(op, args, o, on_device, outs); !why.empty()) return why;
     io.outputs.push_back(reinterpret_cast<CUdeviceptr>(outs.back().mutable_data_ptr()));
   }
   c10::SmallVector<at::Tensor, 4> scratch;
@@ -343,15 +351,7 @@ std::string run_candidate(const InterceptedOp& op, const Replacement& r, const c
   outs.clear();
   outs.reserve(plan.outputs.size());
   for (const ResolvedOutput& o : plan.outputs) {
-    if (o.in_place_of >= 0) {   // Note [In-place calls]
-      std::string why;
-      const at::Tensor* self = in_place_arg(op, args, o, why);
-      if (self == nullptr) return why;
-      outs.push_back(*self);
-    } else {
-      outs.push_back(at::empty_strided(o.sizes, o.strides,
-                                       at::TensorOptions().dtype(scalar_type_of(o.dtype)).device(at::kCPU)));
-    }
+    if (std::string why = add_output(op, args, o, at::TensorOptions().device(at::kCPU), outs); !why.empty()) return why;
     io.outputs.push_back(outs.back().data_ptr());
   }
   CpuRunOptions run_options;

@@ -108,8 +108,8 @@ torch::jit::Stack reference_stack(const TrialInputs& in, const OpSignature& sig)
 // outputs] in runtime/kernel_spec.cc) is the trial's own argument: nothing is allocated or
 // poisoned for it. PyTorch's kernel and the float64 reference run on copies of that argument (in
 // its layout), so the trial's argument keeps its drawn values until a candidate run; before every
-// candidate run its values are put back (TrialRun::self_values), and after the run the output is
-// read through it. The argument's guards are still checked, its data is not "input_modified";
+// candidate run its values are put back (make_run_buffers, from in_place_values), and after the
+// run the output is read through it. The argument's guards are still checked, its data is not "input_modified";
 // every other input must stay untouched. "not_written" becomes: the candidate left the argument as
 // it was where PyTorch's kernel changed it (an in-place kernel that wrote somewhere else).
 

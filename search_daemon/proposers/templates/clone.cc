@@ -240,17 +240,16 @@ extern "C" void kf_clone(const kforge_cpu_block* blk, void* const* p) {
 
 class CloneCpu final : public FamilyBase {
  public:
-  CloneCpu() : FamilyBase("cpu.clone", Backend::kCpu, {Knob{"chunk", {1024, 4096, 16384, 65536, 262144}, {}}}) {}
+  CloneCpu() : FamilyBase("cpu.clone", Backend::kCpu, flat_cpu_knobs()) {}
 
   bool applies(const OpSignature& sig) const override { return clone_plan(sig, Backend::kCpu).has_value(); }
 
   bool valid(const OpSignature& sig, std::span<const int64_t> v) const override {
-    return v[0] <= std::max<int64_t>(1024, pow2_ceil(clone_plan(sig, Backend::kCpu)->numel));
+    return flat_cpu_fits(clone_plan(sig, Backend::kCpu)->numel, v);
   }
 
   double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
-    const double numel = static_cast<double>(clone_plan(sig, Backend::kCpu)->numel);
-    return closeness(static_cast<double>(v[0]), std::clamp(numel / 16, 1024.0, 65536.0), 0.3);
+    return flat_cpu_prior(clone_plan(sig, Backend::kCpu)->numel, v);
   }
 
   KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {

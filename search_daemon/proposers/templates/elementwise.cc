@@ -670,20 +670,16 @@ class PointwiseCuda final : public FamilyBase {
 class PointwiseCpu final : public FamilyBase {
  public:
   PointwiseCpu(Pointwise op, bool in_place)
-      : FamilyBase("cpu." + family_name(op, in_place), Backend::kCpu,
-                   {Knob{"chunk", {1024, 4096, 16384, 65536, 262144}, {}}}),
-        op_(op),
-        in_place_(in_place) {}
+      : FamilyBase("cpu." + family_name(op, in_place), Backend::kCpu, flat_cpu_knobs()), op_(op), in_place_(in_place) {}
 
   bool applies(const OpSignature& sig) const override { return matches(sig, op_, Backend::kCpu, in_place_); }
 
   bool valid(const OpSignature& sig, std::span<const int64_t> v) const override {
-    return v[0] <= std::max<int64_t>(1024, pow2_ceil(output_shape(sig, op_, in_place_).numel));
+    return flat_cpu_fits(output_shape(sig, op_, in_place_).numel, v);
   }
 
   double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
-    const double numel = static_cast<double>(output_shape(sig, op_, in_place_).numel);
-    return closeness(static_cast<double>(v[0]), std::clamp(numel / 16, 1024.0, 65536.0), 0.3);
+    return flat_cpu_prior(output_shape(sig, op_, in_place_).numel, v);
   }
 
   KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {

@@ -64,6 +64,16 @@ bool flat_cuda_fits(int64_t elements, std::span<const int64_t> v) {
   return v[0] * v[1] * v[2] <= std::max<int64_t>(64, 2 * elements);
 }
 
+std::vector<Knob> flat_cpu_knobs() { return {Knob{"chunk", {1024, 4096, 16384, 65536, 262144}, {}}}; }
+
+double flat_cpu_prior(int64_t elements, std::span<const int64_t> v) {
+  return closeness(static_cast<double>(v[0]), std::clamp(static_cast<double>(elements) / 16, 1024.0, 65536.0), 0.3);
+}
+
+bool flat_cpu_fits(int64_t elements, std::span<const int64_t> v) {
+  return v[0] <= std::max<int64_t>(1024, pow2_ceil(elements));
+}
+
 std::string define(std::string_view name, int64_t value) {
   return "-D" + std::string(name) + "=" + std::to_string(value);
 }

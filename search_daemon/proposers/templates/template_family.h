@@ -60,6 +60,13 @@ std::vector<Knob> flat_cuda_knobs();
 double flat_cuda_prior(int64_t element_bytes, int64_t elements, std::span<const int64_t> v);
 bool flat_cuda_fits(int64_t elements, std::span<const int64_t> v);
 
+// Their CPU twins (pointwise, clone, to_copy): one knob, `chunk` elements per block; the prior
+// favours about 16 blocks (1024 to 65536 elements each), and no chunk beyond the tensor rounded up
+// to a power of two (at least 1024).
+std::vector<Knob> flat_cpu_knobs();
+double flat_cpu_prior(int64_t elements, std::span<const int64_t> v);
+bool flat_cpu_fits(int64_t elements, std::span<const int64_t> v);
+
 // ---- signature checks ---------------------------------------------------------------------------
 
 // Argument i as a tensor, or nullptr (missing, None, a scalar, a list).

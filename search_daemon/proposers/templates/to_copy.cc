@@ -212,17 +212,16 @@ class ToCopyCuda final : public FamilyBase {
 
 class ToCopyCpu final : public FamilyBase {
  public:
-  ToCopyCpu() : FamilyBase("cpu.to_copy", Backend::kCpu, {Knob{"chunk", {1024, 4096, 16384, 65536, 262144}, {}}}) {}
+  ToCopyCpu() : FamilyBase("cpu.to_copy", Backend::kCpu, flat_cpu_knobs()) {}
 
   bool applies(const OpSignature& sig) const override { return converted_dtype(sig, Backend::kCpu).has_value(); }
 
   bool valid(const OpSignature& sig, std::span<const int64_t> v) const override {
-    return v[0] <= std::max<int64_t>(1024, pow2_ceil(tensor_arg(sig, 0)->numel()));
+    return flat_cpu_fits(tensor_arg(sig, 0)->numel(), v);
   }
 
   double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
-    const double numel = static_cast<double>(tensor_arg(sig, 0)->numel());
-    return closeness(static_cast<double>(v[0]), std::clamp(numel / 16, 1024.0, 65536.0), 0.3);
+    return flat_cpu_prior(tensor_arg(sig, 0)->numel(), v);
   }
 
   KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {

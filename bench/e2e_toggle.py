@@ -3,12 +3,19 @@ greedy decode steps in blocks with kforge's interceptors in the dispatcher and b
 
 Here (build tree, CPU; about 4 minutes):
     .venv/bin/python bench/e2e_toggle.py --device cpu --processes 2 --rounds 60 --block 8
-Here, host-bound like a CUDA step (GPT-2 small's layers at width 64; about 1 minute per process):
-    .venv/bin/python bench/e2e_toggle.py --device cpu --processes 2 --rounds 600 --block 2 --settle 1 \
+Here, host-bound like a CUDA step (GPT-2 small's layers at width 64; about 2 minutes per process):
+    .venv/bin/python bench/e2e_toggle.py --device cpu --processes 3 --rounds 300 --block 2 --settle 6 \
         --control --continuous --n-embd 64
 On a GPU host, from an unpacked bundle and this source tree's bench/ (about 5 minutes):
-    python3 bench/e2e_toggle.py --device cuda --processes 3 --rounds 800 --block 2 --settle 1 --control \
+    python3 bench/e2e_toggle.py --device cuda --processes 3 --rounds 300 --block 2 --settle 6 --control \
         --continuous --bundle-root <bundle>
+
+Why --settle 6. During an "off" block nothing of the hook runs, so its code and data leave the
+caches and TLBs, and the first steps of the next "on" block pay to bring them back: a cost that a
+process under the hook never pays, as it runs the interceptors every step. On the CPU VM the
+same build measured +1.81% with --settle 1 and +1.08% with --settle 6 (3 processes x 300 rounds
+each, bench/results/2026-12-05-cpu-e2e-toggle-settle.log); before 2026-12-05 the logs used
+--settle 1.
 
 Why one process. bench/e2e_overhead.py compares a process without kforge against one with it. On a
 VM the same program runs its host code (which is what a batch-1 decode step is bound by) up to 2x

@@ -20,28 +20,33 @@
 
 namespace kforge::hook {
 
-struct InterceptedOp {
+// alignas(64), and the fields every call reads first: an unobserved call (Note [Interceptor fast
+// path] in interceptor.cc) touches one cache line of it.
+struct alignas(64) InterceptedOp {
   InterceptedOp(OpIdentity id, std::string label, c10::OperatorHandle op_handle, c10::SafeKernelFunction orig,
                 Recorder* rec, TargetArch* target_arch, uint32_t returns, bool tensor_returns)
-      : identity(std::move(id)), name(std::move(label)), handle(std::move(op_handle)), original(std::move(orig)),
+      : original(std::move(orig)), identity(std::move(id)), name(std::move(label)), handle(std::move(op_handle)),
         recorder(rec), arch(target_arch), num_returns(returns), returns_tensors(tensor_returns) {}
 
+  // ---- read on every call
+  std::atomic<bool> enabled{true};         // false: kforge code failed here; pass straight through
+  // Note [Observed calls] (interceptor.cc): this operator's slot in each thread's countdowns
+  // (ObserveSlots in replacement_table.h; kObserveSlots: every call observed), and
+  // HookConfig::observe_every. Set at registration.
+  uint32_t observe_slot = kObserveSlots;
+  uint32_t observe_every = 1;
+  const c10::SafeKernelFunction original;  // PyTorch's kernel at this key, captured before ours
+
+  // ---- read by observed calls and replacements
   const OpIdentity identity;
   const std::string name;                  // "aten::add.Tensor@CPU", for logs
   const c10::OperatorHandle handle;        // the operator (valid for the life of the process)
-  const c10::SafeKernelFunction original;  // PyTorch's kernel at this key, captured before ours
   Recorder* const recorder;
   TargetArch* const arch;
   const uint32_t num_returns;              // from the schema
   const bool returns_tensors;              // every return is a Tensor (what replacements can make)
   InputSampler* sampler = nullptr;         // set at registration, before the interceptor exists
   CudaTimer* timer = nullptr;              // likewise; null: CUDA calls are not timed
-  // Note [Observed calls] (interceptor.cc): this operator's slot in each thread's countdowns
-  // (ObserveSlots in replacement_table.h; kObserveSlots: every call observed), and
-  // HookConfig::observe_every. Set at registration.
-  uint32_t observe_slot = kObserveSlots;
-  uint32_t observe_every = 1;
-  std::atomic<bool> enabled{true};         // false: kforge code failed here; pass straight through
 
   void disable(std::string_view why) noexcept {
     if (enabled.exchange(false, std::memory_order_relaxed)) {

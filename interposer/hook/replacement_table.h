@@ -23,6 +23,7 @@
 
 #include <cuda.h>   // CUcontext only: no CUDA library is linked (runtime/cuda_driver.h)
 
+#include "interposer/hook/hook_work.h"
 #include "runtime/op_catalog.h"
 #include "runtime/op_signature.h"
 
@@ -114,13 +115,6 @@ struct Replacement {
   Swapper* owner = nullptr;
 };
 
-// Which slot of each thread's observation countdowns (Note [Observed calls] in interceptor.cc)
-// belongs to which intercepted operator at which backend: assigned at registration, read by the
-// Swapper when it builds a table, so the table can say which operators it serves. Sized from the
-// catalog: a slot per operator and backend, and room for at least 64 operators on 2 backends.
-inline constexpr uint32_t kObserveSlots = static_cast<uint32_t>(
-    std::max<size_t>(128, (2 * catalog::kOperatorCount + 63) / 64 * 64));   // more: always observed
-
 // A set of ObserveSlots slots.
 class ObserveMask {
  public:
@@ -147,6 +141,7 @@ class ObserveMask {
     for (size_t i = 0; i < kWords; ++i) words_[i] |= o.words_[i];
     return *this;
   }
+  uint64_t word(size_t i) const noexcept { return words_[i]; }
   friend bool operator==(const ObserveMask&, const ObserveMask&) = default;
 
  private:
@@ -214,7 +209,19 @@ class ReplacementTable {
   // calling thread may still be reading it), on a list that keeps it reachable, so leak checkers
   // see it kept, not lost.
   static void publish(const ReplacementTable* t) noexcept {
+    for (size_t i = 0; i < ObserveMask::kWords; ++i) serving_[i].store(t->observe_mask_.word(i), std::memory_order_relaxed);
     retire(published().exchange(t, std::memory_order_acq_rel));
+  }
+
+  // serves(slot) of the table in force, from a copy of its mask in the hook's static data: what an
+  // unobserved call reads (Note [Interceptor fast path] in interceptor.cc), one load where
+  // current()->serves() is a chain of three (the guarded function-local pointer, the atomic, the
+  // table). publish() writes the copy just before the table, so a thread may read a bit of the
+  // previous table for a moment: that delays, by a call or a few, when every call of an operator
+  // starts or stops being observed, and nothing else (a hit is still looked up in current()).
+  [[gnu::always_inline]] static bool serving(uint32_t slot) noexcept {
+    return slot >= kObserveSlots ||
+           ((serving_[slot / 64].load(std::memory_order_relaxed) >> (slot % 64)) & 1) != 0;
   }
 
   // Whether a call of the operator in ObserveSlots slot `slot` may have a replacement here, so
@@ -256,6 +263,8 @@ class ReplacementTable {
     static auto* p = new std::atomic<const ReplacementTable*>(new ReplacementTable());
     return *p;
   }
+
+  static inline constinit std::atomic<uint64_t> serving_[ObserveMask::kWords] = {};
 
   std::vector<Slot> slots_;
   size_t mask_ = 0;

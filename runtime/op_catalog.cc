@@ -147,6 +147,8 @@ constexpr std::array<OutputDecl, 1> kOneReduced = {{{kOneOut, OutputRule::kReduc
 constexpr std::array<std::string_view, 2> kSumFamilies = {"sum", "cpu.sum"};
 constexpr std::array<std::string_view, 2> kMeanFamilies = {"mean", "cpu.mean"};
 constexpr std::array<std::string_view, 2> kAmaxFamilies = {"amax", "cpu.amax"};
+constexpr std::array<OutputDecl, 1> kOneIndexReduced = {{{kOneOut, OutputRule::kIndexReduced}}};
+constexpr std::array<std::string_view, 2> kArgmaxFamilies = {"argmax", "cpu.argmax"};
 
 #define KFORGE_REDUCED_OUTPUT                                                                                 \
   "Output 0: self's sizes without the reduced dimensions, or with each of them as 1 when keepdim (argument " \
@@ -453,6 +455,16 @@ Output 3 (reserve): cuDNN's reserve space, dtype uint8, in inference empty (size
      "Output 0: the sizes of self, dtype as above; strides like self's for preserve (self's when self is "
      "non-overlapping and dense, else contiguous in self's stride order), contiguous for memory_format 0.",
      "", "aten::_to_copy.out", kToCopyFamilies, ""},
+    {"aten::argmax", "", "aten::argmax(Tensor self, int? dim=None, bool keepdim=False) -> Tensor", kAmaxArgs,
+     kOneIndexReduced, 1,
+     "Index of the maximum along dim (argument 1, one dimension, negative counts from the end; None: of the "
+     "flattened tensor), as int64, compared exactly in every dtype. Ties give the first (lowest) index; a NaN "
+     "counts as larger than every number, so a group with a NaN gives the index of its first NaN. Indices are "
+     "checked exactly.\n"
+     "Output 0: self's sizes without dim, or with it as 1 when keepdim (argument 2) is true (self [4, 6, 5] over "
+     "-1 gives [4, 6], keepdim [4, 6, 1]; None without keepdim a 0-dimensional tensor, None with keepdim every "
+     "dimension 1); contiguous strides; dtype int64.",
+     "", "aten::argmax.out", kArgmaxFamilies, ""},
 }};
 
 #undef KFORGE_REDUCED_OUTPUT
@@ -671,13 +683,23 @@ std::vector<TensorMeta> expected_outputs(const OpSignature& sig) {
         }
         break;
       }
-      case OutputRule::kReduced: {
+      case OutputRule::kReduced:
+      case OutputRule::kIndexReduced: {
         const auto rank = static_cast<int64_t>(x->sizes.size());
         std::vector<bool> reduced(x->sizes.size(), false);
         const auto* dims = sig.args.size() > 1 ? std::get_if<std::vector<int64_t>>(&sig.args[1].value) : nullptr;
+        std::vector<int64_t> one_dim;
+        if (o.rule == OutputRule::kIndexReduced) {
+          m.dtype = DType::kInt64;
+          if (const int64_t* d = int_at(sig, 1)) {
+            one_dim = {rank == 0 && (*d == 0 || *d == -1) ? -1 : *d};   // a 0-dimensional self takes 0 or -1
+            dims = &one_dim;
+          }
+        }
         bool any = false;
         if (dims != nullptr) {
           for (int64_t d : *dims) {
+            if (rank == 0) break;
             if (d < -rank || d >= rank) return {};
             reduced[static_cast<size_t>(d < 0 ? d + rank : d)] = any = true;
           }

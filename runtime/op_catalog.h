@@ -67,7 +67,8 @@
   OP_OVERLOAD(add_, Tensor)                       \
   OP_OVERLOAD(mul_, Tensor)                       \
   OP(_safe_softmax)                               \
-  OP(_to_copy)
+  OP(_to_copy)                                    \
+  OP(argmax)
 
 namespace kforge::catalog {
 
@@ -144,6 +145,8 @@ enum class OutputRule : uint8_t {
                     // None: argument 0's dtype): _to_copy
   kSelf,            // argument 0 itself, written in place and returned (relu_, add_): its dtype,
                     // sizes and strides (OutputSpec::in_place in a plan)
+  kIndexReduced,    // as kReduced for argument 1 a single dimension (None: all of them), int64:
+                    // argmax's indices
 };
 
 struct OutputDecl {

@@ -410,6 +410,14 @@ bool typed_arg(TypedVisit& v, std::optional<bool> b) noexcept {
   return true;
 }
 
+bool typed_arg(TypedVisit& v, std::optional<int64_t> i) noexcept {
+  if (!i.has_value()) {
+    v.out.none();
+    return true;
+  }
+  return typed_arg(v, *i);
+}
+
 bool typed_arg(TypedVisit& v, double d) noexcept {
   v.out.real(d);
   return true;

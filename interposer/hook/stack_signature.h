@@ -100,6 +100,7 @@ bool typed_arg(TypedVisit& v, std::optional<c10::MemoryFormat> f) noexcept;  // 
 bool typed_arg(TypedVisit& v, std::optional<c10::Layout> l) noexcept;        // Layout? (None or an int)
 bool typed_arg(TypedVisit& v, std::optional<c10::Device> d) noexcept;        // Device? (None or "cpu", "cuda:0")
 bool typed_arg(TypedVisit& v, std::optional<bool> b) noexcept;               // bool? (None or a bool)
+bool typed_arg(TypedVisit& v, std::optional<int64_t> i) noexcept;            // int? (None or an int: argmax's dim)
 
 // `cuda_index` gets the first CUDA tensor's device index (-1 if none).
 template <class... A>

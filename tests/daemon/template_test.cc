@@ -140,6 +140,14 @@ OpSignature reduce(const std::string& op, Backend b, DType t, std::vector<int64_
   return s;
 }
 
+// argmax over `dim` (nullopt: None, the flattened tensor).
+OpSignature argmax(Backend b, DType t, std::vector<int64_t> sizes, std::optional<int64_t> dim, bool keepdim = false) {
+  return OpSignature{"aten::argmax",
+                     "",
+                     {Arg::tensor(tensor(b, t, sizes)), dim ? Arg::integer(*dim) : Arg::none(), Arg::boolean(keepdim)},
+                     target(b)};
+}
+
 // sigmoid, tanh, hardswish, neg, rsqrt, exp.
 OpSignature unary(const std::string& op, Backend b, DType t, std::vector<int64_t> sizes) {
   return OpSignature{"aten::" + op, "", {Arg::tensor(tensor(b, t, sizes))}, target(b)};
@@ -282,6 +290,9 @@ std::vector<OpSignature> signatures(Backend b) {
     out.push_back(reduce("mean", b, t, {4, 32, 7, 7}, std::vector<int64_t>{-1, -2}));   // global pooling
     out.push_back(reduce("sum", b, t, {3, 1000}, std::nullopt));                        // everything: 0-dim
     out.push_back(reduce("amax", b, t, {5, 77}, std::vector<int64_t>{1}, true));
+    out.push_back(argmax(b, t, {1, 1, 50257}, -1));                         // greedy decoding's next token
+    out.push_back(argmax(b, t, {5, 77}, 1, true));
+    out.push_back(argmax(b, t, {3, 7, 11}, std::nullopt));                   // the flattened tensor: 0-dim
     // In place (Note [In-place outputs] in runtime/kernel_spec.cc): resnet's relu_ and residual add_.
     out.push_back(safe_softmax(b, t, {2, 4, 77, 77}));                       // math attention's probabilities
     out.push_back(safe_softmax(b, t, {5, 1001}));
@@ -882,6 +893,8 @@ TEST_CASE("templates: the CUDA families compile with NVRTC for sm_90 over their 
       sigs.push_back(reduce(op, Backend::kCuda, d, {512, 1024}, std::vector<int64_t>{-1}));
       sigs.push_back(reduce(op, Backend::kCuda, d, {64, 8, 56, 56}, std::vector<int64_t>{2, 3}, true));
     }
+    sigs.push_back(argmax(Backend::kCuda, d, {512, 1024}, -1));
+    sigs.push_back(argmax(Backend::kCuda, d, {4, 50257}, 1, true));
   }
   std::set<std::string> built;   // the build cache key: each distinct source and options once
   size_t compiled = 0;
@@ -1296,6 +1309,8 @@ TEST_CASE("templates: CPU instances of every family pass the worker's verificati
   plan(reduce("sum", B, F, {9, 1001}, std::nullopt), 1, 1);
   plan(reduce("sum", B, F, {37, 130}, std::vector<int64_t>{1}, true), 1, 1);
   plan(reduce("amax", B, F, {33, 1003}, std::vector<int64_t>{-1}), 1, 2);
+  plan(argmax(B, F, {33, 1003}, -1), 1, 2);
+  plan(argmax(B, F, {5, 7, 9}, std::nullopt, true), 1, 1);
   // In place: the result is read through self (Note [Verifying in place] in worker/verifier.cc).
   plan(safe_softmax(B, F, {37, 1001}), 2, 2);
   plan(safe_softmax(B, F, {3, 5, 1}), 1, 0);
@@ -1376,6 +1391,9 @@ TEST_CASE("templates: CUDA instances of every family pass the worker's verificat
     plan(reduce("mean", B, d, {8, 64, 7, 7}, std::vector<int64_t>{-1, -2}), 2, 1);
     plan(reduce("sum", B, d, {3, 50257}, std::nullopt), 1, 1);
     plan(reduce("amax", B, d, {37, 1003}, std::vector<int64_t>{1}, true), 2, 2);
+    plan(argmax(B, d, {37, 1003}, 1, true), 2, 2);
+    plan(argmax(B, d, {2, 50257}, -1), 2, 1);
+    plan(argmax(B, d, {3, 5, 77}, std::nullopt), 1, 1);
     plan(safe_softmax(B, d, {37, 1000}), 2, 2);
     for (int64_t code : {6, 5, 15}) plan(to_copy(B, d, {37, 4099}, code), 2, 1);
     plan(safe_softmax(B, d, {2, 8, 33, 4099}), 2, 1);

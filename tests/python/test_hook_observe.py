@@ -131,7 +131,7 @@ if DEV == "cuda":
 class Small(torch.nn.Module):
     # Every catalog operator, on CPU: layer_norm, group_norm, gelu, silu, add, relu, sigmoid, tanh,
     # hardswish, sub, mul (Tensor, Scalar), div, mean, amax, sum, neg, rsqrt, exp, pow, relu_, add_, mul_, _safe_softmax,
-    # _to_copy,
+    # _to_copy, argmax,
     # batch norm (cuDNN off: on CUDA
     # resnet18's reaches cudnn_batch_norm), softmax, log_softmax; embedding is GPT-2's.
     def __init__(self):
@@ -162,7 +162,8 @@ class Small(torch.nn.Module):
         h = h.double().float()                     # _to_copy, both ways (exact)
         h = torch.cat([h, h.transpose(1, 2).contiguous().transpose(1, 2)], 0)   # cat, clone
         return {"softmax": torch.softmax(h, dim=-1), "log_softmax": torch.log_softmax(h, dim=1), "h": h,
-                "safe_softmax": torch.ops.aten._safe_softmax(h, -1)}   # math attention's softmax
+                "safe_softmax": torch.ops.aten._safe_softmax(h, -1),   # math attention's softmax
+                "argmax": h.argmax(-1)}                                 # greedy decoding's next token
 
 torch.manual_seed(0)
 out = {}
@@ -322,6 +323,8 @@ cases = [
     (43, lambda: x.to(torch.float64),                  ["aten::_to_copy", "", [T(x), [4, 7], [0], [0], [0], [3, False], [0]]]),
     (44, lambda: xb.float(),                           ["aten::_to_copy", "", [T(xb), [4, 6], [0], [0], [0], [3, False], [0]]]),
     (45, lambda: x.to("cpu", torch.float64),           ["aten::_to_copy", "", [T(x), [4, 7], [0], [6, "cpu"], [0], [3, False], [0]]]),
+    (46, lambda: x.argmax(-1),                         ["aten::argmax", "", [T(x), [4, -1], [3, False]]]),
+    (47, lambda: torch.argmax(xd, keepdim=True),       ["aten::argmax", "", [T(xd), [0], [3, True]]]),
 ]
 arch = os.environ["KFORGE_TEST_ARCH"]
 expected = {}

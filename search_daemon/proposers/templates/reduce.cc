@@ -1,9 +1,15 @@
-// Reductions over trailing dimensions: aten::sum.dim_IntList, aten::mean.dim (dtype None) and
-// aten::amax over a contiguous input whose reduced dimensions are its last k (in any order; an
-// empty or None dim list reduces every dimension): the input is [rows, cols] and each row gives one
-// output element. That is RMSNorm's mean over the last dimension, global average pooling's mean
-// over [-2, -1] of an NCHW tensor, a row max. The output is contiguous, with the reduced
-// dimensions kept as 1 (keepdim) or dropped, as PyTorch returns it.
+// Reductions over trailing dimensions: aten::sum.dim_IntList, aten::mean.dim (dtype None),
+// aten::amax and aten::argmax over a contiguous input whose reduced dimensions are its last k (in
+// any order; an empty or None dim list reduces every dimension; argmax's dim is one dimension, the
+// last, or None: the flattened tensor): the input is [rows, cols] and each row gives one output
+// element. That is RMSNorm's mean over the last dimension, global average pooling's mean over
+// [-2, -1] of an NCHW tensor, a row max, greedy decoding's argmax over the vocabulary. The output
+// is contiguous, with the reduced dimensions kept as 1 (keepdim) or dropped, as PyTorch returns it.
+//
+// argmax returns int64 indices, checked exactly: the first maximum of a row (each thread scans its
+// elements in increasing order and keeps a strict win; threads and warps combine by value, then by
+// the lower index), and a NaN counts as above every number, so a row with NaNs gives its first NaN,
+// as PyTorch's kernels do on CPU and CUDA.
 //
 // Sums accumulate in kf_acc (Note [Template arithmetic] in template_family.cc: double for float32
 // rows, float for 16-bit ones) and the mean divides the total once. amax is exact and propagates
@@ -18,13 +24,38 @@ namespace kforge::search::templates {
 
 namespace {
 
-enum class Reduction : uint8_t { kSum, kMean, kAmax };
+enum class Reduction : uint8_t { kSum, kMean, kAmax, kArgmax };
 
 const char* const kCudaReduce = R"kf(
-// KF_RED: 0 sum, 1 mean, 2 amax. One output element per row of a contiguous [rows, cols] input;
-// the row's KF_NT threads read it in vectors of KF_VEC (KF_VEC divides cols).
+// KF_RED: 0 sum, 1 mean, 2 amax, 3 argmax. One output element per row of a contiguous [rows, cols]
+// input; the row's KF_NT threads read it in vectors of KF_VEC (KF_VEC divides cols).
+#if KF_RED == 3
+typedef long long kf_out_t;
+// Whether (a, ia) wins over (b, ib) in argmax: a NaN over any number (the first NaN of a row
+// wins), then the larger value, then the lower index (PyTorch's first maximum).
+__device__ __forceinline__ bool kf_arg_better(float a, kf_i64 ia, float b, kf_i64 ib) {
+  const bool an = a != a, bn = b != b;
+  if (an || bn) return an && bn ? ia < ib : an;
+  return a != b ? a > b : ia < ib;
+}
+// Over the W lanes of a row that shuffle together: every lane ends with the winner.
+template <int W>
+__device__ __forceinline__ void kf_arg_warp(float& m, kf_i64& mi) {
+#pragma unroll
+  for (int o = W / 2; o > 0; o >>= 1) {
+    const float om = __shfl_xor_sync(0xffffffffu, m, o);
+    const kf_i64 oi = __shfl_xor_sync(0xffffffffu, mi, o);
+    if (kf_arg_better(om, oi, m, mi)) {
+      m = om;
+      mi = oi;
+    }
+  }
+}
+#else
+typedef kf_t kf_out_t;
+#endif
 extern "C" __global__ void __launch_bounds__(KF_BLOCK)
-kf_reduce_rows(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 rows, kf_i64 cols) {
+kf_reduce_rows(const kf_t* __restrict__ x, kf_out_t* __restrict__ y, kf_i64 rows, kf_i64 cols) {
   __shared__ kf_acc red_acc[32];
   __shared__ float red_f[32];
   (void)red_acc;
@@ -35,7 +66,42 @@ kf_reduce_rows(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 rows, kf
   if (!kf_map_row(rows, row, tid, live)) return;
   const kf_t* __restrict__ xr = x + (live ? row : 0) * cols;
   const kf_i64 nvec = cols / KF_VEC;
-#if KF_RED == 2
+#if KF_RED == 3
+  // This thread's elements in increasing index order: a strict win keeps the first of equals.
+  float m = KF_NEG_INF;
+  kf_i64 mi = 0x7fffffffffffffffLL;   // no element yet: loses to any element, -inf included
+  if (live) {
+    for (kf_i64 i = tid; i < nvec; i += KF_NT) {
+      float v[KF_VEC];
+      kf_load<KF_VEC>(xr, i, v);
+#pragma unroll
+      for (int k = 0; k < KF_VEC; ++k) {
+        if (kf_arg_better(v[k], i * KF_VEC + k, m, mi)) {
+          m = v[k];
+          mi = i * KF_VEC + k;
+        }
+      }
+    }
+  }
+#if KF_WARP_ROW
+  kf_arg_warp<KF_ROW_LANES>(m, mi);
+#else
+  __shared__ kf_i64 red_i[32];
+  kf_arg_warp<32>(m, mi);
+  if (KF_BLOCK > 32) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) {
+      red_f[warp] = m;
+      red_i[warp] = mi;
+    }
+    __syncthreads();
+    m = lane < KF_BLOCK / 32 ? red_f[lane] : KF_NEG_INF;
+    mi = lane < KF_BLOCK / 32 ? red_i[lane] : 0x7fffffffffffffffLL;
+    kf_arg_warp<32>(m, mi);
+  }
+#endif
+  if (live && tid == 0) y[row] = mi;
+#elif KF_RED == 2
   float m = KF_NEG_INF, nans = 0.0f;
   if (live) {
     for (kf_i64 i = tid; i < nvec; i += KF_NT) {
@@ -71,17 +137,63 @@ kf_reduce_rows(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 rows, kf
 )kf";
 
 const char* const kCpuReduce = R"kf(
-// KF_RED: 0 sum, 1 mean, 2 amax. KF_ROWS rows per block, KF_LANES independent accumulators.
+// KF_RED: 0 sum, 1 mean, 2 amax, 3 argmax. KF_ROWS rows per block, KF_LANES independent
+// accumulators.
+#if KF_RED == 3
+typedef int64_t kf_out_t;
+#else
+typedef float kf_out_t;
+#endif
 extern "C" void kf_reduce_rows(const kforge_cpu_block* blk, void* const* p) {
   const float* __restrict__ x = KF_PTR(const float, 0);
-  float* __restrict__ y = KF_PTR(float, 1);
+  kf_out_t* __restrict__ y = KF_PTR(kf_out_t, 1);
   const int64_t rows = KF_I64(2), cols = KF_I64(3);
   const int64_t r0 = (int64_t)blk->block_idx[0] * KF_ROWS;
   const int64_t r1 = r0 + KF_ROWS < rows ? r0 + KF_ROWS : rows;
   const int64_t body = cols - cols % KF_LANES;
+  (void)body;
   for (int64_t r = r0; r < r1; ++r) {
     const float* __restrict__ xr = x + r * cols;
-#if KF_RED == 2
+#if KF_RED == 3
+    // KF_LANES running maxima over interleaved columns, each keeping its first maximum; the
+    // lanes' winners are then compared by value and index. The first NaN ends the row.
+    float m[KF_LANES];
+    int64_t mi[KF_LANES];
+    int64_t first_nan = -1;
+    for (int l = 0; l < KF_LANES; ++l) {
+      m[l] = -INFINITY;
+      mi[l] = INT64_MAX;
+    }
+    for (int64_t c = 0; c < body && first_nan < 0; c += KF_LANES) {
+      for (int l = 0; l < KF_LANES; ++l) {
+        const float v = xr[c + l];
+        if (v != v) {
+          if (first_nan < 0) first_nan = c + l;
+        } else if (v > m[l] || (v == m[l] && mi[l] == INT64_MAX)) {
+          m[l] = v;
+          mi[l] = c + l;
+        }
+      }
+    }
+    for (int64_t c = body; c < cols && first_nan < 0; ++c) {
+      const float v = xr[c];
+      if (v != v) {
+        first_nan = c;
+      } else if (v > m[0] || (v == m[0] && (mi[0] == INT64_MAX || c < mi[0]))) {
+        m[0] = v;
+        mi[0] = c;
+      }
+    }
+    float best = m[0];
+    int64_t at = mi[0];
+    for (int l = 1; l < KF_LANES; ++l) {
+      if (m[l] > best || (m[l] == best && mi[l] < at)) {
+        best = m[l];
+        at = mi[l];
+      }
+    }
+    y[r] = first_nan >= 0 ? first_nan : at;
+#elif KF_RED == 2
     float m[KF_LANES];
     int nan = 0;
     for (int l = 0; l < KF_LANES; ++l) m[l] = -INFINITY;
@@ -137,17 +249,24 @@ std::optional<ReduceArgs> reduce_args(const OpSignature& sig, Reduction r, Backe
     case Reduction::kAmax:
       if (sig.op != "aten::amax" || !sig.overload.empty() || sig.args.size() != 3) return std::nullopt;
       break;
+    case Reduction::kArgmax:
+      if (sig.op != "aten::argmax" || !sig.overload.empty() || sig.args.size() != 3) return std::nullopt;
+      break;
   }
   ReduceArgs a;
   a.x = tensor_arg(sig, 0);
   if (!template_tensor(a.x, backend)) return std::nullopt;
-  if (r != Reduction::kAmax && !is_none(sig, 3)) return std::nullopt;   // dtype= changes the result type
+  if (sig.args.size() > 3 && !is_none(sig, 3)) return std::nullopt;   // dtype= changes the result type
   const auto* keep = std::get_if<bool>(&sig.args[2].value);
   if (keep == nullptr) return std::nullopt;
   a.keepdim = *keep;
   const auto rank = static_cast<int64_t>(a.x->sizes.size());
+  if (rank == 0) return std::nullopt;
   std::set<int64_t> dims;
-  if (const auto* list = std::get_if<std::vector<int64_t>>(&sig.args[1].value)) {
+  if (const auto* one = std::get_if<int64_t>(&sig.args[1].value); one != nullptr && r == Reduction::kArgmax) {
+    if (*one < -rank || *one >= rank) return std::nullopt;
+    dims.insert(*one < 0 ? *one + rank : *one);
+  } else if (const auto* list = std::get_if<std::vector<int64_t>>(&sig.args[1].value); list != nullptr && r != Reduction::kArgmax) {
     for (int64_t d : *list) {
       if (d < -rank || d >= rank) return std::nullopt;
       if (!dims.insert(d < 0 ? d + rank : d).second) return std::nullopt;   // PyTorch refuses repeats
@@ -162,6 +281,8 @@ std::optional<ReduceArgs> reduce_args(const OpSignature& sig, Reduction r, Backe
   if (*dims.begin() != rank - static_cast<int64_t>(dims.size())) return std::nullopt;
   a.reduced = dims.size();
   for (int64_t d = 0; d < rank; ++d) (d < rank - static_cast<int64_t>(a.reduced) ? a.rows : a.cols) *= a.x->sizes[d];
+  // PyTorch refuses argmax over an empty group; an empty output has nothing to index.
+  if (r == Reduction::kArgmax && (a.cols == 0 || a.rows == 0)) return std::nullopt;
   return a;
 }
 
@@ -173,7 +294,7 @@ std::string cols_of_expr(const ReduceArgs& a) {
 }
 std::string rows_of_expr(const ReduceArgs& a) { return "numel0 / (" + cols_of_expr(a) + ")"; }
 
-OutputSpec reduce_output(const ReduceArgs& a) {
+OutputSpec reduce_output(const ReduceArgs& a, Reduction r) {
   const size_t kept = a.x->sizes.size() - a.reduced;
   std::vector<std::string> sizes;
   for (size_t d = 0; d < kept; ++d) sizes.push_back(size_name(0, d));
@@ -184,7 +305,7 @@ OutputSpec reduce_output(const ReduceArgs& a) {
     strides[d] = step;
     if (sizes[d] != "1") step = step == "1" ? sizes[d] : step + " * " + sizes[d];
   }
-  return OutputSpec::explicit_layout(a.x->dtype, sizes, strides);
+  return OutputSpec::explicit_layout(r == Reduction::kArgmax ? DType::kInt64 : a.x->dtype, sizes, strides);
 }
 
 std::string_view family_name(Reduction r, Backend b) {
@@ -193,6 +314,7 @@ std::string_view family_name(Reduction r, Backend b) {
     case Reduction::kSum: return cpu ? "cpu.sum" : "sum";
     case Reduction::kMean: return cpu ? "cpu.mean" : "mean";
     case Reduction::kAmax: return cpu ? "cpu.amax" : "amax";
+    case Reduction::kArgmax: return cpu ? "cpu.argmax" : "argmax";
   }
   return "";
 }
@@ -246,7 +368,7 @@ class ReduceCuda final : public FamilyBase {
                                         define("KF_BLOCK", v[kBlock]), define("KF_VEC", v[kVec])};
     KernelSpec s = one_launch_spec(Backend::kCuda, std::string(kCudaPrelude) + kCudaRowMapping + kCudaReduce,
                                    "kf_reduce_rows", options);
-    s.plan.outputs = {reduce_output(a)};
+    s.plan.outputs = {reduce_output(a, r_)};
     Launch& l = s.plan.launches[0];
     const std::string rows = rows_of_expr(a);
     l.grid[0] = v[kMap] == 1 ? "ceil_div(" + rows + ", " + std::to_string(v[kBlock] / v[kRowLanes]) + ")" : rows;
@@ -292,7 +414,7 @@ class ReduceCpu final : public FamilyBase {
       options.push_back(std::move(o));
     }
     KernelSpec s = one_launch_spec(Backend::kCpu, std::string(kCpuPrelude) + kCpuReduce, "kf_reduce_rows", options);
-    s.plan.outputs = {reduce_output(a)};
+    s.plan.outputs = {reduce_output(a, r_)};
     Launch& l = s.plan.launches[0];
     const std::string rows = rows_of_expr(a);
     l.grid[0] = "ceil_div(" + rows + ", " + std::to_string(v[kCpuRows]) + ")";
@@ -306,7 +428,7 @@ class ReduceCpu final : public FamilyBase {
 
 }  // namespace
 
-// "sum", "mean", "amax" and their "cpu." twins.
+// "sum", "mean", "amax", "argmax" and their "cpu." twins.
 const FamilyRegistration kRegistered{
     []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<ReduceCuda>(Reduction::kSum); },
     []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<ReduceCuda>(Reduction::kMean); },
@@ -314,6 +436,8 @@ const FamilyRegistration kRegistered{
     []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<ReduceCpu>(Reduction::kSum); },
     []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<ReduceCpu>(Reduction::kMean); },
     []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<ReduceCpu>(Reduction::kAmax); },
+    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<ReduceCuda>(Reduction::kArgmax); },
+    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<ReduceCpu>(Reduction::kArgmax); },
 };
 
 }  // namespace kforge::search::templates

@@ -181,6 +181,9 @@ constexpr std::array<ArgDecl, 2> kPowScalarArgs = {{{"self", R::kData}, {"expone
 constexpr std::array<std::string_view, 2> kPowFamilies = {"pow", "cpu.pow"};
 constexpr std::array<ArgDecl, 2> kMulScalarArgs = {{{"self", R::kData}, {"other", R::kScalar}}};
 constexpr std::array<std::string_view, 2> kMulScalarFamilies = {"mul_scalar", "cpu.mul_scalar"};
+constexpr std::array<ArgDecl, 2> kClampMinArgs = {{{"self", R::kData}, {"min", R::kScalar}}};
+constexpr std::array<std::string_view, 2> kClampMinFamilies = {"clamp_min", "cpu.clamp_min"};
+constexpr std::array<std::string_view, 2> kClampMinInplaceFamilies = {"clamp_min_", "cpu.clamp_min_"};
 
 // ---- cudnn_batch_norm ----------------------------------------------------------------------------
 
@@ -465,6 +468,17 @@ Output 3 (reserve): cuDNN's reserve space, dtype uint8, in inference empty (size
      "-1 gives [4, 6], keepdim [4, 6, 1]; None without keepdim a 0-dimensional tensor, None with keepdim every "
      "dimension 1); contiguous strides; dtype int64.",
      "", "aten::argmax.out", kArgmaxFamilies, ""},
+    {"aten::clamp_min", "", "aten::clamp_min(Tensor self, Scalar min) -> Tensor", kClampMinArgs, kOneLikeInput, 1,
+     "Elementwise out = x < min ? min : x, min a number (argument 1, an int or float scalar). NaN stays NaN; a "
+     "NaN min makes every element NaN; -0.0 stays -0.0 against min 0 (do not write fmaxf: it drops NaN). "
+     "Exact in every dtype: the result is x or min converted to the dtype.\n" KFORGE_LIKE_SELF_OUTPUT,
+     "aten::clamp_min_", "aten::clamp_min.out", kClampMinFamilies, ""},
+    {"aten::clamp_min_", "", "aten::clamp_min_(Tensor(a!) self, Scalar min) -> Tensor(a!)", kClampMinArgs, kSelfOut,
+     1,
+     "In place, elementwise: self = x < min ? min : x, min a number (argument 1, an int or float scalar). NaN "
+     "stays NaN; a NaN min makes every element NaN; -0.0 stays -0.0 against min 0. Exact in every dtype.\n"
+     KFORGE_IN_PLACE_OUTPUT,
+     "", "", kClampMinInplaceFamilies, ""},
 }};
 
 #undef KFORGE_REDUCED_OUTPUT

@@ -68,7 +68,9 @@
   OP_OVERLOAD(mul_, Tensor)                       \
   OP(_safe_softmax)                               \
   OP(_to_copy)                                    \
-  OP(argmax)
+  OP(argmax)                                      \
+  OP(clamp_min)                                   \
+  OP(clamp_min_)
 
 namespace kforge::catalog {
 

@@ -163,6 +163,11 @@ OpSignature mul_scalar(Backend b, DType t, std::vector<int64_t> sizes, Arg other
   return OpSignature{"aten::mul", "Scalar", {Arg::tensor(tensor(b, t, std::move(sizes))), std::move(other)}, target(b)};
 }
 
+// clamp_min(self, min) with `min` an int or float Arg.
+OpSignature clamp_min(Backend b, DType t, std::vector<int64_t> sizes, Arg min) {
+  return OpSignature{"aten::clamp_min", "", {Arg::tensor(tensor(b, t, std::move(sizes))), std::move(min)}, target(b)};
+}
+
 // cat of tensors of `sizes` (one per element) along `dim`.
 OpSignature cat(Backend b, DType t, const std::vector<std::vector<int64_t>>& sizes, int64_t dim) {
   std::vector<TensorMeta> list;
@@ -272,6 +277,9 @@ std::vector<OpSignature> signatures(Backend b) {
     out.push_back(with_number("mul", b, t, {4, 1001}));                      // x * 0.5
     out.push_back(mul_scalar(b, t, {2, 4, 77, 77}, Arg::real(0.125)));       // math attention's scale
     out.push_back(mul_scalar(b, t, {33}, Arg::integer(3)));
+    out.push_back(clamp_min(b, t, {4, 1001}, Arg::real(1e-6)));            // a norm's clamp_min(eps)
+    out.push_back(clamp_min(b, t, {33}, Arg::integer(0)));
+    out.push_back(in_place(clamp_min(b, t, {2, 3, 77}, Arg::real(-0.5))));
     out.push_back(cat(b, t, {{8, 12, 512, 64}, {8, 12, 1, 64}}, -2));      // a KV cache step
     out.push_back(cat(b, t, {{2, 320, 8, 8}, {2, 640, 8, 8}}, 1));          // a UNet skip
     out.push_back(cat(b, t, {{3}, {5}, {1}}, 0));
@@ -867,6 +875,8 @@ TEST_CASE("templates: the CUDA families compile with NVRTC for sm_90 over their 
     }
     sigs.push_back(embedding(Backend::kCuda, d, 32000, 2048, {8, 512}));
     sigs.push_back(mul_scalar(Backend::kCuda, d, {1 << 20}, Arg::real(0.125)));
+    sigs.push_back(clamp_min(Backend::kCuda, d, {1 << 20}, Arg::real(1e-6)));
+    sigs.push_back(in_place(clamp_min(Backend::kCuda, d, {1 << 20}, Arg::integer(0))));
     sigs.push_back(cat(Backend::kCuda, d, {{8, 12, 512, 64}, {8, 12, 1, 64}}, 2));
     sigs.push_back(cat(Backend::kCuda, d, {{4, 7}, {4, 9}, {4, 1}}, 1));
     for (int64_t n : {1, 2, 3, 4, 5, 6}) {   // every KF_NDIM: dimensions that do not merge
@@ -1290,6 +1300,8 @@ TEST_CASE("templates: CPU instances of every family pass the worker's verificati
   plan(with_number("mul", B, F, {5, 1001}), 1, 1);
   plan(mul_scalar(B, F, {3, 1001}, Arg::real(0.125)), 1, 1);
   plan(mul_scalar(B, F, {77}, Arg::integer(-2)), 1, 0);
+  plan(clamp_min(B, F, {3, 1001}, Arg::real(1e-6)), 1, 1);
+  plan(in_place(clamp_min(B, F, {77}, Arg::integer(0))), 1, 0);
   plan(cat(B, F, {{2, 3, 33, 16}, {2, 3, 1, 16}}, -2), 1, 1);
   plan(cat(B, F, {{3, 5}, {3, 7}, {3, 1}}, 1), 1, 0);
   plan(cat(B, F, {{2, 5}, {4, 5}}, 0), 1, 0);
@@ -1364,6 +1376,8 @@ TEST_CASE("templates: CUDA instances of every family pass the worker's verificat
     plan(embedding(B, d, 1000, 6, {129}, DType::kInt32), 1, 1);
     plan(embedding(B, d, 9, 40, {}), 1, 0);
     plan(mul_scalar(B, d, {37, 1001}, Arg::real(0.125)), 2, 1);
+    plan(clamp_min(B, d, {37, 1001}, Arg::real(1e-6)), 2, 1);
+    plan(in_place(clamp_min(B, d, {2, 3, 1001}, Arg::real(-0.5))), 1, 1);
     plan(cat(B, d, {{4, 6, 129, 64}, {4, 6, 1, 64}}, 2), 2, 2);
     plan(cat(B, d, {{2, 24, 9, 9}, {2, 40, 9, 9}}, 1), 2, 1);
     plan(cat(B, d, {{3, 5}, {3, 7}, {3, 1}}, -1), 1, 1);

@@ -131,7 +131,7 @@ if DEV == "cuda":
 class Small(torch.nn.Module):
     # Every catalog operator, on CPU: layer_norm, group_norm, gelu, silu, add, relu, sigmoid, tanh,
     # hardswish, sub, mul (Tensor, Scalar), div, mean, amax, sum, neg, rsqrt, exp, pow, relu_, add_, mul_, _safe_softmax,
-    # _to_copy, argmax,
+    # _to_copy, argmax, clamp_min, clamp_min_,
     # batch norm (cuDNN off: on CUDA
     # resnet18's reaches cudnn_batch_norm), softmax, log_softmax; embedding is GPT-2's.
     def __init__(self):
@@ -163,7 +163,8 @@ class Small(torch.nn.Module):
         h = torch.cat([h, h.transpose(1, 2).contiguous().transpose(1, 2)], 0)   # cat, clone
         return {"softmax": torch.softmax(h, dim=-1), "log_softmax": torch.log_softmax(h, dim=1), "h": h,
                 "safe_softmax": torch.ops.aten._safe_softmax(h, -1),   # math attention's softmax
-                "argmax": h.argmax(-1)}                                 # greedy decoding's next token
+                "argmax": h.argmax(-1),                                 # greedy decoding's next token
+                "clamp": h.clamp_min(-0.25) + h.clone().clamp_min_(0.0)}
 
 torch.manual_seed(0)
 out = {}
@@ -274,7 +275,7 @@ xb = torch.randn(2, 6, dtype=torch.bfloat16)   # not .to(): _to_copy is intercep
 img = torch.randn(2, 8, 5, 5)
 w8, b8 = torch.randn(8), torch.randn(8)
 m8, v8 = torch.randn(8), torch.empty(8).uniform_(0.5, 1.5)   # no intercepted operator
-xr, xa, xm, xm2 = torch.randn(4, 8), torch.randn(4, 8), torch.randn(4, 8), torch.randn(4, 8)   # written in place
+xr, xa, xm, xm2, xc = (torch.randn(4, 8) for _ in range(5))   # written in place
 n0 = torch.randn(0, 8)                     # no elements: null data pointer
 ix = torch.tensor([[0, 3], [2, 2]])        # int64 indices into a [4, 2] table
 cases = [
@@ -325,6 +326,8 @@ cases = [
     (45, lambda: x.to("cpu", torch.float64),           ["aten::_to_copy", "", [T(x), [4, 7], [0], [6, "cpu"], [0], [3, False], [0]]]),
     (46, lambda: x.argmax(-1),                         ["aten::argmax", "", [T(x), [4, -1], [3, False]]]),
     (47, lambda: torch.argmax(xd, keepdim=True),       ["aten::argmax", "", [T(xd), [0], [3, True]]]),
+    (48, lambda: x.clamp_min(1e-6),                    ["aten::clamp_min", "", [T(x), [5, 1e-6]]]),
+    (49, lambda: xc.clamp_min_(0),                     ["aten::clamp_min_", "", [T(xc), [4, 0]]]),
 ]
 arch = os.environ["KFORGE_TEST_ARCH"]
 expected = {}

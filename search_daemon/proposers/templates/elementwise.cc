@@ -7,9 +7,9 @@
 //             shape. When `other` is a Python number (a 0-dimensional CPU tensor: `x * 0.5`), the
 //             unary kernel instead, with the number read at each call (a value binding: Note
 //             [Tensor values] in runtime/kernel_spec.cc), so one kernel serves every value.
-//             mul.Scalar (a Scalar `other`, as the math attention path scales by) takes the same
-//             unary kernel with the number as a scalar argument.
-// In-place variants (relu_, add_.Tensor, mul_.Tensor: Note [In-place outputs] in
+//             mul.Scalar (a Scalar `other`, as the math attention path scales by) and clamp_min
+//             (a Scalar `min`) take the same unary kernel with the number as a scalar argument.
+// In-place variants (relu_, add_.Tensor, mul_.Tensor, clamp_min_: Note [In-place outputs] in
 // runtime/kernel_spec.cc) take the same kernels with the output bound to `self` (OutputSpec::
 // in_place(0)): each thread reads its elements before it writes them, and the pointers lose
 // __restrict__ (KF_RESTRICT), since `self` is read and written through two of them. They claim a
@@ -31,7 +31,7 @@ enum class Pointwise : uint8_t {
   kGelu, kSilu, kRelu, kSigmoid, kTanh, kHardswish,   // unary
   kNeg, kRsqrt, kExp, kPow,
   kAdd, kSub, kMul, kDiv,                             // two tensors, broadcast
-  kMulScalar,                                         // a tensor and a Scalar
+  kMulScalar, kClampMin,                              // a tensor and a Scalar
 };
 
 struct PointwiseInfo {
@@ -59,13 +59,14 @@ constexpr PointwiseInfo kInfo[] = {
     {Pointwise::kMul, "aten::mul", "Tensor", "mul", 2, "aten::mul_"},
     {Pointwise::kDiv, "aten::div", "Tensor", "div", 3, ""},
     {Pointwise::kMulScalar, "aten::mul", "Scalar", "mul_scalar", 2, ""},
+    {Pointwise::kClampMin, "aten::clamp_min", "", "clamp_min", 4, "aten::clamp_min_"},
 };
 
 const PointwiseInfo& info(Pointwise op) { return kInfo[static_cast<size_t>(op)]; }
 bool is_binary(Pointwise op) { return op >= Pointwise::kAdd; }
 bool has_alpha(Pointwise op) { return op == Pointwise::kAdd || op == Pointwise::kSub; }
-// The other operand is a Scalar argument (mul.Scalar), not a tensor.
-bool scalar_other(Pointwise op) { return op == Pointwise::kMulScalar; }
+// The other operand is a Scalar argument (mul.Scalar, clamp_min's min), not a tensor.
+bool scalar_other(Pointwise op) { return op == Pointwise::kMulScalar || op == Pointwise::kClampMin; }
 
 // The element formulas, shared by the CUDA and CPU sources (KF_DEVICE is __device__ or empty).
 const char* const kPointwiseFormulas = R"kf(
@@ -136,7 +137,8 @@ static KF_DEVICE inline float kf_op(float x, float s, float alpha) {
 
 // The binary formula, shared by the broadcasting kernel and the unary one with a number.
 const char* const kBinaryOp = R"kf(
-// KF_BIN: 0 a + alpha * b, 1 a - alpha * b, 2 a * b, 3 a / b.
+// KF_BIN: 0 a + alpha * b, 1 a - alpha * b, 2 a * b, 3 a / b, 4 clamp_min(a, b): a NaN either
+// side gives NaN (PyTorch fills the result with a NaN min; a NaN element stays), and -0.0 stays.
 #if KF_BIN <= 1
 #define KF_ALPHA 1
 #else
@@ -150,8 +152,10 @@ static KF_DEVICE inline float kf_bin(float a, float b, float alpha) {
   return a - alpha * b;
 #elif KF_BIN == 2
   return a * b;
-#else
+#elif KF_BIN == 3
   return a / b;
+#else
+  return a != a ? a : b != b ? b : a < b ? b : a;
 #endif
 }
 )kf";
@@ -516,6 +520,7 @@ bool matches_op(const OpSignature& sig, Pointwise op, Backend backend) {
     case Pointwise::kPow:
       return sig.args.size() == 2 && pow_exponent(sig).has_value();
     case Pointwise::kMulScalar:
+    case Pointwise::kClampMin:
       return sig.args.size() == 2 && is_number(sig.args[1]);
     case Pointwise::kAdd:
     case Pointwise::kSub:
@@ -722,14 +727,17 @@ const FamilyRegistration kRegistered{
     make_cuda<Pointwise::kNeg>, make_cuda<Pointwise::kRsqrt>, make_cuda<Pointwise::kExp>, make_cuda<Pointwise::kPow>,
     make_cuda<Pointwise::kAdd>, make_cuda<Pointwise::kSub>,
     make_cuda<Pointwise::kMul>, make_cuda<Pointwise::kDiv>, make_cuda<Pointwise::kMulScalar>,
+    make_cuda<Pointwise::kClampMin>,
     make_cpu<Pointwise::kGelu>, make_cpu<Pointwise::kSilu>, make_cpu<Pointwise::kRelu>,
     make_cpu<Pointwise::kSigmoid>, make_cpu<Pointwise::kTanh>, make_cpu<Pointwise::kHardswish>,
     make_cpu<Pointwise::kNeg>, make_cpu<Pointwise::kRsqrt>, make_cpu<Pointwise::kExp>, make_cpu<Pointwise::kPow>,
     make_cpu<Pointwise::kAdd>, make_cpu<Pointwise::kSub>,
     make_cpu<Pointwise::kMul>, make_cpu<Pointwise::kDiv>, make_cpu<Pointwise::kMulScalar>,
+    make_cpu<Pointwise::kClampMin>,
     // The in-place variants (PointwiseInfo::in_place): "relu_", "cpu.relu_", ...
     make_cuda<Pointwise::kRelu, true>, make_cuda<Pointwise::kAdd, true>, make_cuda<Pointwise::kMul, true>,
     make_cpu<Pointwise::kRelu, true>, make_cpu<Pointwise::kAdd, true>, make_cpu<Pointwise::kMul, true>,
+    make_cuda<Pointwise::kClampMin, true>, make_cpu<Pointwise::kClampMin, true>,
 };
 
 }  // namespace kforge::search::templates

@@ -425,6 +425,29 @@ extern "C" void softmax_rows(const kforge_cpu_block* b, void* const* p) {
     c.push_back(Case{"a reduction that drops the tail", std::move(s), EvalStatus::kVerifyFailed, "accuracy", "normal",
                      "", 60000, row_sum});
   }
+  {
+    // Right wherever a row's maximum is unique; on ties (a row of zeros) the last index, not the first.
+    OpSignature row_argmax{"aten::argmax", "",
+                           {Arg::tensor(matrix(DeviceType::kCpu, {kRows, kCols})), Arg::integer(-1), Arg::boolean(false)},
+                           target_for(B, sm.target.arch)};
+    KernelSpec s = row_spec(B, R"(
+#include "runtime/cpu_kernel_abi.h"
+extern "C" void softmax_rows(const kforge_cpu_block* b, void* const* p) {
+  const float* x = *(const float* const*)p[0];
+  int64_t* y = *(int64_t* const*)p[1];
+  const int64_t cols = *(const int64_t*)p[2];
+  const float* xr = x + (int64_t)b->block_idx[0] * cols;
+  int64_t at = 0;
+  for (int64_t c = 1; c < cols && xr[at] == xr[at]; ++c) {   // the first NaN ends the row, as in PyTorch
+    if (xr[c] != xr[c] || xr[c] >= xr[at]) at = c;             // >=: the last of equal maxima
+  }
+  y[b->block_idx[0]] = at;
+}
+)");
+    s.plan.outputs = {OutputSpec::explicit_layout(DType::kInt64, {"size0_0"}, {"1"})};
+    c.push_back(Case{"an argmax that returns the last of equal maxima", std::move(s), EvalStatus::kVerifyFailed,
+                     "accuracy", "zeros", "values differ", 60000, row_argmax});
+  }
   // The CPU's "another stream": work that outlives the launch on a thread of its own.
   add("launches work outside the launch (a thread)", row_spec(B, cpu_softmax("pthread_t t; pthread_create(&t, 0, work, 0);",
                                                                               "#include <pthread.h>\nstatic void* work(void*) { return 0; }\n")),

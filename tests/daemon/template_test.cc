@@ -201,8 +201,8 @@ OpSignature binary(const std::string& op, Backend b, DType t, std::vector<int64_
 }
 
 // _safe_softmax over the last dimension, dtype None.
-OpSignature safe_softmax(Backend b, DType t, std::vector<int64_t> sizes) {
-  return OpSignature{"aten::_safe_softmax", "", {Arg::tensor(tensor(b, t, sizes)), Arg::integer(-1), Arg::none()}, target(b)};
+OpSignature safe_softmax(Backend b, DType t, std::vector<int64_t> sizes, int64_t dim = -1) {
+  return OpSignature{"aten::_safe_softmax", "", {Arg::tensor(tensor(b, t, sizes)), Arg::integer(dim), Arg::none()}, target(b)};
 }
 
 // _to_copy of `t` to the dtype of ScalarType code `code` (6 float32, 5 float16, 15 bfloat16, 7
@@ -241,6 +241,9 @@ std::vector<OpSignature> signatures(Backend b) {
       out.push_back(softmax(b, t, {37, 1000}, log));
       out.push_back(softmax(b, t, {2, 3, 5, 33}, log, 3));
       out.push_back(softmax(b, t, {50257}, log));
+      out.push_back(softmax(b, t, {2, 3, 77}, log, 1));                      // not the last dimension
+      out.push_back(softmax(b, t, {4, 8, 5, 5}, log, -3));                   // over the channels of NCHW
+      out.push_back(softmax(b, t, {33, 7}, log, 0));
     }
     out.push_back(layer_norm(b, t, {3, 7, 768}));
     out.push_back(layer_norm(b, t, {5, 37}, false, true));
@@ -419,7 +422,8 @@ TEST_CASE("templates: supports() accepts exactly the signatures some family hand
   const Backend G = Backend::kCuda, C = Backend::kCpu;
   const DType F = DType::kFloat32;
   std::vector<OpSignature> refused = {
-      softmax(G, F, {8, 64}, false, 0),                          // not the last dimension
+      softmax(G, F, {8, 64}, false, 2),                          // no dimension 2
+      softmax(C, F, {8, 64, 1}, false, 1),                       // inner 1: the last dimension in all but name
       softmax(C, DType::kFloat16, {8, 64}),                      // 16-bit types only on CUDA
       softmax(G, DType::kFloat64, {8, 64}),
       softmax(G, F, {0, 64}),                                    // empty
@@ -856,6 +860,7 @@ TEST_CASE("templates: the CUDA families compile with NVRTC for sm_90 over their 
     for (bool log : {false, true}) {
       sigs.push_back(softmax(Backend::kCuda, d, {512, 1024}, log));
       sigs.push_back(softmax(Backend::kCuda, d, {512, 1000}, log));
+      sigs.push_back(softmax(Backend::kCuda, d, {8, 64, 32, 32}, log, 1));
     }
     sigs.push_back(layer_norm(Backend::kCuda, d, {512, 1024}));
     sigs.push_back(layer_norm(Backend::kCuda, d, {512, 1000}, false, false));
@@ -1044,8 +1049,10 @@ void verify_all(const std::string& device, const std::vector<std::pair<OpSignatu
 // -inf and NaN (NaN out), mostly -inf, one finite, and normal: every instance of the family must
 // pass; the same kernels without KF_SAFE (plain softmax: NaN for the -inf rows) must fail there
 // with nan_inf_positions, so the captured trial is what decides (Note [Safe softmax]).
-void check_safe_softmax_rows(const std::string& device, Backend b, const std::string& arch) {
-  OpSignature sig = safe_softmax(b, DType::kFloat32, {6, 33});
+// With `columns`, the same values as the columns of a [33, 6] tensor normalized over dim 0
+// (dim_softmax.cc's families).
+void check_safe_softmax_rows(const std::string& device, Backend b, const std::string& arch, bool columns = false) {
+  OpSignature sig = columns ? safe_softmax(b, DType::kFloat32, {33, 6}, 0) : safe_softmax(b, DType::kFloat32, {6, 33});
   sig.target.arch = arch;
   std::vector<float> x(6 * 33);
   std::mt19937 rng(7);
@@ -1064,6 +1071,15 @@ void check_safe_softmax_rows(const std::string& device, Backend b, const std::st
   t.dtype = DType::kFloat32;
   t.sizes = {6, 33};
   t.strides = {33, 1};
+  if (columns) {
+    std::vector<float> xt(x.size());
+    for (int r = 0; r < 6; ++r) {
+      for (int c = 0; c < 33; ++c) xt[c * 6 + r] = x[r * 33 + c];
+    }
+    x = std::move(xt);
+    t.sizes = {33, 6};
+    t.strides = {6, 1};
+  }
   t.bytes.assign(reinterpret_cast<const char*>(x.data()), x.size() * sizeof(float));
   cap.tensors = {t};
 
@@ -1242,11 +1258,13 @@ TEST_CASE("templates: CUDA property sweep: odd layouts are served correctly or r
 
 TEST_CASE("templates: safe_softmax writes 0 for rows of -inf and NaN for rows with a NaN, on the CPU", "[cpu]") {
   check_safe_softmax_rows("cpu", Backend::kCpu, cpu_host_environment("").arch);
+  check_safe_softmax_rows("cpu", Backend::kCpu, cpu_host_environment("").arch, true);
 }
 
 TEST_CASE("templates: safe_softmax writes 0 for rows of -inf and NaN for rows with a NaN, on CUDA", "[gpu]") {
   const std::string arch = env_or_empty("KFORGE_TEST_CUDA_ARCH").empty() ? "sm_90" : env_or_empty("KFORGE_TEST_CUDA_ARCH");
   check_safe_softmax_rows("cuda:0", Backend::kCuda, arch);
+  check_safe_softmax_rows("cuda:0", Backend::kCuda, arch, true);
 }
 
 TEST_CASE("templates: CPU instances of every family pass the worker's verification", "[cpu]") {
@@ -1267,6 +1285,8 @@ TEST_CASE("templates: CPU instances of every family pass the worker's verificati
   for (bool log : {false, true}) {
     plan(softmax(B, F, {37, 1001}, log), 2, 5);
     plan(softmax(B, F, {2, 3, 77}, log, 2), 2, 2);
+    plan(softmax(B, F, {2, 77, 3}, log, 1), 2, 2);         // not the last dimension (dim_softmax.cc)
+    plan(softmax(B, F, {2, 8, 13, 11}, log, 1), 1, 2);
     plan(softmax(B, F, {1, 5}, log), 1, 1);
   }
   plan(layer_norm(B, F, {19, 769}), 2, 5);
@@ -1326,6 +1346,7 @@ TEST_CASE("templates: CPU instances of every family pass the worker's verificati
   // In place: the result is read through self (Note [Verifying in place] in worker/verifier.cc).
   plan(safe_softmax(B, F, {37, 1001}), 2, 2);
   plan(safe_softmax(B, F, {3, 5, 1}), 1, 0);
+  plan(safe_softmax(B, F, {3, 77, 5}, 1), 1, 1);
   plan(to_copy(B, F, {3, 4099}, 15), 1, 1);
   plan(to_copy(B, DType::kBFloat16, {3, 4099}, 6), 1, 1);
   plan(to_copy(B, F, {7, 33}, 7), 1, 0);
@@ -1354,6 +1375,8 @@ TEST_CASE("templates: CUDA instances of every family pass the worker's verificat
       plan(softmax(B, d, {37, 1000}, log), 4, 3);
       plan(softmax(B, d, {3, 4099}, log), 2, 2);
       plan(softmax(B, d, {2, 3, 40}, log, 2), 2, 2);
+      plan(softmax(B, d, {2, 1000, 7}, log, 1), 2, 1);
+      plan(softmax(B, d, {4, 64, 9, 9}, log, 1), 1, 1);
     }
     for (const OpSignature& s : {softmax(B, d, {37, 40}, false), layer_norm(B, d, {37, 72}, true, false)}) {
       OpSignature t = s;
@@ -1409,6 +1432,7 @@ TEST_CASE("templates: CUDA instances of every family pass the worker's verificat
     plan(argmax(B, d, {2, 50257}, -1), 2, 1);
     plan(argmax(B, d, {3, 5, 77}, std::nullopt), 1, 1);
     plan(safe_softmax(B, d, {37, 1000}), 2, 2);
+    plan(safe_softmax(B, d, {2, 77, 33}, -2), 1, 1);
     for (int64_t code : {6, 5, 15}) plan(to_copy(B, d, {37, 4099}, code), 2, 1);
     plan(safe_softmax(B, d, {2, 8, 33, 4099}), 2, 1);
     plan(in_place(relu(B, d, {2, 64, 28, 28})), 2, 1);

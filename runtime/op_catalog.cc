@@ -210,6 +210,14 @@ constexpr std::array<std::string_view, 1> kCudnnBatchNormFamilies = {"cudnn_batc
 
 // ---- cat -----------------------------------------------------------------------------------------
 
+constexpr std::array<ArgDecl, 4> kUpsampleNearestArgs = {{
+    {"self", R::kData},
+    {"output_size", R::kShape},
+    {"scales_h", R::kScalar},
+    {"scales_w", R::kScalar},
+}};
+constexpr std::array<OutputDecl, 1> kOneResized2d = {{{kOneOut, OutputRule::kResized2d}}};
+constexpr std::array<std::string_view, 2> kUpsampleNearestFamilies = {"upsample_nearest2d", "cpu.upsample_nearest2d"};
 constexpr std::array<ArgDecl, 2> kCatArgs = {{{"tensors", R::kData}, {"dim", R::kDim}}};
 constexpr std::array<OutputDecl, 1> kCatOutputs = {{{kOneOut, OutputRule::kConcat}}};
 constexpr std::array<std::string_view, 2> kCatFamilies = {"cat", "cpu.cat"};
@@ -482,6 +490,16 @@ Output 3 (reserve): cuDNN's reserve space, dtype uint8, in inference empty (size
      "stays NaN; a NaN min makes every element NaN; -0.0 stays -0.0 against min 0. Exact in every dtype.\n"
      KFORGE_IN_PLACE_OUTPUT,
      "", "", kClampMinInplaceFamilies, ""},
+    {"aten::upsample_nearest2d", "",
+     "aten::upsample_nearest2d(Tensor self, SymInt[2] output_size, float? scales_h=None, float? scales_w=None) -> "
+     "Tensor",
+     kUpsampleNearestArgs, kOneResized2d, 1,
+     "Nearest-neighbour resize of self [N, C, H, W] to [N, C, OH, OW] (output_size, argument 1): "
+     "out[n, c, oh, ow] = self[n, c, ih, iw], an exact copy, with ih = min(floor(oh * sh), H - 1) computed in "
+     "float32: sh = (float)(1.0 / scales_h) when scales_h (argument 2) is given and > 0, else (float)H / OH "
+     "(float32 division); likewise iw with W, OW, scales_w (argument 3). (So OH == 2H gives ih = oh / 2.)\n"
+     "Output 0: [N, C, OH, OW], contiguous strides (channels_last when self is channels_last), dtype of self.",
+     "", "aten::upsample_nearest2d.out", kUpsampleNearestFamilies, ""},
 }};
 
 #undef KFORGE_REDUCED_OUTPUT
@@ -757,6 +775,14 @@ std::vector<TensorMeta> expected_outputs(const OpSignature& sig) {
         for (const TensorMeta& t : *list) {
           if (t.sizes.size() == x->sizes.size()) m.sizes[d] += t.sizes[d];
         }
+        break;
+      }
+      case OutputRule::kResized2d: {
+        const auto* out_hw = sig.args.size() > 1 ? std::get_if<std::vector<int64_t>>(&sig.args[1].value) : nullptr;
+        if (out_hw == nullptr || out_hw->size() != 2 || x->sizes.size() < 2) return {};
+        m.sizes = x->sizes;
+        m.sizes[m.sizes.size() - 2] = (*out_hw)[0];
+        m.sizes[m.sizes.size() - 1] = (*out_hw)[1];
         break;
       }
       case OutputRule::kGroupStats: {

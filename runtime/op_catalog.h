@@ -70,7 +70,8 @@
   OP(_to_copy)                                    \
   OP(argmax)                                      \
   OP(clamp_min)                                   \
-  OP(clamp_min_)
+  OP(clamp_min_)                                  \
+  OP(upsample_nearest2d)
 
 namespace kforge::catalog {
 
@@ -149,6 +150,8 @@ enum class OutputRule : uint8_t {
                     // sizes and strides (OutputSpec::in_place in a plan)
   kIndexReduced,    // as kReduced for argument 1 a single dimension (None: all of them), int64:
                     // argmax's indices
+  kResized2d,       // argument 0's sizes with the last two replaced by argument 1 (an int list of 2):
+                    // upsample_nearest2d
 };
 
 struct OutputDecl {

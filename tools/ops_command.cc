@@ -30,6 +30,7 @@ std::string_view output_rule_name(catalog::OutputRule r) {
     case catalog::OutputRule::kSelf: return "self (in place)";
     case catalog::OutputRule::kConverted: return "converted";
     case catalog::OutputRule::kIndexReduced: return "index_reduced (int64)";
+    case catalog::OutputRule::kResized2d: return "resized_2d";
   }
   return "?";
 }

@@ -418,6 +418,14 @@ bool typed_arg(TypedVisit& v, std::optional<int64_t> i) noexcept {
   return typed_arg(v, *i);
 }
 
+bool typed_arg(TypedVisit& v, std::optional<double> d) noexcept {
+  if (!d.has_value()) {
+    v.out.none();
+    return true;
+  }
+  return typed_arg(v, *d);
+}
+
 bool typed_arg(TypedVisit& v, double d) noexcept {
   v.out.real(d);
   return true;

@@ -101,6 +101,11 @@ bool typed_arg(TypedVisit& v, std::optional<c10::Layout> l) noexcept;        // 
 bool typed_arg(TypedVisit& v, std::optional<c10::Device> d) noexcept;        // Device? (None or "cpu", "cuda:0")
 bool typed_arg(TypedVisit& v, std::optional<bool> b) noexcept;               // bool? (None or a bool)
 bool typed_arg(TypedVisit& v, std::optional<int64_t> i) noexcept;            // int? (None or an int: argmax's dim)
+bool typed_arg(TypedVisit& v, std::optional<double> d) noexcept;             // float? (None or a float: upsample's scales)
+// Any other optional: a compile error, not a silent conversion to one of the above (an optional<double>
+// once went to the optional<int64_t> overload, encoding 2.0 as 2).
+template <class T>
+bool typed_arg(TypedVisit& v, const std::optional<T>& o) noexcept = delete;
 
 // `cuda_index` gets the first CUDA tensor's device index (-1 if none).
 template <class... A>

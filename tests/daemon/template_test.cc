@@ -168,6 +168,16 @@ OpSignature clamp_min(Backend b, DType t, std::vector<int64_t> sizes, Arg min) {
   return OpSignature{"aten::clamp_min", "", {Arg::tensor(tensor(b, t, std::move(sizes))), std::move(min)}, target(b)};
 }
 
+// upsample_nearest2d of [N, C, H, W] `sizes` to `out` [OH, OW], with scales_h/scales_w when given.
+OpSignature upsample_nearest(Backend b, DType t, std::vector<int64_t> sizes, std::vector<int64_t> out,
+                             std::optional<double> scale_h = std::nullopt, std::optional<double> scale_w = std::nullopt) {
+  return OpSignature{"aten::upsample_nearest2d",
+                     "",
+                     {Arg::tensor(tensor(b, t, std::move(sizes))), Arg::int_list(std::move(out)),
+                      scale_h ? Arg::real(*scale_h) : Arg::none(), scale_w ? Arg::real(*scale_w) : Arg::none()},
+                     target(b)};
+}
+
 // cat of tensors of `sizes` (one per element) along `dim`.
 OpSignature cat(Backend b, DType t, const std::vector<std::vector<int64_t>>& sizes, int64_t dim) {
   std::vector<TensorMeta> list;
@@ -283,6 +293,9 @@ std::vector<OpSignature> signatures(Backend b) {
     out.push_back(clamp_min(b, t, {4, 1001}, Arg::real(1e-6)));            // a norm's clamp_min(eps)
     out.push_back(clamp_min(b, t, {33}, Arg::integer(0)));
     out.push_back(in_place(clamp_min(b, t, {2, 3, 77}, Arg::real(-0.5))));
+    out.push_back(upsample_nearest(b, t, {2, 8, 7, 9}, {14, 18}, 2.0, 2.0));   // a UNet's 2x upsampling
+    out.push_back(upsample_nearest(b, t, {1, 3, 5, 11}, {7, 4}));                // down and up, no scales
+    out.push_back(upsample_nearest(b, t, {2, 4, 8, 6}, {12, 9}, 1.5, 1.5));
     out.push_back(cat(b, t, {{8, 12, 512, 64}, {8, 12, 1, 64}}, -2));      // a KV cache step
     out.push_back(cat(b, t, {{2, 320, 8, 8}, {2, 640, 8, 8}}, 1));          // a UNet skip
     out.push_back(cat(b, t, {{3}, {5}, {1}}, 0));
@@ -882,6 +895,7 @@ TEST_CASE("templates: the CUDA families compile with NVRTC for sm_90 over their 
     sigs.push_back(mul_scalar(Backend::kCuda, d, {1 << 20}, Arg::real(0.125)));
     sigs.push_back(clamp_min(Backend::kCuda, d, {1 << 20}, Arg::real(1e-6)));
     sigs.push_back(in_place(clamp_min(Backend::kCuda, d, {1 << 20}, Arg::integer(0))));
+    sigs.push_back(upsample_nearest(Backend::kCuda, d, {2, 320, 32, 32}, {64, 64}, 2.0, 2.0));
     sigs.push_back(cat(Backend::kCuda, d, {{8, 12, 512, 64}, {8, 12, 1, 64}}, 2));
     sigs.push_back(cat(Backend::kCuda, d, {{4, 7}, {4, 9}, {4, 1}}, 1));
     for (int64_t n : {1, 2, 3, 4, 5, 6}) {   // every KF_NDIM: dimensions that do not merge
@@ -1322,6 +1336,9 @@ TEST_CASE("templates: CPU instances of every family pass the worker's verificati
   plan(mul_scalar(B, F, {77}, Arg::integer(-2)), 1, 0);
   plan(clamp_min(B, F, {3, 1001}, Arg::real(1e-6)), 1, 1);
   plan(in_place(clamp_min(B, F, {77}, Arg::integer(0))), 1, 0);
+  plan(upsample_nearest(B, F, {2, 8, 13, 7}, {26, 14}, 2.0, 2.0), 1, 1);
+  plan(upsample_nearest(B, F, {1, 3, 10, 11}, {7, 23}), 1, 1);
+  plan(upsample_nearest(B, F, {2, 2, 8, 6}, {12, 9}, 1.5, 1.5), 1, 0);
   plan(cat(B, F, {{2, 3, 33, 16}, {2, 3, 1, 16}}, -2), 1, 1);
   plan(cat(B, F, {{3, 5}, {3, 7}, {3, 1}}, 1), 1, 0);
   plan(cat(B, F, {{2, 5}, {4, 5}}, 0), 1, 0);
@@ -1401,6 +1418,8 @@ TEST_CASE("templates: CUDA instances of every family pass the worker's verificat
     plan(mul_scalar(B, d, {37, 1001}, Arg::real(0.125)), 2, 1);
     plan(clamp_min(B, d, {37, 1001}, Arg::real(1e-6)), 2, 1);
     plan(in_place(clamp_min(B, d, {2, 3, 1001}, Arg::real(-0.5))), 1, 1);
+    plan(upsample_nearest(B, d, {2, 64, 16, 16}, {32, 32}, 2.0, 2.0), 2, 1);
+    plan(upsample_nearest(B, d, {1, 3, 10, 11}, {7, 23}), 1, 1);
     plan(cat(B, d, {{4, 6, 129, 64}, {4, 6, 1, 64}}, 2), 2, 2);
     plan(cat(B, d, {{2, 24, 9, 9}, {2, 40, 9, 9}}, 1), 2, 1);
     plan(cat(B, d, {{3, 5}, {3, 7}, {3, 1}}, -1), 1, 1);

@@ -110,6 +110,18 @@ std::string_view device_text(const c10::Device& d, char (&buf)[24]) noexcept {
   return n > 0 && n < static_cast<int>(sizeof buf) ? std::string_view(buf, static_cast<size_t>(n)) : std::string_view();
 }
 
+// Note [A device argument's target]
+// A call whose tensors are all on the CPU can still be a CUDA call: PyTorch dispatches
+// `_to_copy(cpu_tensor, device="cuda:0")` (every `.to("cuda")`, every Module.to of a CPU model) to
+// the CUDA key, as the copy's destination decides. Its target is then that device: a Device
+// argument naming a CUDA device with an index sets cuda_index when no CUDA tensor before it has.
+// Without this such calls had no CUDA target, were counted as unknown, and (the first call of an
+// operator being the one a thread always observes) used up _to_copy@CUDA's first sight on a
+// model's weights moving to the GPU, so the model's own casts on the GPU went unseen.
+void note_device_target(const c10::Device& d, int& cuda_index) noexcept {
+  if (cuda_index < 0 && d.is_cuda() && d.has_index()) cuda_index = d.index();
+}
+
 // Note [One classification, two encoders]
 // visit_args() decides what each argument is and hands it to a sink: WriterSink writes the
 // canonical bytes (fast path), BuilderSink builds the OpSignature (slow path). Because the
@@ -149,6 +161,7 @@ bool visit_arg(const c10::IValue& v, Sink& sink, int& cuda_index) {
     char buf[24];
     const std::string_view s = device_text(v.toDevice(), buf);
     if (s.empty()) return false;
+    note_device_target(v.toDevice(), cuda_index);
     sink.string(s);
     return true;
   }
@@ -397,6 +410,7 @@ bool typed_arg(TypedVisit& v, std::optional<c10::Device> d) noexcept {
   char buf[24];
   const std::string_view s = device_text(*d, buf);
   if (s.empty()) return false;
+  note_device_target(*d, v.cuda_index);
   v.out.string(s);
   return true;
 }

@@ -218,6 +218,19 @@ constexpr std::array<ArgDecl, 4> kUpsampleNearestArgs = {{
 }};
 constexpr std::array<OutputDecl, 1> kOneResized2d = {{{kOneOut, OutputRule::kResized2d}}};
 constexpr std::array<std::string_view, 2> kUpsampleNearestFamilies = {"upsample_nearest2d", "cpu.upsample_nearest2d"};
+constexpr std::array<ArgDecl, 6> kMaxPoolArgs = {{
+    {"self", R::kData},
+    {"kernel_size", R::kShape},
+    {"stride", R::kShape},
+    {"padding", R::kShape},
+    {"dilation", R::kShape},
+    {"ceil_mode", R::kMode},
+}};
+constexpr std::array<OutputDecl, 2> kMaxPoolOutputs = {{
+    {"out", OutputRule::kPooled2d},
+    {"indices", OutputRule::kPooled2dIndices},
+}};
+constexpr std::array<std::string_view, 2> kMaxPoolFamilies = {"max_pool2d", "cpu.max_pool2d"};
 constexpr std::array<ArgDecl, 2> kCatArgs = {{{"tensors", R::kData}, {"dim", R::kDim}}};
 constexpr std::array<OutputDecl, 1> kCatOutputs = {{{kOneOut, OutputRule::kConcat}}};
 constexpr std::array<std::string_view, 2> kCatFamilies = {"cat", "cpu.cat"};
@@ -500,6 +513,14 @@ Output 3 (reserve): cuDNN's reserve space, dtype uint8, in inference empty (size
      "(float32 division); likewise iw with W, OW, scales_w (argument 3). (So OH == 2H gives ih = oh / 2.)\n"
      "Output 0: [N, C, OH, OW], contiguous strides (channels_last when self is channels_last), dtype of self.",
      "", "aten::upsample_nearest2d.out", kUpsampleNearestFamilies, ""},
+    {"aten::max_pool2d_with_indices", "",
+     "aten::max_pool2d_with_indices(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, int[2] "
+     "dilation=1, bool ceil_mode=False) -> (Tensor, Tensor)",
+     kMaxPoolArgs, kMaxPoolOutputs, 1,
+     R"txt(2D max pooling of self [N, C, H, W] (what resnet's stem and F.max_pool2d call). kernel_size, stride, padding, dilation (arguments 1-4): one int for both dimensions or [h, w]; stride [] means kernel_size. Output size per dimension: floor((H + 2 * pad - dil * (k - 1) - 1 + (ceil_mode ? s - 1 : 0)) / s) + 1, one less with ceil_mode when that last window would start at or past H + pad. Window of output (oh, ow): rows h = oh * s - pad + i * dil (i = 0..k-1) inside [0, H), likewise columns. Walk the window row by row, each row left to right, starting from maxval = -inf and maxidx = the first in-bounds element's h * W + w; take an element when val > maxval or val is NaN (so ties keep the first maximum, and a window with NaNs gives its last NaN); compare in float32 for float16/bfloat16.
+Output 0 (out): [N, C, OH, OW], contiguous strides, dtype of self: maxval, exactly an input value.
+Output 1 (indices): [N, C, OH, OW], contiguous, int64: maxidx, the flat index h * W + w within the [H, W] plane; compared exactly.)txt",
+     "", "aten::max_pool2d_with_indices.out", kMaxPoolFamilies, ""},
 }};
 
 #undef KFORGE_REDUCED_OUTPUT
@@ -652,6 +673,44 @@ std::string incomplete(const OpEntry& e) {
   return "";
 }
 
+std::optional<Pool2d> pool2d_geometry(const OpSignature& sig) noexcept {
+  const TensorMeta* x = tensor_at(sig, 0);
+  if (x == nullptr || x->sizes.size() < 3 || sig.args.size() != 6) return std::nullopt;
+  // One int or [h, w]; `empty_as` for an empty list (stride: the kernel's).
+  auto pair = [&](size_t i, std::optional<std::pair<int64_t, int64_t>> empty_as) -> std::optional<std::pair<int64_t, int64_t>> {
+    const auto* l = std::get_if<std::vector<int64_t>>(&sig.args[i].value);
+    if (l == nullptr) return std::nullopt;
+    if (l->empty()) return empty_as;
+    if (l->size() == 1) return std::make_pair((*l)[0], (*l)[0]);
+    if (l->size() == 2) return std::make_pair((*l)[0], (*l)[1]);
+    return std::nullopt;
+  };
+  const auto k = pair(1, std::nullopt);
+  if (!k) return std::nullopt;
+  const auto st = pair(2, k);
+  const auto pad = pair(3, std::nullopt);
+  const auto dil = pair(4, std::nullopt);
+  const auto* ceil = std::get_if<bool>(&sig.args[5].value);
+  if (!st || !pad || !dil || ceil == nullptr) return std::nullopt;
+  Pool2d g;
+  g.kh = k->first, g.kw = k->second, g.sh = st->first, g.sw = st->second;
+  g.ph = pad->first, g.pw = pad->second, g.dh = dil->first, g.dw = dil->second;
+  g.h = x->sizes[x->sizes.size() - 2];
+  g.w = x->sizes[x->sizes.size() - 1];
+  if (g.kh <= 0 || g.kw <= 0 || g.sh <= 0 || g.sw <= 0 || g.dh <= 0 || g.dw <= 0 || g.ph < 0 || g.pw < 0) return std::nullopt;
+  if (g.ph > g.kh / 2 || g.pw > g.kw / 2) return std::nullopt;   // PyTorch: pad should be at most half of kernel size
+  auto out = [&](int64_t in, int64_t kk, int64_t p, int64_t s, int64_t d) {
+    const int64_t num = in + 2 * p - d * (kk - 1) - 1 + (*ceil ? s - 1 : 0);
+    int64_t o = (num >= 0 ? num / s : -((-num + s - 1) / s)) + 1;   // floor division
+    if (*ceil && (o - 1) * s >= in + p) --o;
+    return o;
+  };
+  g.oh = out(g.h, g.kh, g.ph, g.sh, g.dh);
+  g.ow = out(g.w, g.kw, g.pw, g.sw, g.dw);
+  if (g.oh <= 0 || g.ow <= 0) return std::nullopt;
+  return g;
+}
+
 std::vector<TensorMeta> expected_outputs(const OpSignature& sig) {
   std::vector<TensorMeta> out;
   const OpEntry* e = find(sig);
@@ -783,6 +842,16 @@ std::vector<TensorMeta> expected_outputs(const OpSignature& sig) {
         m.sizes = x->sizes;
         m.sizes[m.sizes.size() - 2] = (*out_hw)[0];
         m.sizes[m.sizes.size() - 1] = (*out_hw)[1];
+        break;
+      }
+      case OutputRule::kPooled2d:
+      case OutputRule::kPooled2dIndices: {
+        const std::optional<Pool2d> g = pool2d_geometry(sig);
+        if (!g) return {};
+        m.sizes = x->sizes;
+        m.sizes[m.sizes.size() - 2] = g->oh;
+        m.sizes[m.sizes.size() - 1] = g->ow;
+        if (o.rule == OutputRule::kPooled2dIndices) m.dtype = DType::kInt64;
         break;
       }
       case OutputRule::kGroupStats: {

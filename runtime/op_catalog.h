@@ -71,7 +71,8 @@
   OP(argmax)                                      \
   OP(clamp_min)                                   \
   OP(clamp_min_)                                  \
-  OP(upsample_nearest2d)
+  OP(upsample_nearest2d)                          \
+  OP(max_pool2d_with_indices)
 
 namespace kforge::catalog {
 
@@ -152,6 +153,9 @@ enum class OutputRule : uint8_t {
                     // argmax's indices
   kResized2d,       // argument 0's sizes with the last two replaced by argument 1 (an int list of 2):
                     // upsample_nearest2d
+  kPooled2d,        // argument 0's sizes with the last two the pooled ones (pool2d_geometry), its
+                    // dtype: max_pool2d_with_indices' values
+  kPooled2dIndices, // the same sizes, int64: max_pool2d_with_indices' indices
 };
 
 struct OutputDecl {
@@ -195,6 +199,17 @@ std::string incomplete(const OpEntry& e);
 // The DType of a c10::ScalarType code as operators take it (dtype=: 6 float32, 5 float16, 15
 // bfloat16, 7 float64, ...), or nullopt for a code kforge has no DType for.
 std::optional<DType> dtype_of_scalar_type(int64_t code) noexcept;
+
+// max_pool2d_with_indices' window geometry from its arguments 1-5 (kernel_size, stride, padding,
+// dilation: one int or two; stride [] means the kernel's; ceil_mode) over argument 0's last two
+// dimensions, with PyTorch's output size (pooling_output_shape: the ceil_mode result shortened when
+// its last window would start in the padding). nullopt where PyTorch refuses the arguments (a
+// padding over half the kernel, an output of no rows, a non-positive size) or they do not fit.
+struct Pool2d {
+  int64_t kh = 0, kw = 0, sh = 0, sw = 0, ph = 0, pw = 0, dh = 0, dw = 0;
+  int64_t h = 0, w = 0, oh = 0, ow = 0;   // input and output height and width
+};
+std::optional<Pool2d> pool2d_geometry(const OpSignature& sig) noexcept;
 
 // The sizes and dtype of each output of a call of `sig` (OutputRule); empty for an operator that
 // is not in the catalog or arguments that do not fit its schema.

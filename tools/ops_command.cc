@@ -31,6 +31,8 @@ std::string_view output_rule_name(catalog::OutputRule r) {
     case catalog::OutputRule::kConverted: return "converted";
     case catalog::OutputRule::kIndexReduced: return "index_reduced (int64)";
     case catalog::OutputRule::kResized2d: return "resized_2d";
+    case catalog::OutputRule::kPooled2d: return "pooled_2d";
+    case catalog::OutputRule::kPooled2dIndices: return "pooled_2d_indices (int64)";
   }
   return "?";
 }

@@ -231,6 +231,8 @@ constexpr std::array<OutputDecl, 2> kMaxPoolOutputs = {{
     {"indices", OutputRule::kPooled2dIndices},
 }};
 constexpr std::array<std::string_view, 2> kMaxPoolFamilies = {"max_pool2d", "cpu.max_pool2d"};
+constexpr std::array<ArgDecl, 3> kCumsumArgs = {{{"self", R::kData}, {"dim", R::kDim}, {"dtype", R::kResultType}}};
+constexpr std::array<std::string_view, 2> kCumsumFamilies = {"cumsum", "cpu.cumsum"};
 constexpr std::array<ArgDecl, 2> kCatArgs = {{{"tensors", R::kData}, {"dim", R::kDim}}};
 constexpr std::array<OutputDecl, 1> kCatOutputs = {{{kOneOut, OutputRule::kConcat}}};
 constexpr std::array<std::string_view, 2> kCatFamilies = {"cat", "cpu.cat"};
@@ -521,6 +523,14 @@ Output 3 (reserve): cuDNN's reserve space, dtype uint8, in inference empty (size
 Output 0 (out): [N, C, OH, OW], contiguous strides, dtype of self: maxval, exactly an input value.
 Output 1 (indices): [N, C, OH, OW], contiguous, int64: maxidx, the flat index h * W + w within the [H, W] plane; compared exactly.)txt",
      "", "aten::max_pool2d_with_indices.out", kMaxPoolFamilies, ""},
+    {"aten::cumsum", "", "aten::cumsum(Tensor self, int dim, *, ScalarType? dtype=None) -> Tensor", kCumsumArgs,
+     kOneLikeInput, 1,
+     "Cumulative sum along dim (argument 1; negative counts from the end): out[..., i, ...] = the sum of "
+     "self[..., 0..i, ...] along that dimension. Accumulate in float32 or better for float16/bfloat16 input "
+     "(PyTorch's CPU kernel sums float32 in float64, its CUDA kernel in float32), and round each prefix on its "
+     "own. dtype (argument 2), when given, converts self first (integer and bool inputs give int64 when it "
+     "is None).\n" KFORGE_LIKE_SELF_OUTPUT,
+     "aten::cumsum_", "aten::cumsum.out", kCumsumFamilies, ""},
 }};
 
 #undef KFORGE_REDUCED_OUTPUT

@@ -72,7 +72,8 @@
   OP(clamp_min)                                   \
   OP(clamp_min_)                                  \
   OP(upsample_nearest2d)                          \
-  OP(max_pool2d_with_indices)
+  OP(max_pool2d_with_indices)                     \
+  OP(cumsum)
 
 namespace kforge::catalog {
 

@@ -188,6 +188,12 @@ OpSignature max_pool(Backend b, DType t, std::vector<int64_t> sizes, std::vector
                      target(b)};
 }
 
+// cumsum along `dim`, dtype None.
+OpSignature cumsum(Backend b, DType t, std::vector<int64_t> sizes, int64_t dim) {
+  return OpSignature{"aten::cumsum", "", {Arg::tensor(tensor(b, t, std::move(sizes))), Arg::integer(dim), Arg::none()},
+                     target(b)};
+}
+
 // cat of tensors of `sizes` (one per element) along `dim`.
 OpSignature cat(Backend b, DType t, const std::vector<std::vector<int64_t>>& sizes, int64_t dim) {
   std::vector<TensorMeta> list;
@@ -309,6 +315,9 @@ std::vector<OpSignature> signatures(Backend b) {
     out.push_back(max_pool(b, t, {2, 16, 28, 28}, {3, 3}, {2, 2}, {1, 1}));          // resnet's stem
     out.push_back(max_pool(b, t, {1, 3, 11, 9}, {2}, {}, {0}, {1}, true));         // ceil_mode, stride []
     out.push_back(max_pool(b, t, {1, 2, 10, 13}, {3, 2}, {1, 2}, {1, 1}, {2, 1}));  // dilated, uneven
+    out.push_back(cumsum(b, t, {4, 1001}, -1));
+    out.push_back(cumsum(b, t, {2, 77, 33}, 1));
+    out.push_back(cumsum(b, t, {129}, 0));
     out.push_back(cat(b, t, {{8, 12, 512, 64}, {8, 12, 1, 64}}, -2));      // a KV cache step
     out.push_back(cat(b, t, {{2, 320, 8, 8}, {2, 640, 8, 8}}, 1));          // a UNet skip
     out.push_back(cat(b, t, {{3}, {5}, {1}}, 0));
@@ -910,6 +919,7 @@ TEST_CASE("templates: the CUDA families compile with NVRTC for sm_90 over their 
     sigs.push_back(in_place(clamp_min(Backend::kCuda, d, {1 << 20}, Arg::integer(0))));
     sigs.push_back(upsample_nearest(Backend::kCuda, d, {2, 320, 32, 32}, {64, 64}, 2.0, 2.0));
     sigs.push_back(max_pool(Backend::kCuda, d, {8, 64, 112, 112}, {3, 3}, {2, 2}, {1, 1}));
+    sigs.push_back(cumsum(Backend::kCuda, d, {64, 4096}, -1));
     sigs.push_back(cat(Backend::kCuda, d, {{8, 12, 512, 64}, {8, 12, 1, 64}}, 2));
     sigs.push_back(cat(Backend::kCuda, d, {{4, 7}, {4, 9}, {4, 1}}, 1));
     for (int64_t n : {1, 2, 3, 4, 5, 6}) {   // every KF_NDIM: dimensions that do not merge
@@ -1356,6 +1366,8 @@ TEST_CASE("templates: CPU instances of every family pass the worker's verificati
   plan(max_pool(B, F, {2, 8, 28, 28}, {3, 3}, {2, 2}, {1, 1}), 1, 1);
   plan(max_pool(B, F, {1, 3, 11, 9}, {2}, {}, {0}, {1}, true), 1, 0);
   plan(max_pool(B, F, {1, 2, 10, 13}, {3, 2}, {1, 2}, {1, 1}, {2, 1}), 1, 0);
+  plan(cumsum(B, F, {7, 1001}, -1), 1, 0);
+  plan(cumsum(B, F, {2, 300, 33}, 1), 1, 1);
   plan(cat(B, F, {{2, 3, 33, 16}, {2, 3, 1, 16}}, -2), 1, 1);
   plan(cat(B, F, {{3, 5}, {3, 7}, {3, 1}}, 1), 1, 0);
   plan(cat(B, F, {{2, 5}, {4, 5}}, 0), 1, 0);
@@ -1439,6 +1451,8 @@ TEST_CASE("templates: CUDA instances of every family pass the worker's verificat
     plan(upsample_nearest(B, d, {1, 3, 10, 11}, {7, 23}), 1, 1);
     plan(max_pool(B, d, {2, 64, 56, 56}, {3, 3}, {2, 2}, {1, 1}), 2, 1);
     plan(max_pool(B, d, {1, 3, 11, 9}, {2}, {}, {0}, {1}, true), 1, 1);
+    plan(cumsum(B, d, {7, 1001}, -1), 1, 1);
+    plan(cumsum(B, d, {2, 300, 33}, 1), 1, 1);
     plan(cat(B, d, {{4, 6, 129, 64}, {4, 6, 1, 64}}, 2), 2, 2);
     plan(cat(B, d, {{2, 24, 9, 9}, {2, 40, 9, 9}}, 1), 2, 1);
     plan(cat(B, d, {{3, 5}, {3, 7}, {3, 1}}, -1), 1, 1);

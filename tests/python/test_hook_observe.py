@@ -131,7 +131,7 @@ if DEV == "cuda":
 class Small(torch.nn.Module):
     # Every catalog operator, on CPU: layer_norm, group_norm, gelu, silu, add, relu, sigmoid, tanh,
     # hardswish, sub, mul (Tensor, Scalar), div, mean, amax, sum, neg, rsqrt, exp, pow, relu_, add_, mul_, _safe_softmax,
-    # _to_copy, argmax, clamp_min, clamp_min_, upsample_nearest2d, max_pool2d_with_indices,
+    # _to_copy, argmax, clamp_min, clamp_min_, upsample_nearest2d, max_pool2d_with_indices, cumsum,
     # batch norm (cuDNN off: on CUDA
     # resnet18's reaches cudnn_batch_norm), softmax, log_softmax; embedding is GPT-2's.
     def __init__(self):
@@ -166,7 +166,8 @@ class Small(torch.nn.Module):
                 "argmax": h.argmax(-1),                                 # greedy decoding's next token
                 "clamp": h.clamp_min(-0.25) + h.clone().clamp_min_(0.0),
                 "upsample": F.interpolate(h.unsqueeze(1), scale_factor=2.0),   # a UNet decoder's nearest 2x
-                "max_pool": F.max_pool2d(h.unsqueeze(1), 3, 2, 1)}             # resnet's stem
+                "max_pool": F.max_pool2d(h.unsqueeze(1), 3, 2, 1),             # resnet's stem
+                "cumsum": h.cumsum(-1)}
 
 torch.manual_seed(0)
 out = {}
@@ -331,6 +332,7 @@ cases = [
     (48, lambda: x.clamp_min(1e-6),                    ["aten::clamp_min", "", [T(x), [5, 1e-6]]]),
     (49, lambda: xc.clamp_min_(0),                     ["aten::clamp_min_", "", [T(xc), [4, 0]]]),
     (50, lambda: F.interpolate(img, scale_factor=2.0), ["aten::upsample_nearest2d", "", [T(img), [7, [10, 10]], [5, 2.0], [5, 2.0]]]),
+    (52, lambda: x.cumsum(0),                          ["aten::cumsum", "", [T(x), [4, 0], [0]]]),
     (51, lambda: F.max_pool2d(img, 3, 2, 1),          ["aten::max_pool2d_with_indices", "", [T(img), [7, [3, 3]], [7, [2, 2]], [7, [1, 1]], [7, [1, 1]], [3, False]]]),
 ]
 arch = os.environ["KFORGE_TEST_ARCH"]

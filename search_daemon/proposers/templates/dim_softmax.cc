@@ -146,27 +146,8 @@ int64_t softmax_dim(const OpSignature& sig, Softmax kind, Backend backend) {
   const auto rank = static_cast<int64_t>(x->sizes.size());
   if (*dim < -rank || *dim >= rank) return -1;
   const int64_t d = *dim < 0 ? *dim + rank : *dim;
-  int64_t inner = 1;
-  for (int64_t i = d + 1; i < rank; ++i) inner *= x->sizes[static_cast<size_t>(i)];
-  return inner > 1 ? d : -1;   // inner 1: a last-dimension softmax in all but name (row_softmax.cc)
-}
-
-// Launch-plan expressions of [outer, len, inner] for dimension d of tensor argument 0.
-struct DimExprs {
-  std::string outer, len, inner;
-};
-DimExprs dim_exprs(const TensorMeta& x, int64_t d) {
-  DimExprs e;
-  auto product = [&](size_t from, size_t to) {
-    std::string p;
-    for (size_t i = from; i < to; ++i) p += (p.empty() ? "" : " * ") + size_name(0, i);
-    return p.empty() ? std::string("1") : p;
-  };
-  const auto du = static_cast<size_t>(d);
-  e.outer = product(0, du);
-  e.len = size_name(0, du);
-  e.inner = product(du + 1, x.sizes.size());
-  return e;
+  // inner 1: a last-dimension softmax in all but name (row_softmax.cc)
+  return split_at_dim(*x, d).inner_size > 1 ? d : -1;
 }
 
 std::vector<std::string> kind_defines(Softmax kind) {
@@ -196,7 +177,7 @@ class DimSoftmaxCuda final : public FamilyBase {
 
   KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {
     const TensorMeta& x = *tensor_arg(sig, 0);
-    const DimExprs e = dim_exprs(x, softmax_dim(sig, kind_, Backend::kCuda));
+    const DimSplit e = split_at_dim(x, softmax_dim(sig, kind_, Backend::kCuda));
     std::vector<std::string> options = {dtype_define(x.dtype), define("KF_BLOCK", v[0])};
     for (std::string& d : kind_defines(kind_)) options.push_back(std::move(d));
     KernelSpec s = one_launch_spec(Backend::kCuda, std::string(kCudaPrelude) + kCudaDimSoftmax, "kf_dim_softmax", options);
@@ -225,11 +206,7 @@ class DimSoftmaxCpu final : public FamilyBase {
   bool applies(const OpSignature& sig) const override { return softmax_dim(sig, kind_, Backend::kCpu) >= 0; }
 
   bool valid(const OpSignature& sig, std::span<const int64_t> v) const override {
-    const TensorMeta& x = *tensor_arg(sig, 0);
-    int64_t inner = 1;
-    for (size_t i = static_cast<size_t>(softmax_dim(sig, kind_, Backend::kCpu)) + 1; i < x.sizes.size(); ++i) {
-      inner *= x.sizes[i];
-    }
+    const int64_t inner = split_at_dim(*tensor_arg(sig, 0), softmax_dim(sig, kind_, Backend::kCpu)).inner_size;
     return v[0] <= std::max<int64_t>(8, pow2_ceil(inner));
   }
 
@@ -240,7 +217,7 @@ class DimSoftmaxCpu final : public FamilyBase {
 
   KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {
     const TensorMeta& x = *tensor_arg(sig, 0);
-    const DimExprs e = dim_exprs(x, softmax_dim(sig, kind_, Backend::kCpu));
+    const DimSplit e = split_at_dim(x, softmax_dim(sig, kind_, Backend::kCpu));
     std::vector<std::string> options = cpu_base_options(sig);
     options.push_back(define("KF_CHUNK", v[0]));
     for (std::string& d : kind_defines(kind_)) options.push_back(std::move(d));

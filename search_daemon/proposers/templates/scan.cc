@@ -66,26 +66,6 @@ int64_t cumsum_dim(const OpSignature& sig, Backend backend) {
   return *dim < 0 ? *dim + rank : *dim;
 }
 
-// Launch-plan expressions of [outer, len, inner] for dimension d of tensor argument 0.
-struct ScanExprs {
-  std::string outer, len, inner;
-};
-ScanExprs scan_exprs(const TensorMeta& x, int64_t d) {
-  auto product = [&](size_t from, size_t to) {
-    std::string p;
-    for (size_t i = from; i < to; ++i) p += (p.empty() ? "" : " * ") + size_name(0, i);
-    return p.empty() ? std::string("1") : p;
-  };
-  const auto du = static_cast<size_t>(d);
-  return {product(0, du), size_name(0, du), product(du + 1, x.sizes.size())};
-}
-
-int64_t inner_of(const TensorMeta& x, int64_t d) {
-  int64_t inner = 1;
-  for (size_t i = static_cast<size_t>(d) + 1; i < x.sizes.size(); ++i) inner *= x.sizes[i];
-  return inner;
-}
-
 // ---- CUDA ------------------------------------------------------------------------------------------
 
 class CumsumCuda final : public FamilyBase {
@@ -107,7 +87,7 @@ class CumsumCuda final : public FamilyBase {
 
   KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {
     const TensorMeta& x = *tensor_arg(sig, 0);
-    const ScanExprs e = scan_exprs(x, cumsum_dim(sig, Backend::kCuda));
+    const DimSplit e = split_at_dim(x, cumsum_dim(sig, Backend::kCuda));
     KernelSpec s = one_launch_spec(Backend::kCuda, std::string(kCudaPrelude) + kCudaCumsum, "kf_cumsum",
                                    {dtype_define(x.dtype), define("KF_BLOCK", v[0])});
     s.plan.outputs = {OutputSpec::like(0)};
@@ -130,8 +110,7 @@ class CumsumCpu final : public FamilyBase {
   bool applies(const OpSignature& sig) const override { return cumsum_dim(sig, Backend::kCpu) >= 0; }
 
   bool valid(const OpSignature& sig, std::span<const int64_t> v) const override {
-    const TensorMeta& x = *tensor_arg(sig, 0);
-    const int64_t inner = inner_of(x, cumsum_dim(sig, Backend::kCpu));
+    const int64_t inner = split_at_dim(*tensor_arg(sig, 0), cumsum_dim(sig, Backend::kCpu)).inner_size;
     return inner == 1 ? v[0] == 1 : v[0] > 1 && v[0] <= std::max<int64_t>(8, pow2_ceil(inner));
   }
 
@@ -142,7 +121,7 @@ class CumsumCpu final : public FamilyBase {
 
   KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {
     const TensorMeta& x = *tensor_arg(sig, 0);
-    const ScanExprs e = scan_exprs(x, cumsum_dim(sig, Backend::kCpu));
+    const DimSplit e = split_at_dim(x, cumsum_dim(sig, Backend::kCpu));
     std::vector<std::string> options = cpu_base_options(sig);
     options.push_back(define("KF_CHUNK", v[0]));
     KernelSpec s = one_launch_spec(Backend::kCpu, std::string(kCpuPrelude) + kCpuCumsum, "kf_cumsum", options);

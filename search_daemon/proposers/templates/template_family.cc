@@ -37,6 +37,18 @@ std::string size_name(size_t arg, size_t dim) { return "size" + std::to_string(a
 std::string cols_expr(const TensorMeta& t) { return size_name(0, t.sizes.size() - 1); }
 std::string rows_expr(const TensorMeta& t) { return "numel0 / " + cols_expr(t); }
 
+DimSplit split_at_dim(const TensorMeta& t, int64_t dim) {
+  auto product = [&](size_t from, size_t to) {
+    std::string p;
+    for (size_t i = from; i < to; ++i) p += (p.empty() ? "" : " * ") + size_name(0, i);
+    return p.empty() ? std::string("1") : p;
+  };
+  const auto d = static_cast<size_t>(dim);
+  DimSplit s{product(0, d), size_name(0, d), product(d + 1, t.sizes.size())};
+  for (size_t i = d + 1; i < t.sizes.size(); ++i) s.inner_size *= t.sizes[i];
+  return s;
+}
+
 bool vector_fits(const OpSignature& sig, int64_t vec) {
   for (const Arg& a : sig.args) {
     const auto* t = std::get_if<TensorMeta>(&a.value);

@@ -84,6 +84,14 @@ std::string size_name(size_t arg, size_t dim);
 // The launch-plan names of the last dimension and of the row count of tensor argument 0.
 std::string cols_expr(const TensorMeta& t);
 std::string rows_expr(const TensorMeta& t);
+// Tensor argument 0 seen as [outer, len, inner] around its dimension `dim`: len its size there,
+// outer and inner the products of the sizes before and after it (1 when there are none), as
+// launch-plan expressions, and inner's value (softmax over a dimension, cumsum).
+struct DimSplit {
+  std::string outer, len, inner;
+  int64_t inner_size = 1;
+};
+DimSplit split_at_dim(const TensorMeta& t, int64_t dim);
 // Whether a vector access of `vec` elements is allowed for every tensor argument of `sig`: the
 // vector is at most 16 bytes and every tensor's pointer alignment is a multiple of it. (Outputs
 // are fresh allocations, aligned far beyond 16 bytes by both allocators.)

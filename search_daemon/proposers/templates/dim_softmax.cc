@@ -14,6 +14,7 @@
 // NaN, a column of -inf is NaN (softmax) or 0 (KF_SAFE).
 #include <algorithm>
 
+#include "search_daemon/proposers/templates/softmax_call.h"
 #include "search_daemon/proposers/templates/template_family.h"
 
 namespace kforge::search::templates {
@@ -120,38 +121,11 @@ extern "C" void kf_dim_softmax(const kforge_cpu_block* b, void* const* p) {
 }
 )kf";
 
-enum class Softmax : uint8_t { kSoftmax, kLog, kSafe };
-
-const char* aten_name(Softmax k) {
-  return k == Softmax::kLog ? "aten::_log_softmax" : k == Softmax::kSafe ? "aten::_safe_softmax" : "aten::_softmax";
-}
-
-std::string family_name(Softmax k, Backend b) {
-  const std::string base = k == Softmax::kLog ? "log_softmax_dim" : k == Softmax::kSafe ? "safe_softmax_dim" : "softmax_dim";
-  return b == Backend::kCpu ? "cpu." + base : base;
-}
-
-// The normalized dimension of a signature these families take, or -1.
+// The normalized dimension of a signature these families take, or -1: inner 1 is a last-dimension
+// softmax in all but name (row_softmax.cc's).
 int64_t softmax_dim(const OpSignature& sig, Softmax kind, Backend backend) {
-  if (sig.op != aten_name(kind) || !sig.overload.empty() || sig.args.size() != 3) return -1;
-  const TensorMeta* x = tensor_arg(sig, 0);
-  const int64_t* dim = int_arg(sig, 1);
-  if (!template_tensor(x, backend) || dim == nullptr) return -1;
-  if (kind == Softmax::kSafe) {
-    if (!std::holds_alternative<std::monostate>(sig.args[2].value)) return -1;   // dtype None only
-  } else {
-    const bool* half_to_float = std::get_if<bool>(&sig.args[2].value);
-    if (half_to_float == nullptr || *half_to_float) return -1;
-  }
-  const auto rank = static_cast<int64_t>(x->sizes.size());
-  if (*dim < -rank || *dim >= rank) return -1;
-  const int64_t d = *dim < 0 ? *dim + rank : *dim;
-  // inner 1: a last-dimension softmax in all but name (row_softmax.cc)
-  return split_at_dim(*x, d).inner_size > 1 ? d : -1;
-}
-
-std::vector<std::string> kind_defines(Softmax kind) {
-  return {define("KF_LOG", kind == Softmax::kLog ? 1 : 0), define("KF_SAFE", kind == Softmax::kSafe ? 1 : 0)};
+  const int64_t d = softmax_call_dim(sig, kind, backend);
+  return d >= 0 && split_at_dim(*tensor_arg(sig, 0), d).inner_size > 1 ? d : -1;
 }
 
 // ---- CUDA ------------------------------------------------------------------------------------------
@@ -159,7 +133,7 @@ std::vector<std::string> kind_defines(Softmax kind) {
 class DimSoftmaxCuda final : public FamilyBase {
  public:
   explicit DimSoftmaxCuda(Softmax kind)
-      : FamilyBase(family_name(kind, Backend::kCuda), Backend::kCuda, {Knob{"block", {64, 128, 256, 512}, {}}}),
+      : FamilyBase(softmax_family_name(kind, Backend::kCuda, "_dim"), Backend::kCuda, {Knob{"block", {64, 128, 256, 512}, {}}}),
         kind_(kind) {}
 
   bool applies(const OpSignature& sig) const override { return softmax_dim(sig, kind_, Backend::kCuda) >= 0; }
@@ -179,7 +153,7 @@ class DimSoftmaxCuda final : public FamilyBase {
     const TensorMeta& x = *tensor_arg(sig, 0);
     const DimSplit e = split_at_dim(x, softmax_dim(sig, kind_, Backend::kCuda));
     std::vector<std::string> options = {dtype_define(x.dtype), define("KF_BLOCK", v[0])};
-    for (std::string& d : kind_defines(kind_)) options.push_back(std::move(d));
+    for (std::string& d : softmax_kind_defines(kind_)) options.push_back(std::move(d));
     KernelSpec s = one_launch_spec(Backend::kCuda, std::string(kCudaPrelude) + kCudaDimSoftmax, "kf_dim_softmax", options);
     s.plan.outputs = {OutputSpec::like(0)};
     Launch& l = s.plan.launches[0];
@@ -200,7 +174,7 @@ class DimSoftmaxCuda final : public FamilyBase {
 class DimSoftmaxCpu final : public FamilyBase {
  public:
   explicit DimSoftmaxCpu(Softmax kind)
-      : FamilyBase(family_name(kind, Backend::kCpu), Backend::kCpu, {Knob{"chunk", {8, 16, 32, 64, 128}, {}}}),
+      : FamilyBase(softmax_family_name(kind, Backend::kCpu, "_dim"), Backend::kCpu, {Knob{"chunk", {8, 16, 32, 64, 128}, {}}}),
         kind_(kind) {}
 
   bool applies(const OpSignature& sig) const override { return softmax_dim(sig, kind_, Backend::kCpu) >= 0; }
@@ -220,7 +194,7 @@ class DimSoftmaxCpu final : public FamilyBase {
     const DimSplit e = split_at_dim(x, softmax_dim(sig, kind_, Backend::kCpu));
     std::vector<std::string> options = cpu_base_options(sig);
     options.push_back(define("KF_CHUNK", v[0]));
-    for (std::string& d : kind_defines(kind_)) options.push_back(std::move(d));
+    for (std::string& d : softmax_kind_defines(kind_)) options.push_back(std::move(d));
     KernelSpec s = one_launch_spec(Backend::kCpu, std::string(kCpuPrelude) + kCpuDimSoftmax, "kf_dim_softmax", options);
     s.plan.outputs = {OutputSpec::like(0)};
     Launch& l = s.plan.launches[0];

@@ -3,6 +3,7 @@
 // source per backend; KF_LOG picks log_softmax, KF_SAFE _safe_softmax (Note [Safe softmax]).
 #include <algorithm>
 
+#include "search_daemon/proposers/templates/softmax_call.h"
 #include "search_daemon/proposers/templates/template_family.h"
 
 namespace kforge::search::templates {
@@ -316,30 +317,9 @@ extern "C" void kf_softmax(const kforge_cpu_block* b, void* const* p) {
 }
 )kf";
 
-enum class Softmax : uint8_t { kSoftmax, kLog, kSafe };
-
-const char* aten_name(Softmax k) {
-  return k == Softmax::kLog ? "aten::_log_softmax" : k == Softmax::kSafe ? "aten::_safe_softmax" : "aten::_softmax";
-}
-
-std::string family_name(Softmax k, Backend b) {
-  const std::string base = k == Softmax::kLog ? "log_softmax" : k == Softmax::kSafe ? "safe_softmax" : "softmax";
-  return b == Backend::kCpu ? "cpu." + base : base;
-}
-
 bool softmax_signature(const OpSignature& sig, Softmax kind, Backend backend) {
-  if (sig.op != aten_name(kind) || !sig.overload.empty() || sig.args.size() != 3) return false;
-  const TensorMeta* x = tensor_arg(sig, 0);
-  const int64_t* dim = int_arg(sig, 1);
-  if (!template_tensor(x, backend) || dim == nullptr) return false;
-  if (kind == Softmax::kSafe) {
-    if (!std::holds_alternative<std::monostate>(sig.args[2].value)) return false;   // dtype None only
-  } else {
-    const bool* half_to_float = std::get_if<bool>(&sig.args[2].value);
-    if (half_to_float == nullptr || *half_to_float) return false;
-  }
-  const auto last = static_cast<int64_t>(x->sizes.size()) - 1;
-  return *dim == -1 || *dim == last;
+  const int64_t d = softmax_call_dim(sig, kind, backend);
+  return d >= 0 && d == static_cast<int64_t>(tensor_arg(sig, 0)->sizes.size()) - 1;
 }
 
 // ---- CUDA ------------------------------------------------------------------------------------------
@@ -347,15 +327,15 @@ bool softmax_signature(const OpSignature& sig, Softmax kind, Backend backend) {
 class SoftmaxCuda final : public CudaRowFamily {
  public:
   explicit SoftmaxCuda(Softmax kind)
-      : CudaRowFamily(family_name(kind, Backend::kCuda), {"two_pass", "online"}), kind_(kind) {}
+      : CudaRowFamily(softmax_family_name(kind, Backend::kCuda), {"two_pass", "online"}), kind_(kind) {}
 
   bool applies(const OpSignature& sig) const override { return softmax_signature(sig, kind_, Backend::kCuda); }
 
   KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {
     const TensorMeta& x = *tensor_arg(sig, 0);
-    std::vector<std::string> options = {dtype_define(x.dtype), define("KF_LOG", kind_ == Softmax::kLog ? 1 : 0),
-                                        define("KF_SAFE", kind_ == Softmax::kSafe ? 1 : 0),
-                                        define("KF_ONLINE", v[kAlgo])};
+    std::vector<std::string> options = {dtype_define(x.dtype)};
+    for (std::string& d : softmax_kind_defines(kind_)) options.push_back(std::move(d));
+    options.push_back(define("KF_ONLINE", v[kAlgo]));
     KernelSpec s = one_launch_spec(Backend::kCuda, "", "kf_softmax", {});
     Launch& l = s.plan.launches[0];
     map_rows(x, v, options, l);
@@ -384,7 +364,7 @@ enum SoftmaxCpuKnob : size_t { kCpuAlgo, kCpuRows, kCpuLanes };
 class SoftmaxCpu final : public FamilyBase {
  public:
   explicit SoftmaxCpu(Softmax kind)
-      : FamilyBase(family_name(kind, Backend::kCpu), Backend::kCpu,
+      : FamilyBase(softmax_family_name(kind, Backend::kCpu), Backend::kCpu,
                    {Knob{"algo", {0, 1}, {"two_pass", "online"}},
                     Knob{"rows", {1, 2, 4, 8, 16, 32, 64}, {}},
                     Knob{"lanes", {1, 4, 8, 16}, {}}}),
@@ -407,8 +387,8 @@ class SoftmaxCpu final : public FamilyBase {
   KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {
     const TensorMeta& x = *tensor_arg(sig, 0);
     std::vector<std::string> options = cpu_base_options(sig);
-    for (std::string o : {define("KF_LOG", kind_ == Softmax::kLog ? 1 : 0), define("KF_SAFE", kind_ == Softmax::kSafe ? 1 : 0),
-                          define("KF_ONLINE", v[kCpuAlgo]),
+    for (std::string& d : softmax_kind_defines(kind_)) options.push_back(std::move(d));
+    for (std::string o : {define("KF_ONLINE", v[kCpuAlgo]),
                           define("KF_ROWS", v[kCpuRows]), define("KF_LANES", v[kCpuLanes])}) {
       options.push_back(std::move(o));
     }
@@ -426,6 +406,35 @@ class SoftmaxCpu final : public FamilyBase {
 };
 
 }  // namespace
+
+std::string softmax_family_name(Softmax kind, Backend backend, std::string_view suffix) {
+  const std::string base =
+      std::string(kind == Softmax::kLog ? "log_softmax" : kind == Softmax::kSafe ? "safe_softmax" : "softmax") +
+      std::string(suffix);
+  return backend == Backend::kCpu ? "cpu." + base : base;
+}
+
+int64_t softmax_call_dim(const OpSignature& sig, Softmax kind, Backend backend) {
+  const char* op =
+      kind == Softmax::kLog ? "aten::_log_softmax" : kind == Softmax::kSafe ? "aten::_safe_softmax" : "aten::_softmax";
+  if (sig.op != op || !sig.overload.empty() || sig.args.size() != 3) return -1;
+  const TensorMeta* x = tensor_arg(sig, 0);
+  const int64_t* dim = int_arg(sig, 1);
+  if (!template_tensor(x, backend) || dim == nullptr) return -1;
+  if (kind == Softmax::kSafe) {
+    if (!std::holds_alternative<std::monostate>(sig.args[2].value)) return -1;   // dtype None only
+  } else {
+    const bool* half_to_float = std::get_if<bool>(&sig.args[2].value);
+    if (half_to_float == nullptr || *half_to_float) return -1;
+  }
+  const auto rank = static_cast<int64_t>(x->sizes.size());
+  if (*dim < -rank || *dim >= rank) return -1;
+  return *dim < 0 ? *dim + rank : *dim;
+}
+
+std::vector<std::string> softmax_kind_defines(Softmax kind) {
+  return {define("KF_LOG", kind == Softmax::kLog ? 1 : 0), define("KF_SAFE", kind == Softmax::kSafe ? 1 : 0)};
+}
 
 // aten::_softmax, aten::_log_softmax and aten::_safe_softmax over the last dimension (catalog
 // families "softmax", "log_softmax", "safe_softmax" and their "cpu." twins).

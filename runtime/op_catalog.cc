@@ -796,15 +796,16 @@ std::vector<TensorMeta> expected_outputs(const OpSignature& sig) {
         if (o.rule == OutputRule::kIndexReduced) {
           m.dtype = DType::kInt64;
           if (const int64_t* d = int_at(sig, 1)) {
-            one_dim = {rank == 0 && (*d == 0 || *d == -1) ? -1 : *d};   // a 0-dimensional self takes 0 or -1
+            one_dim = {*d};
             dims = &one_dim;
           }
         }
         bool any = false;
         if (dims != nullptr) {
+          const int64_t wrap = std::max<int64_t>(rank, 1);   // a 0-dimensional self takes 0 or -1
           for (int64_t d : *dims) {
-            if (rank == 0) break;
-            if (d < -rank || d >= rank) return {};
+            if (d < -wrap || d >= wrap) return {};
+            if (rank == 0) continue;   // nothing to reduce
             reduced[static_cast<size_t>(d < 0 ? d + rank : d)] = any = true;
           }
         }

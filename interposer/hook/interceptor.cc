@@ -230,7 +230,6 @@ struct TypedInterceptor<R(A...)> {
 
   // Note [Interceptor fast path]: the unobserved call, all of it.
   static R call(InterceptedOp& op, c10::DispatchKeySet keys, A... args) {
-
     HookThread& t = hook_thread();
     const uint32_t weight = observe(op, t);
     if (weight == 0) [[likely]] {

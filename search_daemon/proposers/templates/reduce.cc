@@ -151,7 +151,6 @@ extern "C" void kf_reduce_rows(const kforge_cpu_block* blk, void* const* p) {
   const int64_t r0 = (int64_t)blk->block_idx[0] * KF_ROWS;
   const int64_t r1 = r0 + KF_ROWS < rows ? r0 + KF_ROWS : rows;
   const int64_t body = cols - cols % KF_LANES;
-  (void)body;
   for (int64_t r = r0; r < r1; ++r) {
     const float* __restrict__ xr = x + r * cols;
 #if KF_RED == 3
@@ -179,7 +178,7 @@ extern "C" void kf_reduce_rows(const kforge_cpu_block* blk, void* const* p) {
       const float v = xr[c];
       if (v != v) {
         first_nan = c;
-      } else if (v > m[0] || (v == m[0] && (mi[0] == INT64_MAX || c < mi[0]))) {
+      } else if (v > m[0] || (v == m[0] && mi[0] == INT64_MAX)) {
         m[0] = v;
         mi[0] = c;
       }

@@ -186,6 +186,7 @@ struct ClientState {
   std::atomic<uint64_t> dropped_unsendable{0};
   std::atomic<uint64_t> received{0};
   std::atomic<uint64_t> received_malformed{0};
+  std::atomic<bool> connected{false};   // mirrors the client thread's connected_ (for connected())
 
   LogOnce log_malformed;
   LogOnce log_callback_threw;
@@ -312,9 +313,11 @@ class ClientThread {
       }
       if (id == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
         connected_ = true;
+        state_.connected.store(true, std::memory_order_relaxed);
         if (!conn_.hello_bytes.empty()) send_bytes(conn_.hello_bytes);
       } else if (id == ZMQ_EVENT_DISCONNECTED) {
         connected_ = false;
+        state_.connected.store(false, std::memory_order_relaxed);
       } else if (id == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL || id == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ||
                  id == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
         // Typically a CURVE key that is not the daemon's: nothing gets through until it is fixed.
@@ -529,6 +532,10 @@ bool DaemonClient::offer(wire::WireMessage message) noexcept {
   // Note [Waking the client thread]
   if (!state.wake_pending.exchange(true, std::memory_order_acq_rel)) state.wakeup.signal();
   return true;
+}
+
+bool DaemonClient::connected() const noexcept {
+  return impl_->state->connected.load(std::memory_order_relaxed);
 }
 
 DaemonClient::Counters DaemonClient::counters() const noexcept {

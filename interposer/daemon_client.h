@@ -80,6 +80,10 @@ class DaemonClient {
 
   bool offer(wire::WireMessage message) noexcept;   // true if queued
   Counters counters() const noexcept;
+  // A daemon has completed the handshake and not disconnected, as the client thread last saw it.
+  // A message offered while this is false is dropped as unsendable; one that must not be lost
+  // (the hook's captured inputs) waits with its owner until this is true.
+  bool connected() const noexcept;
   // Idempotent; a second call, even a concurrent one, returns at once. The Goodbye carries
   // getpid() and `goodbye_reason` ("interpreter exit", "kforge disabled: <why>").
   void stop(std::string_view goodbye_reason = "client stopped") noexcept;

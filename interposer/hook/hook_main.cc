@@ -352,7 +352,8 @@ std::string stats_json() {
                   {"client_sent", st.client_sent},
                   {"client_dropped", st.client_dropped},
                   {"extras_offered", st.extras_offered},
-                  {"extras_refused", st.extras_refused}};
+                  {"extras_refused", st.extras_refused},
+                  {"extras_held", st.extras_held}};
   const InputSampler::Counters in = hook->sampler->counters();
   j["inputs"] = {{"capture", hook->sampler->capture()},
                  {"sampled", in.sampled},

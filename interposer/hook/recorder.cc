@@ -240,6 +240,7 @@ RecorderStats Recorder::stats() const {
   st.reports_offered = reports_offered_;
   st.extras_offered = extras_offered_;
   st.extras_refused = extras_refused_;
+  st.extras_held = extras_held_;
   st.client_running = client_ != nullptr;
   st.client_error = client_error_;
   if (client_ != nullptr) {
@@ -431,11 +432,7 @@ void Recorder::build_and_offer_reports() {
       resend_all_ = true;
     }
   }
-  for (wire::WireMessage& m : extras.messages) {
-    const bool offered = client != nullptr && client->offer(std::move(m));
-    std::lock_guard<std::mutex> lock(mu_);
-    ++(offered ? extras_offered_ : extras_refused_);
-  }
+  offer_extras(client, std::move(extras.messages));
   if (options_.on_round) {
     try {
       options_.on_round(fresh);
@@ -443,6 +440,50 @@ void Recorder::build_and_offer_reports() {
       // on_round promises not to throw; nothing to do if it did.
     }
   }
+}
+
+// Note [Extras wait for a daemon]
+// A report dropped before the daemon connects is sent again (counts are cumulative), but a
+// message of before_round (CapturedInputs: a sample taken once) would be gone for good. The
+// client drops what it is offered while no daemon is connected, which is the usual state in the
+// first milliseconds of a process, or whenever the daemon restarts. So these messages wait here,
+// in arrival order, until DaemonClient::connected(); beyond kMaxHeldExtras messages or
+// kMaxHeldExtraBytes of captured tensors the oldest are given up (counted as refused). Reporter
+// thread only.
+void Recorder::offer_extras(DaemonClient* client, std::vector<wire::WireMessage> messages) noexcept {
+  uint64_t given_up = 0;
+  uint64_t offered = 0;
+  try {
+    const auto bytes_of = [](const wire::WireMessage& m) {
+      size_t n = 0;
+      if (const auto* c = std::get_if<wire::CapturedInputs>(&m)) {
+        for (const wire::CapturedTensor& t : c->tensors) n += t.bytes.size();
+      }
+      return n;
+    };
+    for (wire::WireMessage& m : messages) {
+      held_extra_bytes_ += bytes_of(m);
+      held_extras_.push_back(std::move(m));
+    }
+    while (!held_extras_.empty() &&
+           (client == nullptr || held_extras_.size() > kMaxHeldExtras || held_extra_bytes_ > kMaxHeldExtraBytes)) {
+      held_extra_bytes_ -= bytes_of(held_extras_.front());
+      held_extras_.pop_front();
+      ++given_up;
+    }
+    while (!held_extras_.empty() && client->connected()) {
+      held_extra_bytes_ -= bytes_of(held_extras_.front());
+      const bool ok = client->offer(std::move(held_extras_.front()));
+      held_extras_.pop_front();
+      ++(ok ? offered : given_up);
+    }
+  } catch (...) {
+    // Out of memory while holding: what is held stays (bounded); this round's new ones may be lost.
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  extras_offered_ += offered;
+  extras_refused_ += given_up;
+  extras_held_ = held_extras_.size();
 }
 
 void Recorder::shutdown() noexcept {

@@ -28,6 +28,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -174,7 +175,8 @@ struct RecorderStats {
   uint64_t reports_built = 0;
   uint64_t reports_offered = 0;          // accepted by DaemonClient::offer
   uint64_t extras_offered = 0;           // before_round's messages accepted by DaemonClient::offer
-  uint64_t extras_refused = 0;           // ... refused (no client, queue full): not sent
+  uint64_t extras_refused = 0;           // ... given up (no client, queue full, over the held bound)
+  uint64_t extras_held = 0;              // ... waiting for a daemon to connect (Note [Extras wait for a daemon])
   bool client_running = false;
   uint64_t client_sent = 0;              // messages (Hello, reports) the client sent
   uint64_t client_dropped = 0;           // messages the client dropped (queue full or unsendable)
@@ -266,6 +268,7 @@ class Recorder {
   void reporter_main(uint64_t generation);
   void start_reporter_locked();
   void build_and_offer_reports();
+  void offer_extras(DaemonClient* client, std::vector<wire::WireMessage> messages) noexcept;
   void shutdown() noexcept;   // atexit: final report, Goodbye, join
 
   static void before_fork() noexcept;
@@ -308,6 +311,12 @@ class Recorder {
   std::unordered_map<SignatureId, std::pair<uint64_t, uint64_t>, IdHash> device_timed_;   // calls, ns
   uint64_t extras_offered_ = 0;
   uint64_t extras_refused_ = 0;
+  // Note [Extras wait for a daemon]: before_round's messages not yet offered (reporter thread only).
+  static constexpr size_t kMaxHeldExtras = 32;
+  static constexpr size_t kMaxHeldExtraBytes = size_t{128} << 20;
+  std::deque<wire::WireMessage> held_extras_;
+  size_t held_extra_bytes_ = 0;
+  uint64_t extras_held_ = 0;         // held_extras_.size() as of the last round (guarded by mu_)
   uint64_t drops_seen_ = 0;          // the client's drop count at the last round (guarded by mu_)
   bool resend_all_ = false;          // an offer was refused: report everything next round
   std::vector<std::string> gpus_in_use_;                  // the last round's

@@ -491,6 +491,28 @@ TEST_CASE("a daemon that is killed and restarted on the same endpoint gets the H
   CHECK(second.receive() == WireMessage(Goodbye{static_cast<int32_t>(::getpid()), "interpreter exit"}));
 }
 
+TEST_CASE("connected() is false until a daemon completes the handshake, and false again once it is gone") {
+  TempDir dir{"kforge-client"};
+  const std::string endpoint = ("ipc://" + (dir / "daemon.sock"));
+  auto client = start_client(options_for(endpoint));
+  const auto becomes = [&](bool want) {
+    const Clock::time_point deadline = Clock::now() + kArrival;
+    while (client->connected() != want && Clock::now() < deadline) std::this_thread::sleep_for(5ms);
+    return client->connected() == want;
+  };
+  std::this_thread::sleep_for(kSchedulingSlack);
+  CHECK_FALSE(client->connected());
+  auto daemon = std::make_unique<FakeDaemon>(endpoint);
+  REQUIRE(daemon->receive() == WireMessage(hello()));
+  CHECK(becomes(true));
+  // Offered once connected() is true: sent (after the Hello), not dropped.
+  CHECK(client->offer(captured()));
+  CHECK(daemon->receive() == WireMessage(captured()));
+  daemon->kill();
+  CHECK(becomes(false));
+  CHECK(client->counters().dropped_unsendable == 0);
+}
+
 TEST_CASE("stop() with a full queue and a daemon that reads nothing returns within the bound, every message accounted for") {
   TempDir dir{"kforge-client"};
   FakeDaemon daemon(("ipc://" + (dir / "daemon.sock")), /*receive_hwm=*/1);

@@ -681,6 +681,71 @@ def test_input_statistics_and_captured_inputs_reach_a_daemon(hook_path, dev, cap
         assert captures == []
 
 
+LATE_DAEMON = """
+torch.manual_seed(0)
+x = torch.randn(6, 10)
+with torch.no_grad():
+    for _ in range(3):
+        torch.softmax(x, -1)
+assert lib.kforge_hook_report_now(20000) == 1   # the capture is made, and no daemon is there
+emit(stats())
+sys.stdin.readline()                            # now one is
+deadline = time.monotonic() + 30
+while stats()["reports"]["extras_held"] and time.monotonic() < deadline:
+    lib.kforge_hook_report_now(1000)
+    time.sleep(0.05)
+torch.save(x, os.environ["KFORGE_TEST_OUT"])
+emit(stats())
+sys.stdin.read()
+"""
+
+
+def test_captured_inputs_wait_for_a_daemon_that_connects_late(hook_path, tmp_path):
+    # A report lost before the daemon connects is sent again, but a captured input is taken once:
+    # it waits in the hook until a daemon is there (Note [Extras wait for a daemon]).
+    zmq = pytest.importorskip("zmq")
+    d = tempfile.mkdtemp(prefix="kf-")
+    endpoint = f"ipc://{d}/daemon.sock"
+    env = child_env(hook_path, KFORGE_DAEMON_ENDPOINT=endpoint, KFORGE_TEST_OUT=tmp_path / "x.pt",
+                    KFORGE_CAPTURE_INPUTS=1, KFORGE_REPORT_INTERVAL_MS=100)
+    proc = subprocess.Popen([sys.executable, "-c", PRELUDE + textwrap.dedent(LATE_DAEMON)], env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    captures = []
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("RESULT "), line + proc.stderr.read()
+        before = json.loads(line[len("RESULT "):])
+        assert before["inputs"]["captured"] == 1
+        assert before["reports"]["extras_held"] == 1 and before["reports"]["extras_offered"] == 0
+        router.bind(endpoint)
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        line = proc.stdout.readline()
+        assert line.startswith("RESULT "), line + proc.stderr.read()
+        after = json.loads(line[len("RESULT "):])
+        assert after["reports"]["extras_held"] == 0 and after["reports"]["extras_offered"] == 1
+        assert after["reports"]["extras_refused"] == 0
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not captures:
+            if router.poll(timeout=500):
+                _, _, mtype, body = msgpack.unpackb(router.recv_multipart()[1])
+                if mtype == 3:
+                    captures.append(decode_capture(body))
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=60)
+        router.close()
+        ctx.term()
+        shutil.rmtree(d, ignore_errors=True)
+    assert proc.returncode == 0
+    (pid, _, tensors), = captures
+    assert pid == proc.pid and set(tensors) == {0}
+    assert torch.equal(tensors[0][0], torch.load(tmp_path / "x.pt"))
+
+
 WORKLOAD = """
 torch.manual_seed(0)
 ln = torch.nn.LayerNorm(64)

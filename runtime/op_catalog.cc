@@ -42,6 +42,8 @@ using R = ArgRole;
 //   cat, clone, _to_copy 1 (a copy: counted as one operation per element)
 //   relu_, add_, mul_    as relu, add, mul; self is read once and written once (its bytes count
 //                        as an input and as the output)
+//   avg_pool2d, _adaptive_avg_pool2d   1 (an add per element read; windows may overlap)
+//   upsample_bilinear2d  8 (weights and three lerps per output element, counted per input element)
 //   embedding            1 per index (a copy: an address computation per row); bytes: indices, and
 //                        the rows gathered (as many as the output) read, not the whole table
 //                        (ArgDecl::gathered, which also leaves the table out of "largest")
@@ -231,6 +233,27 @@ constexpr std::array<OutputDecl, 2> kMaxPoolOutputs = {{
     {"indices", OutputRule::kPooled2dIndices},
 }};
 constexpr std::array<std::string_view, 2> kMaxPoolFamilies = {"max_pool2d", "cpu.max_pool2d"};
+constexpr std::array<ArgDecl, 7> kAvgPoolArgs = {{
+    {"self", R::kData},
+    {"kernel_size", R::kShape},
+    {"stride", R::kShape},
+    {"padding", R::kShape},
+    {"ceil_mode", R::kMode},
+    {"count_include_pad", R::kMode},
+    {"divisor_override", R::kScalar},
+}};
+constexpr std::array<OutputDecl, 1> kOnePooled2d = {{{kOneOut, OutputRule::kPooled2d}}};
+constexpr std::array<std::string_view, 2> kAvgPoolFamilies = {"avg_pool2d", "cpu.avg_pool2d"};
+constexpr std::array<ArgDecl, 2> kAdaptiveAvgPoolArgs = {{{"self", R::kData}, {"output_size", R::kShape}}};
+constexpr std::array<std::string_view, 2> kAdaptiveAvgPoolFamilies = {"adaptive_avg_pool2d", "cpu.adaptive_avg_pool2d"};
+constexpr std::array<ArgDecl, 5> kUpsampleBilinearArgs = {{
+    {"self", R::kData},
+    {"output_size", R::kShape},
+    {"align_corners", R::kMode},
+    {"scales_h", R::kScalar},
+    {"scales_w", R::kScalar},
+}};
+constexpr std::array<std::string_view, 2> kUpsampleBilinearFamilies = {"upsample_bilinear2d", "cpu.upsample_bilinear2d"};
 constexpr std::array<ArgDecl, 3> kCumsumArgs = {{{"self", R::kData}, {"dim", R::kDim}, {"dtype", R::kResultType}}};
 constexpr std::array<std::string_view, 2> kCumsumFamilies = {"cumsum", "cpu.cumsum"};
 constexpr std::array<ArgDecl, 2> kCatArgs = {{{"tensors", R::kData}, {"dim", R::kDim}}};
@@ -531,6 +554,25 @@ Output 1 (indices): [N, C, OH, OW], contiguous, int64: maxidx, the flat index h 
      "own. dtype (argument 2), when given, converts self first (integer and bool inputs give int64 when it "
      "is None).\n" KFORGE_LIKE_SELF_OUTPUT,
      "aten::cumsum_", "aten::cumsum.out", kCumsumFamilies, ""},
+    {"aten::avg_pool2d", "",
+     "aten::avg_pool2d(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, bool ceil_mode=False, "
+     "bool count_include_pad=True, int? divisor_override=None) -> Tensor",
+     kAvgPoolArgs, kOnePooled2d, 1,
+     R"txt(2D average pooling of self [N, C, H, W] (F.avg_pool2d; nn.AvgPool2d). kernel_size, stride, padding (arguments 1-3): one int for both dimensions or [h, w]; stride [] means kernel_size. Output size per dimension: floor((H + 2 * pad - k + (ceil_mode ? s - 1 : 0)) / s) + 1, one less with ceil_mode when that last window would start at or past H + pad. Window of output (oh, ow): hs = oh * s - pad, he = min(hs + k, H + pad), pool_size = (he - hs) * (we - ws) (counting padding); then hs = max(hs, 0), he = min(he, H), likewise columns. out = (the sum of self over rows [hs, he) and columns [ws, we), in float32 for float16/bfloat16) / divisor, the divisor being divisor_override (argument 6) when given, else pool_size when count_include_pad (argument 5), else (he - hs) * (we - ws).
+Output 0: [N, C, OH, OW], contiguous strides (channels_last when self is channels_last), dtype of self.)txt",
+     "", "aten::avg_pool2d.out", kAvgPoolFamilies, ""},
+    {"aten::_adaptive_avg_pool2d", "", "aten::_adaptive_avg_pool2d(Tensor self, SymInt[2] output_size) -> Tensor",
+     kAdaptiveAvgPoolArgs, kOneResized2d, 1,
+     R"txt(Adaptive 2D average pooling of self [N, C, H, W] to [N, C, OH, OW] (output_size, argument 1; what F.adaptive_avg_pool2d calls unless the output is 1x1, which becomes mean over the last two dimensions). Window of output (oh, ow): rows [floor(oh * H / OH), ceil((oh + 1) * H / OH)), columns likewise with W, OW (integer arithmetic; windows may overlap when OH does not divide H). out = the mean of self over the window, summed in float32 for float16/bfloat16.
+Output 0: [N, C, OH, OW], contiguous strides (channels_last when self is channels_last), dtype of self.)txt",
+     "", "aten::_adaptive_avg_pool2d.out", kAdaptiveAvgPoolFamilies, ""},
+    {"aten::upsample_bilinear2d", "",
+     "aten::upsample_bilinear2d(Tensor self, SymInt[2] output_size, bool align_corners, float? scales_h=None, "
+     "float? scales_w=None) -> Tensor",
+     kUpsampleBilinearArgs, kOneResized2d, 8,
+     R"txt(Bilinear resize of self [N, C, H, W] to [N, C, OH, OW] (output_size, argument 1; F.interpolate(mode="bilinear"), antialias off). In float32 (also for float16/bfloat16 input): the row scale rh = align_corners (argument 2) ? (OH > 1 ? (float)(H - 1) / (OH - 1) : 0) : (scales_h (argument 3) given and > 0 ? (float)(1.0 / scales_h) : (float)H / OH); source row r = align_corners ? rh * oh : max(rh * (oh + 0.5) - 0.5, 0); h0 = (int)r, h1 = h0 + (h0 < H - 1 ? 1 : 0), lh = r - h0. Columns likewise (scales_w, argument 4). out = (1 - lh) * ((1 - lw) * x[h0, w0] + lw * x[h0, w1]) + lh * ((1 - lw) * x[h1, w0] + lw * x[h1, w1]), in that order (a weight 0 times an Inf neighbour is NaN, as in PyTorch).
+Output 0: [N, C, OH, OW], contiguous strides (channels_last when self is channels_last), dtype of self.)txt",
+     "", "aten::upsample_bilinear2d.out", kUpsampleBilinearFamilies, ""},
 }};
 
 #undef KFORGE_REDUCED_OUTPUT
@@ -685,7 +727,8 @@ std::string incomplete(const OpEntry& e) {
 
 std::optional<Pool2d> pool2d_geometry(const OpSignature& sig) noexcept {
   const TensorMeta* x = tensor_at(sig, 0);
-  if (x == nullptr || x->sizes.size() < 3 || sig.args.size() != 6) return std::nullopt;
+  const bool avg = sig.op == "aten::avg_pool2d";
+  if (x == nullptr || x->sizes.size() < 3 || sig.args.size() != (avg ? 7u : 6u)) return std::nullopt;
   // One int or [h, w]; `empty_as` for an empty list (stride: the kernel's).
   auto pair = [&](size_t i, std::optional<std::pair<int64_t, int64_t>> empty_as) -> std::optional<std::pair<int64_t, int64_t>> {
     const auto* l = std::get_if<std::vector<int64_t>>(&sig.args[i].value);
@@ -699,10 +742,20 @@ std::optional<Pool2d> pool2d_geometry(const OpSignature& sig) noexcept {
   if (!k) return std::nullopt;
   const auto st = pair(2, k);
   const auto pad = pair(3, std::nullopt);
-  const auto dil = pair(4, std::nullopt);
-  const auto* ceil = std::get_if<bool>(&sig.args[5].value);
+  const auto dil = avg ? std::make_optional(std::make_pair(int64_t{1}, int64_t{1})) : pair(4, std::nullopt);
+  const auto* ceil = std::get_if<bool>(&sig.args[avg ? 4 : 5].value);
   if (!st || !pad || !dil || ceil == nullptr) return std::nullopt;
   Pool2d g;
+  if (avg) {
+    const auto* include_pad = std::get_if<bool>(&sig.args[5].value);
+    const auto* divisor = std::get_if<int64_t>(&sig.args[6].value);
+    if (include_pad == nullptr || (divisor == nullptr && !std::holds_alternative<std::monostate>(sig.args[6].value))) {
+      return std::nullopt;
+    }
+    if (divisor != nullptr && *divisor == 0) return std::nullopt;   // PyTorch: divisor must be not zero
+    g.count_include_pad = *include_pad;
+    g.divisor = divisor != nullptr ? *divisor : 0;
+  }
   g.kh = k->first, g.kw = k->second, g.sh = st->first, g.sw = st->second;
   g.ph = pad->first, g.pw = pad->second, g.dh = dil->first, g.dw = dil->second;
   g.h = x->sizes[x->sizes.size() - 2];

@@ -73,7 +73,10 @@
   OP(clamp_min_)                                  \
   OP(upsample_nearest2d)                          \
   OP(max_pool2d_with_indices)                     \
-  OP(cumsum)
+  OP(cumsum)                                      \
+  OP(avg_pool2d)                                  \
+  OP(_adaptive_avg_pool2d)                        \
+  OP(upsample_bilinear2d)
 
 namespace kforge::catalog {
 
@@ -153,9 +156,9 @@ enum class OutputRule : uint8_t {
   kIndexReduced,    // as kReduced for argument 1 a single dimension (None: all of them), int64:
                     // argmax's indices
   kResized2d,       // argument 0's sizes with the last two replaced by argument 1 (an int list of 2):
-                    // upsample_nearest2d
+                    // upsample_nearest2d, upsample_bilinear2d, _adaptive_avg_pool2d
   kPooled2d,        // argument 0's sizes with the last two the pooled ones (pool2d_geometry), its
-                    // dtype: max_pool2d_with_indices' values
+                    // dtype: max_pool2d_with_indices' values, avg_pool2d
   kPooled2dIndices, // the same sizes, int64: max_pool2d_with_indices' indices
 };
 
@@ -201,14 +204,18 @@ std::string incomplete(const OpEntry& e);
 // bfloat16, 7 float64, ...), or nullopt for a code kforge has no DType for.
 std::optional<DType> dtype_of_scalar_type(int64_t code) noexcept;
 
-// max_pool2d_with_indices' window geometry from its arguments 1-5 (kernel_size, stride, padding,
-// dilation: one int or two; stride [] means the kernel's; ceil_mode) over argument 0's last two
-// dimensions, with PyTorch's output size (pooling_output_shape: the ceil_mode result shortened when
-// its last window would start in the padding). nullopt where PyTorch refuses the arguments (a
-// padding over half the kernel, an output of no rows, a non-positive size) or they do not fit.
+// The window geometry of max_pool2d_with_indices (arguments 1-5: kernel_size, stride, padding,
+// dilation, ceil_mode) or avg_pool2d (arguments 1-6: kernel_size, stride, padding, ceil_mode,
+// count_include_pad, divisor_override; dilation 1): one int or two each, stride [] meaning the
+// kernel's, over argument 0's last two dimensions, with PyTorch's output size
+// (pooling_output_shape: the ceil_mode result shortened when its last window would start in the
+// padding). nullopt where PyTorch refuses the arguments (a padding over half the kernel, an output
+// of no rows, a non-positive size, a divisor_override of 0) or they do not fit.
 struct Pool2d {
   int64_t kh = 0, kw = 0, sh = 0, sw = 0, ph = 0, pw = 0, dh = 0, dw = 0;
   int64_t h = 0, w = 0, oh = 0, ow = 0;   // input and output height and width
+  bool count_include_pad = true;          // avg_pool2d
+  int64_t divisor = 0;                    // avg_pool2d's divisor_override; 0: None
 };
 std::optional<Pool2d> pool2d_geometry(const OpSignature& sig) noexcept;
 

@@ -194,6 +194,38 @@ OpSignature cumsum(Backend b, DType t, std::vector<int64_t> sizes, int64_t dim) 
                      target(b)};
 }
 
+// avg_pool2d with kernel `k`, stride `st` ({} : the kernel's), padding `pad`.
+OpSignature avg_pool(Backend b, DType t, std::vector<int64_t> sizes, std::vector<int64_t> k, std::vector<int64_t> st,
+                     std::vector<int64_t> pad, bool ceil_mode = false, bool count_include_pad = true,
+                     std::optional<int64_t> divisor = std::nullopt) {
+  return OpSignature{"aten::avg_pool2d",
+                     "",
+                     {Arg::tensor(tensor(b, t, std::move(sizes))), Arg::int_list(std::move(k)), Arg::int_list(std::move(st)),
+                      Arg::int_list(std::move(pad)), Arg::boolean(ceil_mode), Arg::boolean(count_include_pad),
+                      divisor ? Arg::integer(*divisor) : Arg::none()},
+                     target(b)};
+}
+
+// _adaptive_avg_pool2d of [N, C, H, W] `sizes` to `out` [OH, OW].
+OpSignature adaptive_avg_pool(Backend b, DType t, std::vector<int64_t> sizes, std::vector<int64_t> out) {
+  return OpSignature{"aten::_adaptive_avg_pool2d",
+                     "",
+                     {Arg::tensor(tensor(b, t, std::move(sizes))), Arg::int_list(std::move(out))},
+                     target(b)};
+}
+
+// upsample_bilinear2d of [N, C, H, W] `sizes` to `out` [OH, OW], with scales_h/scales_w when given.
+OpSignature upsample_bilinear(Backend b, DType t, std::vector<int64_t> sizes, std::vector<int64_t> out,
+                              bool align_corners, std::optional<double> scale_h = std::nullopt,
+                              std::optional<double> scale_w = std::nullopt) {
+  return OpSignature{"aten::upsample_bilinear2d",
+                     "",
+                     {Arg::tensor(tensor(b, t, std::move(sizes))), Arg::int_list(std::move(out)),
+                      Arg::boolean(align_corners), scale_h ? Arg::real(*scale_h) : Arg::none(),
+                      scale_w ? Arg::real(*scale_w) : Arg::none()},
+                     target(b)};
+}
+
 // cat of tensors of `sizes` (one per element) along `dim`.
 OpSignature cat(Backend b, DType t, const std::vector<std::vector<int64_t>>& sizes, int64_t dim) {
   std::vector<TensorMeta> list;
@@ -315,6 +347,16 @@ std::vector<OpSignature> signatures(Backend b) {
     out.push_back(max_pool(b, t, {2, 16, 28, 28}, {3, 3}, {2, 2}, {1, 1}));          // resnet's stem
     out.push_back(max_pool(b, t, {1, 3, 11, 9}, {2}, {}, {0}, {1}, true));         // ceil_mode, stride []
     out.push_back(max_pool(b, t, {1, 2, 10, 13}, {3, 2}, {1, 2}, {1, 1}, {2, 1}));  // dilated, uneven
+    out.push_back(avg_pool(b, t, {2, 16, 14, 14}, {2, 2}, {2, 2}, {0, 0}));          // densenet's transition
+    out.push_back(avg_pool(b, t, {1, 3, 11, 9}, {3, 2}, {2, 1}, {1, 1}, true, false));  // ceil_mode, padding uncounted
+    out.push_back(avg_pool(b, t, {1, 2, 7, 10}, {3}, {}, {1}, false, true, 5));      // divisor_override
+    out.push_back(adaptive_avg_pool(b, t, {2, 8, 14, 14}, {7, 7}));                   // vgg's classifier input
+    out.push_back(adaptive_avg_pool(b, t, {1, 3, 10, 13}, {3, 4}));                   // overlapping windows
+    out.push_back(adaptive_avg_pool(b, t, {1, 2, 5, 6}, {8, 9}));                     // more outputs than inputs
+    out.push_back(upsample_bilinear(b, t, {2, 8, 7, 9}, {14, 18}, false, 2.0, 2.0));  // F.interpolate(scale_factor=2)
+    out.push_back(upsample_bilinear(b, t, {1, 3, 5, 11}, {7, 4}, true));              // align_corners, down and up
+    out.push_back(upsample_bilinear(b, t, {2, 4, 9, 6}, {5, 13}, false));             // sizes only
+    out.push_back(upsample_bilinear(b, t, {1, 2, 1, 6}, {4, 1}, true));               // one row in, one column out
     out.push_back(cumsum(b, t, {4, 1001}, -1));
     out.push_back(cumsum(b, t, {2, 77, 33}, 1));
     out.push_back(cumsum(b, t, {129}, 0));
@@ -919,6 +961,11 @@ TEST_CASE("templates: the CUDA families compile with NVRTC for sm_90 over their 
     sigs.push_back(in_place(clamp_min(Backend::kCuda, d, {1 << 20}, Arg::integer(0))));
     sigs.push_back(upsample_nearest(Backend::kCuda, d, {2, 320, 32, 32}, {64, 64}, 2.0, 2.0));
     sigs.push_back(max_pool(Backend::kCuda, d, {8, 64, 112, 112}, {3, 3}, {2, 2}, {1, 1}));
+    sigs.push_back(avg_pool(Backend::kCuda, d, {8, 256, 56, 56}, {2, 2}, {2, 2}, {0, 0}));
+    sigs.push_back(avg_pool(Backend::kCuda, d, {8, 64, 31, 31}, {3, 3}, {2, 2}, {1, 1}, true, false, 4));
+    sigs.push_back(adaptive_avg_pool(Backend::kCuda, d, {8, 512, 14, 14}, {7, 7}));
+    sigs.push_back(upsample_bilinear(Backend::kCuda, d, {2, 320, 32, 32}, {64, 64}, false, 2.0, 2.0));
+    sigs.push_back(upsample_bilinear(Backend::kCuda, d, {2, 19, 64, 64}, {512, 512}, true));
     sigs.push_back(cumsum(Backend::kCuda, d, {64, 4096}, -1));
     sigs.push_back(cat(Backend::kCuda, d, {{8, 12, 512, 64}, {8, 12, 1, 64}}, 2));
     sigs.push_back(cat(Backend::kCuda, d, {{4, 7}, {4, 9}, {4, 1}}, 1));
@@ -1366,6 +1413,14 @@ TEST_CASE("templates: CPU instances of every family pass the worker's verificati
   plan(max_pool(B, F, {2, 8, 28, 28}, {3, 3}, {2, 2}, {1, 1}), 1, 1);
   plan(max_pool(B, F, {1, 3, 11, 9}, {2}, {}, {0}, {1}, true), 1, 0);
   plan(max_pool(B, F, {1, 2, 10, 13}, {3, 2}, {1, 2}, {1, 1}, {2, 1}), 1, 0);
+  plan(avg_pool(B, F, {2, 8, 28, 28}, {2, 2}, {2, 2}, {0, 0}), 1, 1);
+  plan(avg_pool(B, F, {1, 3, 11, 9}, {3, 2}, {2, 1}, {1, 1}, true, false), 1, 1);
+  plan(avg_pool(B, F, {1, 2, 7, 10}, {3}, {}, {1}, false, true, 5), 1, 0);
+  plan(adaptive_avg_pool(B, F, {2, 8, 14, 14}, {7, 7}), 1, 1);
+  plan(adaptive_avg_pool(B, F, {1, 3, 10, 13}, {3, 4}), 1, 0);
+  plan(upsample_bilinear(B, F, {2, 8, 13, 7}, {26, 14}, false, 2.0, 2.0), 1, 1);
+  plan(upsample_bilinear(B, F, {1, 3, 10, 11}, {7, 23}, true), 1, 1);
+  plan(upsample_bilinear(B, F, {2, 2, 8, 6}, {12, 9}, false), 1, 0);
   plan(cumsum(B, F, {7, 1001}, -1), 1, 0);
   plan(cumsum(B, F, {2, 300, 33}, 1), 1, 1);
   plan(cat(B, F, {{2, 3, 33, 16}, {2, 3, 1, 16}}, -2), 1, 1);
@@ -1451,6 +1506,14 @@ TEST_CASE("templates: CUDA instances of every family pass the worker's verificat
     plan(upsample_nearest(B, d, {1, 3, 10, 11}, {7, 23}), 1, 1);
     plan(max_pool(B, d, {2, 64, 56, 56}, {3, 3}, {2, 2}, {1, 1}), 2, 1);
     plan(max_pool(B, d, {1, 3, 11, 9}, {2}, {}, {0}, {1}, true), 1, 1);
+    plan(avg_pool(B, d, {2, 64, 28, 28}, {2, 2}, {2, 2}, {0, 0}), 2, 1);
+    plan(avg_pool(B, d, {1, 3, 11, 9}, {3, 2}, {2, 1}, {1, 1}, true, false), 1, 1);
+    plan(avg_pool(B, d, {1, 2, 7, 10}, {3}, {}, {1}, false, true, 5), 1, 0);
+    plan(adaptive_avg_pool(B, d, {2, 64, 14, 14}, {7, 7}), 1, 1);
+    plan(adaptive_avg_pool(B, d, {1, 3, 10, 13}, {3, 4}), 1, 0);
+    plan(upsample_bilinear(B, d, {2, 64, 16, 16}, {32, 32}, false, 2.0, 2.0), 2, 1);
+    plan(upsample_bilinear(B, d, {1, 3, 10, 11}, {7, 23}, true), 1, 1);
+    plan(upsample_bilinear(B, d, {2, 2, 8, 6}, {12, 9}, false), 1, 0);
     plan(cumsum(B, d, {7, 1001}, -1), 1, 1);
     plan(cumsum(B, d, {2, 300, 33}, 1), 1, 1);
     plan(cat(B, d, {{4, 6, 129, 64}, {4, 6, 1, 64}}, 2), 2, 2);

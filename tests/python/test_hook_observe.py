@@ -132,6 +132,7 @@ class Small(torch.nn.Module):
     # Every catalog operator, on CPU: layer_norm, group_norm, gelu, silu, add, relu, sigmoid, tanh,
     # hardswish, sub, mul (Tensor, Scalar), div, mean, amax, sum, neg, rsqrt, exp, pow, relu_, add_, mul_, _safe_softmax,
     # _to_copy, argmax, clamp_min, clamp_min_, upsample_nearest2d, max_pool2d_with_indices, cumsum,
+    # avg_pool2d, _adaptive_avg_pool2d, upsample_bilinear2d,
     # batch norm (cuDNN off: on CUDA
     # resnet18's reaches cudnn_batch_norm), softmax, log_softmax; embedding is GPT-2's.
     def __init__(self):
@@ -167,7 +168,10 @@ class Small(torch.nn.Module):
                 "clamp": h.clamp_min(-0.25) + h.clone().clamp_min_(0.0),
                 "upsample": F.interpolate(h.unsqueeze(1), scale_factor=2.0),   # a UNet decoder's nearest 2x
                 "max_pool": F.max_pool2d(h.unsqueeze(1), 3, 2, 1),             # resnet's stem
-                "cumsum": h.cumsum(-1)}
+                "cumsum": h.cumsum(-1),
+                "avg_pool": F.avg_pool2d(h.unsqueeze(1), 3, 2, 1, count_include_pad=False),
+                "adaptive_avg_pool": F.adaptive_avg_pool2d(h.unsqueeze(1), (5, 7)),   # not 1x1: no mean
+                "bilinear": F.interpolate(h.unsqueeze(1), scale_factor=2.0, mode="bilinear")}
 
 torch.manual_seed(0)
 out = {}
@@ -334,6 +338,11 @@ cases = [
     (50, lambda: F.interpolate(img, scale_factor=2.0), ["aten::upsample_nearest2d", "", [T(img), [7, [10, 10]], [5, 2.0], [5, 2.0]]]),
     (52, lambda: x.cumsum(0),                          ["aten::cumsum", "", [T(x), [4, 0], [0]]]),
     (51, lambda: F.max_pool2d(img, 3, 2, 1),          ["aten::max_pool2d_with_indices", "", [T(img), [7, [3, 3]], [7, [2, 2]], [7, [1, 1]], [7, [1, 1]], [3, False]]]),
+    (53, lambda: F.avg_pool2d(img, 2, ceil_mode=True, count_include_pad=False),
+                                                       ["aten::avg_pool2d", "", [T(img), [7, [2, 2]], [7, []], [7, [0, 0]], [3, True], [3, False], [0]]]),
+    (54, lambda: F.adaptive_avg_pool2d(img, (3, 2)),   ["aten::_adaptive_avg_pool2d", "", [T(img), [7, [3, 2]]]]),
+    (55, lambda: F.interpolate(img, size=(7, 9), mode="bilinear"),
+                                                       ["aten::upsample_bilinear2d", "", [T(img), [7, [7, 9]], [3, False], [0], [0]]]),
 ]
 arch = os.environ["KFORGE_TEST_ARCH"]
 expected = {}

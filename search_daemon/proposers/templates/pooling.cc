@@ -1,10 +1,18 @@
-// aten::max_pool2d_with_indices (resnet's stem; F.max_pool2d) of a contiguous [N, C, H, W] input:
-// the window geometry and output size are the catalog's (catalog::pool2d_geometry), compiled in.
-// Each output element walks its window as PyTorch's kernels do, row by row, each row left to
-// right, from maxval = -inf and maxidx = the first in-bounds element, taking an element when
-// val > maxval or val is NaN: ties keep the first maximum, a window with NaNs gives its last NaN
-// (both backends of torch 2.11 behave so). The values are input values, exact; the indices
-// (h * W + w within the plane, int64) are checked exactly by the worker.
+// 2D pooling of a contiguous [N, C, H, W] input, one output element per thread (CUDA) or rows of
+// them per block (CPU), the window geometry compiled in:
+// - aten::max_pool2d_with_indices (resnet's stem; F.max_pool2d): geometry and output size are the
+//   catalog's (catalog::pool2d_geometry). Each output element walks its window as PyTorch's
+//   kernels do, row by row, each row left to right, from maxval = -inf and maxidx = the first
+//   in-bounds element, taking an element when val > maxval or val is NaN: ties keep the first
+//   maximum, a window with NaNs gives its last NaN (both backends of torch 2.11 behave so). The
+//   values are input values, exact; the indices (h * W + w within the plane, int64) are checked
+//   exactly by the worker.
+// - aten::avg_pool2d (F.avg_pool2d): the same geometry (dilation 1); the divisor counts the
+//   padding (count_include_pad), or not, or is divisor_override, as PyTorch's kernels count it.
+// - aten::_adaptive_avg_pool2d (F.adaptive_avg_pool2d to anything but 1x1): windows
+//   [floor(o * H / OH), ceil((o + 1) * H / OH)).
+// The averages sum in kf_acc (double for float32 on CUDA, double on CPU; PyTorch sums in float):
+// at least as accurate, which is what the worker's criterion asks.
 #include <algorithm>
 
 #include "runtime/op_catalog.h"
@@ -88,44 +96,185 @@ extern "C" void kf_max_pool2d(const kforge_cpu_block* blk, void* const* p) {
 }
 )kf";
 
-std::optional<catalog::Pool2d> max_pool_args(const OpSignature& sig, Backend backend) {
-  if (sig.op != "aten::max_pool2d_with_indices" || !sig.overload.empty() || sig.args.size() != 6) return std::nullopt;
-  const TensorMeta* x = tensor_arg(sig, 0);
-  if (!template_tensor(x, backend) || x->sizes.size() != 4) return std::nullopt;
-  return catalog::pool2d_geometry(sig);
+// KF_MEAN_WINDOW(oh, ow, hs, he, ws, we, div): the in-bounds window of output (oh, ow) and its
+// divisor. avg_pool2d's, as PyTorch's kernels compute it (KF_DIVISOR 0: no divisor_override):
+const char* const kAvgWindow = R"kf(
+#define KF_MEAN_WINDOW(oh, ow, hs, he, ws, we, div)                                  \
+  kf_i64 hs = (oh) * KF_SH - KF_PH;                                                 \
+  kf_i64 ws = (ow) * KF_SW - KF_PW;                                                 \
+  kf_i64 he = hs + KF_KH < KF_H + KF_PH ? hs + KF_KH : KF_H + KF_PH;                \
+  kf_i64 we = ws + KF_KW < KF_W + KF_PW ? ws + KF_KW : KF_W + KF_PW;                \
+  const kf_i64 pool_size = (he - hs) * (we - ws);                                   \
+  hs = hs > 0 ? hs : 0;                                                             \
+  ws = ws > 0 ? ws : 0;                                                             \
+  he = he < KF_H ? he : KF_H;                                                       \
+  we = we < KF_W ? we : KF_W;                                                       \
+  const kf_i64 div = KF_DIVISOR != 0 ? (kf_i64)KF_DIVISOR : (KF_INCLUDE_PAD ? pool_size : (he - hs) * (we - ws));
+)kf";
+
+// _adaptive_avg_pool2d's: PyTorch's start_index and end_index.
+const char* const kAdaptiveWindow = R"kf(
+#define KF_MEAN_WINDOW(oh, ow, hs, he, ws, we, div)                                  \
+  const kf_i64 hs = ((oh) * KF_H) / KF_OH;                                          \
+  const kf_i64 he = (((oh) + 1) * KF_H + KF_OH - 1) / KF_OH;                        \
+  const kf_i64 ws = ((ow) * KF_W) / KF_OW;                                          \
+  const kf_i64 we = (((ow) + 1) * KF_W + KF_OW - 1) / KF_OW;                        \
+  const kf_i64 div = (he - hs) * (we - ws);
+)kf";
+
+const char* const kCudaMeanPool = R"kf(
+// One output element per thread (KF_ITEMS per thread, KF_BLOCK apart) of [planes = N*C, OH, OW].
+extern "C" __global__ void __launch_bounds__(KF_BLOCK)
+kf_mean_pool2d(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 n) {
+  const kf_i64 first = (kf_i64)blockIdx.x * (KF_BLOCK * KF_ITEMS) + threadIdx.x;
+#pragma unroll
+  for (int it = 0; it < KF_ITEMS; ++it) {
+    const kf_i64 i = first + (kf_i64)it * KF_BLOCK;
+    if (i >= n) continue;
+    const kf_i64 ow = i % KF_OW;
+    const kf_i64 oh = (i / KF_OW) % KF_OH;
+    const kf_i64 plane = i / (KF_OW * KF_OH);
+    const kf_t* __restrict__ xp = x + plane * (KF_H * KF_W);
+    KF_MEAN_WINDOW(oh, ow, hs, he, ws, we, div)
+    kf_acc sum = 0;
+    for (kf_i64 h = hs; h < he; ++h) {
+      for (kf_i64 w = ws; w < we; ++w) sum += kf_to_float(xp[h * KF_W + w]);
+    }
+    y[i] = kf_from_float(hs < he && ws < we ? (float)(sum / (kf_acc)div) : 0.0f);
+  }
+}
+)kf";
+
+const char* const kCpuMeanPool = R"kf(
+// KF_ROWS output rows (of OW elements) per block, rows numbered over [planes = N*C, OH].
+extern "C" void kf_mean_pool2d(const kforge_cpu_block* blk, void* const* p) {
+  const float* __restrict__ x = KF_PTR(const float, 0);
+  float* __restrict__ y = KF_PTR(float, 1);
+  const int64_t rows = KF_I64(2);
+  const int64_t r0 = (int64_t)blk->block_idx[0] * KF_ROWS;
+  const int64_t r1 = r0 + KF_ROWS < rows ? r0 + KF_ROWS : rows;
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t oh = r % KF_OH, plane = r / KF_OH;
+    const float* __restrict__ xp = x + plane * (KF_H * KF_W);
+    for (int64_t ow = 0; ow < KF_OW; ++ow) {
+      KF_MEAN_WINDOW(oh, ow, hs, he, ws, we, div)
+      double sum = 0;
+      for (int64_t h = hs; h < he; ++h) {
+        for (int64_t w = ws; w < we; ++w) sum += xp[h * KF_W + w];
+      }
+      y[r * KF_OW + ow] = hs < he && ws < we ? (float)(sum / (double)div) : 0.0f;
+    }
+  }
+}
+)kf";
+
+enum class Pool { kMax, kAvg, kAdaptive };
+
+struct PoolCall {
+  const TensorMeta* x = nullptr;
+  catalog::Pool2d g;   // kAdaptive: only h, w, oh, ow
+};
+
+std::optional<PoolCall> pool_call(const OpSignature& sig, Backend backend, Pool kind) {
+  static constexpr std::string_view kOps[] = {"aten::max_pool2d_with_indices", "aten::avg_pool2d",
+                                              "aten::_adaptive_avg_pool2d"};
+  static constexpr size_t kArgs[] = {6, 7, 2};
+  const auto k = static_cast<size_t>(kind);
+  if (sig.op != kOps[k] || !sig.overload.empty() || sig.args.size() != kArgs[k]) return std::nullopt;
+  PoolCall c;
+  c.x = tensor_arg(sig, 0);
+  if (!template_tensor(c.x, backend) || c.x->sizes.size() != 4) return std::nullopt;
+  if (kind != Pool::kAdaptive) {
+    const std::optional<catalog::Pool2d> g = catalog::pool2d_geometry(sig);
+    if (!g) return std::nullopt;
+    c.g = *g;
+    return c;
+  }
+  const auto* out = std::get_if<std::vector<int64_t>>(&sig.args[1].value);
+  if (out == nullptr || out->size() != 2 || (*out)[0] <= 0 || (*out)[1] <= 0) return std::nullopt;
+  c.g.h = c.x->sizes[2];
+  c.g.w = c.x->sizes[3];
+  c.g.oh = (*out)[0];
+  c.g.ow = (*out)[1];
+  return c;
 }
 
-std::vector<std::string> pool_defines(const catalog::Pool2d& g) {
-  return {define("KF_KH", g.kh), define("KF_KW", g.kw), define("KF_SH", g.sh), define("KF_SW", g.sw),
-          define("KF_PH", g.ph), define("KF_PW", g.pw), define("KF_DH", g.dh), define("KF_DW", g.dw),
-          define("KF_H", g.h),   define("KF_W", g.w),   define("KF_OH", g.oh), define("KF_OW", g.ow)};
+std::vector<std::string> pool_defines(Pool kind, const catalog::Pool2d& g) {
+  std::vector<std::string> d = {define("KF_H", g.h), define("KF_W", g.w), define("KF_OH", g.oh), define("KF_OW", g.ow)};
+  if (kind == Pool::kAdaptive) return d;
+  for (std::string s : {define("KF_KH", g.kh), define("KF_KW", g.kw), define("KF_SH", g.sh), define("KF_SW", g.sw),
+                        define("KF_PH", g.ph), define("KF_PW", g.pw)}) {
+    d.push_back(std::move(s));
+  }
+  if (kind == Pool::kMax) {
+    d.push_back(define("KF_DH", g.dh));
+    d.push_back(define("KF_DW", g.dw));
+  } else {
+    d.push_back(define("KF_INCLUDE_PAD", g.count_include_pad ? 1 : 0));
+    d.push_back(define("KF_DIVISOR", g.divisor));
+  }
+  return d;
 }
 
-// [N, C, OH, OW] contiguous: the values in self's dtype, the indices int64.
-std::vector<OutputSpec> pool_outputs(DType t, const catalog::Pool2d& g) {
+// The window text and the kernel, by kind.
+std::string pool_source(Backend backend, Pool kind) {
+  const bool cuda = backend == Backend::kCuda;
+  std::string s = cuda ? kCudaPrelude : std::string(kCpuPrelude) + "typedef int64_t kf_i64;\n";
+  switch (kind) {
+    case Pool::kMax: return s + kPoolWindow + (cuda ? kCudaMaxPool : kCpuMaxPool);
+    case Pool::kAvg: return s + kAvgWindow + (cuda ? kCudaMeanPool : kCpuMeanPool);
+    case Pool::kAdaptive: return s + kAdaptiveWindow + (cuda ? kCudaMeanPool : kCpuMeanPool);
+  }
+  return s;
+}
+
+const char* pool_entry(Pool kind) { return kind == Pool::kMax ? "kf_max_pool2d" : "kf_mean_pool2d"; }
+
+// The largest window, for the CPU prior.
+int64_t window_elements(Pool kind, const catalog::Pool2d& g) {
+  if (kind != Pool::kAdaptive) return g.kh * g.kw;
+  return ((g.h + g.oh - 1) / g.oh + 1) * ((g.w + g.ow - 1) / g.ow + 1);
+}
+
+// [N, C, OH, OW] contiguous: the values in self's dtype (and max pooling's indices, int64).
+std::vector<OutputSpec> pool_outputs(Pool kind, DType t, const catalog::Pool2d& g) {
   const std::string plane = std::to_string(g.oh * g.ow);
   std::vector<std::string> sizes = {size_name(0, 0), size_name(0, 1), std::to_string(g.oh), std::to_string(g.ow)};
   std::vector<std::string> strides = {size_name(0, 1) + " * " + plane, plane, std::to_string(g.ow), "1"};
-  return {OutputSpec::explicit_layout(t, sizes, strides), OutputSpec::explicit_layout(DType::kInt64, sizes, strides)};
+  std::vector<OutputSpec> out = {OutputSpec::explicit_layout(t, sizes, strides)};
+  if (kind == Pool::kMax) out.push_back(OutputSpec::explicit_layout(DType::kInt64, sizes, strides));
+  return out;
+}
+
+std::vector<ArgBinding> pool_bindings(Pool kind, const std::string& n) {
+  if (kind == Pool::kMax) return {ArgBinding::input(0), ArgBinding::output(0), ArgBinding::output(1), ArgBinding::size(n)};
+  return {ArgBinding::input(0), ArgBinding::output(0), ArgBinding::size(n)};
 }
 
 std::string planes_expr() { return size_name(0, 0) + " * " + size_name(0, 1); }
 
+const char* family_name(Backend backend, Pool kind) {
+  static constexpr const char* kCuda[] = {"max_pool2d", "avg_pool2d", "adaptive_avg_pool2d"};
+  static constexpr const char* kCpu[] = {"cpu.max_pool2d", "cpu.avg_pool2d", "cpu.adaptive_avg_pool2d"};
+  return (backend == Backend::kCuda ? kCuda : kCpu)[static_cast<size_t>(kind)];
+}
+
 // ---- CUDA ------------------------------------------------------------------------------------------
 
-enum MaxPoolCudaKnob : size_t { kBlock, kItems };
+enum PoolCudaKnob : size_t { kBlock, kItems };
 
-class MaxPoolCuda final : public FamilyBase {
+class PoolCuda final : public FamilyBase {
  public:
-  MaxPoolCuda()
-      : FamilyBase("max_pool2d", Backend::kCuda, {Knob{"block", {64, 128, 256, 512}, {}}, Knob{"items", {1, 2, 4}, {}}}) {}
+  explicit PoolCuda(Pool kind)
+      : FamilyBase(family_name(Backend::kCuda, kind), Backend::kCuda,
+                   {Knob{"block", {64, 128, 256, 512}, {}}, Knob{"items", {1, 2, 4}, {}}}),
+        kind_(kind) {}
 
-  bool applies(const OpSignature& sig) const override { return max_pool_args(sig, Backend::kCuda).has_value(); }
+  bool applies(const OpSignature& sig) const override { return pool_call(sig, Backend::kCuda, kind_).has_value(); }
 
   bool valid(const OpSignature& sig, std::span<const int64_t> v) const override {
-    const catalog::Pool2d g = *max_pool_args(sig, Backend::kCuda);
-    const TensorMeta& x = *tensor_arg(sig, 0);
-    return v[kBlock] * v[kItems] <= std::max<int64_t>(64, pow2_ceil(x.sizes[0] * x.sizes[1] * g.oh * g.ow));
+    const PoolCall c = *pool_call(sig, Backend::kCuda, kind_);
+    return v[kBlock] * v[kItems] <= std::max<int64_t>(64, pow2_ceil(c.x->sizes[0] * c.x->sizes[1] * c.g.oh * c.g.ow));
   }
 
   double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
@@ -134,66 +283,72 @@ class MaxPoolCuda final : public FamilyBase {
   }
 
   KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {
-    const catalog::Pool2d g = *max_pool_args(sig, Backend::kCuda);
-    const TensorMeta& x = *tensor_arg(sig, 0);
-    std::vector<std::string> options = {dtype_define(x.dtype), define("KF_BLOCK", v[kBlock]), define("KF_ITEMS", v[kItems])};
-    for (std::string& d : pool_defines(g)) options.push_back(std::move(d));
-    KernelSpec s = one_launch_spec(Backend::kCuda, std::string(kCudaPrelude) + kPoolWindow + kCudaMaxPool,
-                                   "kf_max_pool2d", options);
-    s.plan.outputs = pool_outputs(x.dtype, g);
+    const PoolCall c = *pool_call(sig, Backend::kCuda, kind_);
+    std::vector<std::string> options = {dtype_define(c.x->dtype), define("KF_BLOCK", v[kBlock]), define("KF_ITEMS", v[kItems])};
+    for (std::string& d : pool_defines(kind_, c.g)) options.push_back(std::move(d));
+    KernelSpec s = one_launch_spec(Backend::kCuda, pool_source(Backend::kCuda, kind_), pool_entry(kind_), options);
+    s.plan.outputs = pool_outputs(kind_, c.x->dtype, c.g);
     Launch& l = s.plan.launches[0];
-    const std::string n = planes_expr() + " * " + std::to_string(g.oh * g.ow);
+    const std::string n = planes_expr() + " * " + std::to_string(c.g.oh * c.g.ow);
     l.grid[0] = "ceil_div(" + n + ", " + std::to_string(v[kBlock] * v[kItems]) + ")";
     l.block[0] = std::to_string(v[kBlock]);
-    l.args = {ArgBinding::input(0), ArgBinding::output(0), ArgBinding::output(1), ArgBinding::size(n)};
+    l.args = pool_bindings(kind_, n);
     return s;
   }
+
+ private:
+  Pool kind_;
 };
 
 // ---- CPU -------------------------------------------------------------------------------------------
 
-class MaxPoolCpu final : public FamilyBase {
+class PoolCpu final : public FamilyBase {
  public:
-  MaxPoolCpu() : FamilyBase("cpu.max_pool2d", Backend::kCpu, {Knob{"rows", {1, 4, 16, 64, 256}, {}}}) {}
+  explicit PoolCpu(Pool kind)
+      : FamilyBase(family_name(Backend::kCpu, kind), Backend::kCpu, {Knob{"rows", {1, 4, 16, 64, 256}, {}}}),
+        kind_(kind) {}
 
-  bool applies(const OpSignature& sig) const override { return max_pool_args(sig, Backend::kCpu).has_value(); }
+  bool applies(const OpSignature& sig) const override { return pool_call(sig, Backend::kCpu, kind_).has_value(); }
 
   bool valid(const OpSignature& sig, std::span<const int64_t> v) const override {
-    const catalog::Pool2d g = *max_pool_args(sig, Backend::kCpu);
-    const TensorMeta& x = *tensor_arg(sig, 0);
-    return v[0] <= std::max<int64_t>(1, pow2_ceil(x.sizes[0] * x.sizes[1] * g.oh));
+    const PoolCall c = *pool_call(sig, Backend::kCpu, kind_);
+    return v[0] <= std::max<int64_t>(1, pow2_ceil(c.x->sizes[0] * c.x->sizes[1] * c.g.oh));
   }
 
   double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
-    const catalog::Pool2d g = *max_pool_args(sig, Backend::kCpu);
-    const double ideal = std::clamp(4096.0 / static_cast<double>(g.ow * g.kh * g.kw), 1.0, 256.0);
-    return closeness(static_cast<double>(v[0]), ideal, 0.3);
+    const PoolCall c = *pool_call(sig, Backend::kCpu, kind_);
+    const double work = static_cast<double>(c.g.ow * window_elements(kind_, c.g));
+    return closeness(static_cast<double>(v[0]), std::clamp(4096.0 / work, 1.0, 256.0), 0.3);
   }
 
   KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {
-    const catalog::Pool2d g = *max_pool_args(sig, Backend::kCpu);
-    const TensorMeta& x = *tensor_arg(sig, 0);
+    const PoolCall c = *pool_call(sig, Backend::kCpu, kind_);
     std::vector<std::string> options = cpu_base_options(sig);
     options.push_back(define("KF_ROWS", v[0]));
-    for (std::string& d : pool_defines(g)) options.push_back(std::move(d));
-    KernelSpec s = one_launch_spec(Backend::kCpu, std::string(kCpuPrelude) + "typedef int64_t kf_i64;\n" + kPoolWindow +
-                                                      kCpuMaxPool,
-                                   "kf_max_pool2d", options);
-    s.plan.outputs = pool_outputs(x.dtype, g);
+    for (std::string& d : pool_defines(kind_, c.g)) options.push_back(std::move(d));
+    KernelSpec s = one_launch_spec(Backend::kCpu, pool_source(Backend::kCpu, kind_), pool_entry(kind_), options);
+    s.plan.outputs = pool_outputs(kind_, c.x->dtype, c.g);
     Launch& l = s.plan.launches[0];
-    const std::string rows = planes_expr() + " * " + std::to_string(g.oh);
+    const std::string rows = planes_expr() + " * " + std::to_string(c.g.oh);
     l.grid[0] = "ceil_div(" + rows + ", " + std::to_string(v[0]) + ")";
-    l.args = {ArgBinding::input(0), ArgBinding::output(0), ArgBinding::output(1), ArgBinding::size(rows)};
+    l.args = pool_bindings(kind_, rows);
     return s;
   }
+
+ private:
+  Pool kind_;
 };
 
 }  // namespace
 
-// "max_pool2d" (CUDA) and "cpu.max_pool2d".
+// "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d" (CUDA) and their "cpu." twins.
 const FamilyRegistration kRegistered{
-    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<MaxPoolCuda>(); },
-    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<MaxPoolCpu>(); },
+    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<PoolCuda>(Pool::kMax); },
+    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<PoolCpu>(Pool::kMax); },
+    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<PoolCuda>(Pool::kAvg); },
+    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<PoolCpu>(Pool::kAvg); },
+    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<PoolCuda>(Pool::kAdaptive); },
+    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<PoolCpu>(Pool::kAdaptive); },
 };
 
 }  // namespace kforge::search::templates

@@ -1,6 +1,8 @@
-// aten::upsample_nearest2d (what F.interpolate(mode="nearest") calls: a UNet decoder's 2x
-// upsampling) of a contiguous [N, C, H, W] input to [N, C, OH, OW]: every output element a copy
-// of one input element, so the result is exact and is checked bit for bit in effect.
+// aten::upsample_nearest2d and aten::upsample_bilinear2d (what F.interpolate(mode="nearest") and
+// mode="bilinear" call: a UNet decoder's 2x upsampling, a segmentation head's resize) of a
+// contiguous [N, C, H, W] input to [N, C, OH, OW]. Nearest: every output element a copy of one
+// input element, so the result is exact and is checked bit for bit in effect. Bilinear: PyTorch's
+// float32 source coordinates and weights (Note [Bilinear source coordinate]).
 //
 // Note [Nearest source index]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -11,6 +13,18 @@
 // floorf((float)oh * sh) as PyTorch does: one rounding of the product, then the floor (the
 // kernels are compiled without contraction into anything else: there is only the multiply).
 // OH == 2H then gives oh / 2 and OH == H the identity, PyTorch's special cases, with no branch.
+//
+// Note [Bilinear source coordinate]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// PyTorch (UpSample.h: area_pixel_compute_scale, area_pixel_compute_source_index) computes, in
+// float32 for every floating dtype, the scale rh = (float)(H - 1) / (OH - 1) with align_corners
+// (0 for OH == 1), else as the nearest scale above; and the source row r = rh * oh with
+// align_corners, else max(rh * (oh + 0.5) - 0.5, 0). Row h0 = (int)r, h1 = h0 + 1 inside the
+// input (else h0), weight lh = r - h0. The host computes rh as PyTorch does and compiles it in
+// exactly (a hex float). The result is the two lerps nested as PyTorch nests them, so a zero weight
+// on an Inf neighbour gives NaN where PyTorch's does. The CPU kernel's guard (h0 at most H - 1, the
+// weight in [0, 1]) is kept on both backends; the family refuses scales that would take the last
+// source row or column past the input, where PyTorch's CUDA kernel would read outside it.
 #include <algorithm>
 #include <cstdio>
 
@@ -66,10 +80,80 @@ extern "C" void kf_upsample_nearest(const kforge_cpu_block* blk, void* const* p)
 }
 )kf";
 
+const char* const kBilinearSource = R"kf(
+// Note [Bilinear source coordinate]: the source index and weight of output index d along one axis.
+#define KF_BILINEAR_SOURCE(d, scale, in, i0, i1, l1)                                   \
+  const float i0##_r = KF_ALIGN ? (scale) * (float)(d)                                 \
+                                : fmaxf((scale) * ((float)(d) + 0.5f) - 0.5f, 0.0f);   \
+  const kf_i64 i0 = (kf_i64)i0##_r < (in) - 1 ? (kf_i64)i0##_r : (in) - 1;             \
+  const kf_i64 i1 = i0 + (i0 < (in) - 1 ? 1 : 0);                                      \
+  const float l1 = fminf(fmaxf(i0##_r - (float)i0, 0.0f), 1.0f);
+)kf";
+
+const char* const kCudaUpsampleBilinear = R"kf(
+// Output element i (KF_ITEMS per thread, KF_BLOCK apart) of [rows = N*C*OH, OW].
+extern "C" __global__ void __launch_bounds__(KF_BLOCK)
+kf_upsample_bilinear(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 n) {
+  const kf_i64 first = (kf_i64)blockIdx.x * (KF_BLOCK * KF_ITEMS) + threadIdx.x;
+#pragma unroll
+  for (int it = 0; it < KF_ITEMS; ++it) {
+    const kf_i64 i = first + (kf_i64)it * KF_BLOCK;
+    if (i >= n) continue;
+    const kf_i64 ow = i % KF_OW;
+    const kf_i64 r = i / KF_OW;
+    const kf_i64 oh = r % KF_OH;
+    const kf_t* __restrict__ xp = x + (r / KF_OH) * (KF_H * KF_W);
+    KF_BILINEAR_SOURCE(oh, KF_SH, KF_H, h0, h1, lh1)
+    KF_BILINEAR_SOURCE(ow, KF_SW, KF_W, w0, w1, lw1)
+    const float lh0 = 1.0f - lh1, lw0 = 1.0f - lw1;
+    const float v = lh0 * (lw0 * kf_to_float(xp[h0 * KF_W + w0]) + lw1 * kf_to_float(xp[h0 * KF_W + w1])) +
+                    lh1 * (lw0 * kf_to_float(xp[h1 * KF_W + w0]) + lw1 * kf_to_float(xp[h1 * KF_W + w1]));
+    y[i] = kf_from_float(v);
+  }
+}
+)kf";
+
+const char* const kCpuUpsampleBilinear = R"kf(
+// KF_ROWS output rows (of OW elements) per block; each output column's source and weight
+// computed once per block.
+extern "C" void kf_upsample_bilinear(const kforge_cpu_block* blk, void* const* p) {
+  const float* __restrict__ x = KF_PTR(const float, 0);
+  float* __restrict__ y = KF_PTR(float, 1);
+  const int64_t rows = KF_I64(2);
+  int32_t col0[KF_OW];
+  float col_l1[KF_OW];
+  for (int64_t ow = 0; ow < KF_OW; ++ow) {
+    KF_BILINEAR_SOURCE(ow, KF_SW, KF_W, w0, w1, lw1)
+    (void)w1;
+    col0[ow] = (int32_t)w0;
+    col_l1[ow] = lw1;
+  }
+  const int64_t r0 = (int64_t)blk->block_idx[0] * KF_ROWS;
+  const int64_t r1 = r0 + KF_ROWS < rows ? r0 + KF_ROWS : rows;
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t oh = r % KF_OH;
+    const float* __restrict__ xp = x + (r / KF_OH) * (KF_H * KF_W);
+    KF_BILINEAR_SOURCE(oh, KF_SH, KF_H, h0, h1, lh1)
+    const float lh0 = 1.0f - lh1;
+    const float* __restrict__ a = xp + h0 * KF_W;
+    const float* __restrict__ b = xp + h1 * KF_W;
+    float* __restrict__ dst = y + r * KF_OW;
+    for (int64_t ow = 0; ow < KF_OW; ++ow) {
+      const int64_t w0 = col0[ow];
+      const int64_t w1 = w0 + (w0 < KF_W - 1 ? 1 : 0);
+      const float lw1 = col_l1[ow], lw0 = 1.0f - lw1;
+      dst[ow] = lh0 * (lw0 * a[w0] + lw1 * a[w1]) + lh1 * (lw0 * b[w0] + lw1 * b[w1]);
+    }
+  }
+}
+)kf";
+
 struct UpsampleArgs {
+  bool bilinear = false;
+  bool align_corners = false;   // bilinear
   const TensorMeta* x = nullptr;
   int64_t h = 0, w = 0, oh = 0, ow = 0;
-  float sh = 0, sw = 0;   // Note [Nearest source index]
+  float sh = 0, sw = 0;   // Notes [Nearest source index], [Bilinear source coordinate]
 };
 
 // PyTorch's compute_scales_value<float>.
@@ -80,14 +164,35 @@ float source_scale(const Arg& scale, int64_t in, int64_t out) {
   return static_cast<float>(in) / static_cast<float>(out);
 }
 
-std::optional<UpsampleArgs> upsample_args(const OpSignature& sig, Backend backend) {
-  if (sig.op != "aten::upsample_nearest2d" || !sig.overload.empty() || sig.args.size() != 4) return std::nullopt;
+// PyTorch's area_pixel_compute_scale<float>.
+float bilinear_scale(bool align_corners, const Arg& scale, int64_t in, int64_t out) {
+  if (align_corners) return out > 1 ? static_cast<float>(in - 1) / static_cast<float>(out - 1) : 0.0f;
+  return source_scale(scale, in, out);
+}
+
+// The last source coordinate lies inside the input (Note [Bilinear source coordinate]).
+bool bilinear_inside(bool align_corners, float scale, int64_t in, int64_t out) {
+  const float d = static_cast<float>(out - 1);
+  const float r = align_corners ? scale * d : std::max(scale * (d + 0.5f) - 0.5f, 0.0f);
+  return r < static_cast<float>(in);
+}
+
+std::optional<UpsampleArgs> upsample_args(const OpSignature& sig, Backend backend, bool bilinear) {
+  const std::string_view op = bilinear ? "aten::upsample_bilinear2d" : "aten::upsample_nearest2d";
+  if (sig.op != op || !sig.overload.empty() || sig.args.size() != (bilinear ? 5u : 4u)) return std::nullopt;
   UpsampleArgs a;
+  a.bilinear = bilinear;
   a.x = tensor_arg(sig, 0);
   if (!template_tensor(a.x, backend) || a.x->sizes.size() != 4) return std::nullopt;
   const auto* out = std::get_if<std::vector<int64_t>>(&sig.args[1].value);
   if (out == nullptr || out->size() != 2 || (*out)[0] <= 0 || (*out)[1] <= 0) return std::nullopt;
-  for (size_t i : {2u, 3u}) {   // None or a float
+  const size_t scales = bilinear ? 3 : 2;
+  if (bilinear) {
+    const auto* align = std::get_if<bool>(&sig.args[2].value);
+    if (align == nullptr) return std::nullopt;
+    a.align_corners = *align;
+  }
+  for (size_t i : {scales, scales + 1}) {   // None or a float
     if (!is_none(sig, i) && !std::holds_alternative<double>(sig.args[i].value)) return std::nullopt;
   }
   a.h = a.x->sizes[2];
@@ -96,8 +201,16 @@ std::optional<UpsampleArgs> upsample_args(const OpSignature& sig, Backend backen
   a.ow = (*out)[1];
   // Sizes the CPU kernel keeps on its stack (a column table of OW entries), and no empty input.
   if (a.h <= 0 || a.w <= 0 || a.ow > 16384) return std::nullopt;
-  a.sh = source_scale(sig.args[2], a.h, a.oh);
-  a.sw = source_scale(sig.args[3], a.w, a.ow);
+  if (bilinear) {
+    a.sh = bilinear_scale(a.align_corners, sig.args[scales], a.h, a.oh);
+    a.sw = bilinear_scale(a.align_corners, sig.args[scales + 1], a.w, a.ow);
+    if (!bilinear_inside(a.align_corners, a.sh, a.h, a.oh) || !bilinear_inside(a.align_corners, a.sw, a.w, a.ow)) {
+      return std::nullopt;
+    }
+  } else {
+    a.sh = source_scale(sig.args[scales], a.h, a.oh);
+    a.sw = source_scale(sig.args[scales + 1], a.w, a.ow);
+  }
   return a;
 }
 
@@ -109,8 +222,24 @@ std::string float_literal(float f) {
 }
 
 std::vector<std::string> upsample_defines(const UpsampleArgs& a) {
-  return {define("KF_H", a.h), define("KF_W", a.w), define("KF_OH", a.oh), define("KF_OW", a.ow),
-          "-DKF_SH=" + float_literal(a.sh), "-DKF_SW=" + float_literal(a.sw)};
+  std::vector<std::string> d = {define("KF_H", a.h), define("KF_W", a.w), define("KF_OH", a.oh), define("KF_OW", a.ow),
+                                "-DKF_SH=" + float_literal(a.sh), "-DKF_SW=" + float_literal(a.sw)};
+  if (a.bilinear) d.push_back(define("KF_ALIGN", a.align_corners ? 1 : 0));
+  return d;
+}
+
+std::string upsample_source(Backend backend, bool bilinear) {
+  if (backend == Backend::kCuda) {
+    return std::string(kCudaPrelude) + (bilinear ? std::string(kBilinearSource) + kCudaUpsampleBilinear : kCudaUpsampleNearest);
+  }
+  return std::string(kCpuPrelude) +
+         (bilinear ? std::string("typedef int64_t kf_i64;\n") + kBilinearSource + kCpuUpsampleBilinear : kCpuUpsampleNearest);
+}
+
+const char* upsample_entry(bool bilinear) { return bilinear ? "kf_upsample_bilinear" : "kf_upsample_nearest"; }
+
+std::string upsample_family(Backend backend, bool bilinear) {
+  return std::string(backend == Backend::kCpu ? "cpu." : "") + (bilinear ? "upsample_bilinear2d" : "upsample_nearest2d");
 }
 
 // [N, C, OH, OW] contiguous, of self's dtype.
@@ -124,16 +253,19 @@ OutputSpec upsample_output(const UpsampleArgs& a) {
 
 enum UpsampleCudaKnob : size_t { kBlock, kItems };
 
-class UpsampleNearestCuda final : public FamilyBase {
+class UpsampleCuda final : public FamilyBase {
  public:
-  UpsampleNearestCuda()
-      : FamilyBase("upsample_nearest2d", Backend::kCuda,
-                   {Knob{"block", {64, 128, 256, 512}, {}}, Knob{"items", {1, 2, 4, 8}, {}}}) {}
+  explicit UpsampleCuda(bool bilinear)
+      : FamilyBase(upsample_family(Backend::kCuda, bilinear), Backend::kCuda,
+                   {Knob{"block", {64, 128, 256, 512}, {}}, Knob{"items", {1, 2, 4, 8}, {}}}),
+        bilinear_(bilinear) {}
 
-  bool applies(const OpSignature& sig) const override { return upsample_args(sig, Backend::kCuda).has_value(); }
+  bool applies(const OpSignature& sig) const override {
+    return upsample_args(sig, Backend::kCuda, bilinear_).has_value();
+  }
 
   bool valid(const OpSignature& sig, std::span<const int64_t> v) const override {
-    const UpsampleArgs a = *upsample_args(sig, Backend::kCuda);
+    const UpsampleArgs a = *upsample_args(sig, Backend::kCuda, bilinear_);
     const int64_t n = a.x->sizes[0] * a.x->sizes[1] * a.oh * a.ow;
     return v[kBlock] * v[kItems] <= std::max<int64_t>(64, pow2_ceil(n));
   }
@@ -144,12 +276,12 @@ class UpsampleNearestCuda final : public FamilyBase {
   }
 
   KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {
-    const UpsampleArgs a = *upsample_args(sig, Backend::kCuda);
+    const UpsampleArgs a = *upsample_args(sig, Backend::kCuda, bilinear_);
     std::vector<std::string> options = {dtype_define(a.x->dtype), define("KF_BLOCK", v[kBlock]),
                                         define("KF_ITEMS", v[kItems])};
     for (std::string& d : upsample_defines(a)) options.push_back(std::move(d));
-    KernelSpec s = one_launch_spec(Backend::kCuda, std::string(kCudaPrelude) + kCudaUpsampleNearest,
-                                   "kf_upsample_nearest", options);
+    KernelSpec s = one_launch_spec(Backend::kCuda, upsample_source(Backend::kCuda, bilinear_), upsample_entry(bilinear_),
+                                   options);
     s.plan.outputs = {upsample_output(a)};
     Launch& l = s.plan.launches[0];
     const std::string n = size_name(0, 0) + " * " + size_name(0, 1) + " * " + std::to_string(a.oh * a.ow);
@@ -158,34 +290,40 @@ class UpsampleNearestCuda final : public FamilyBase {
     l.args = {ArgBinding::input(0), ArgBinding::output(0), ArgBinding::size(n)};
     return s;
   }
+
+ private:
+  bool bilinear_;
 };
 
 // ---- CPU -------------------------------------------------------------------------------------------
 
-class UpsampleNearestCpu final : public FamilyBase {
+class UpsampleCpu final : public FamilyBase {
  public:
-  UpsampleNearestCpu()
-      : FamilyBase("cpu.upsample_nearest2d", Backend::kCpu, {Knob{"rows", {1, 4, 16, 64, 256}, {}}}) {}
+  explicit UpsampleCpu(bool bilinear)
+      : FamilyBase(upsample_family(Backend::kCpu, bilinear), Backend::kCpu, {Knob{"rows", {1, 4, 16, 64, 256}, {}}}),
+        bilinear_(bilinear) {}
 
-  bool applies(const OpSignature& sig) const override { return upsample_args(sig, Backend::kCpu).has_value(); }
+  bool applies(const OpSignature& sig) const override {
+    return upsample_args(sig, Backend::kCpu, bilinear_).has_value();
+  }
 
   bool valid(const OpSignature& sig, std::span<const int64_t> v) const override {
-    const UpsampleArgs a = *upsample_args(sig, Backend::kCpu);
+    const UpsampleArgs a = *upsample_args(sig, Backend::kCpu, bilinear_);
     return v[0] <= std::max<int64_t>(1, pow2_ceil(a.x->sizes[0] * a.x->sizes[1] * a.oh));
   }
 
   double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
-    const UpsampleArgs a = *upsample_args(sig, Backend::kCpu);
+    const UpsampleArgs a = *upsample_args(sig, Backend::kCpu, bilinear_);
     const double ideal = std::clamp(16384.0 / static_cast<double>(a.ow), 1.0, 256.0);   // about 16K elements a block
     return closeness(static_cast<double>(v[0]), ideal, 0.3);
   }
 
   KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {
-    const UpsampleArgs a = *upsample_args(sig, Backend::kCpu);
+    const UpsampleArgs a = *upsample_args(sig, Backend::kCpu, bilinear_);
     std::vector<std::string> options = cpu_base_options(sig);
     options.push_back(define("KF_ROWS", v[0]));
     for (std::string& d : upsample_defines(a)) options.push_back(std::move(d));
-    KernelSpec s = one_launch_spec(Backend::kCpu, std::string(kCpuPrelude) + kCpuUpsampleNearest, "kf_upsample_nearest",
+    KernelSpec s = one_launch_spec(Backend::kCpu, upsample_source(Backend::kCpu, bilinear_), upsample_entry(bilinear_),
                                    options);
     s.plan.outputs = {upsample_output(a)};
     Launch& l = s.plan.launches[0];
@@ -194,14 +332,19 @@ class UpsampleNearestCpu final : public FamilyBase {
     l.args = {ArgBinding::input(0), ArgBinding::output(0), ArgBinding::size(rows)};
     return s;
   }
+
+ private:
+  bool bilinear_;
 };
 
 }  // namespace
 
-// "upsample_nearest2d" (CUDA) and "cpu.upsample_nearest2d".
+// "upsample_nearest2d", "upsample_bilinear2d" (CUDA) and their "cpu." twins.
 const FamilyRegistration kRegistered{
-    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<UpsampleNearestCuda>(); },
-    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<UpsampleNearestCpu>(); },
+    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<UpsampleCuda>(false); },
+    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<UpsampleCpu>(false); },
+    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<UpsampleCuda>(true); },
+    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<UpsampleCpu>(true); },
 };
 
 }  // namespace kforge::search::templates

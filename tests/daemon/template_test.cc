@@ -274,6 +274,17 @@ OpSignature to_copy(Backend b, DType t, std::vector<int64_t> sizes, int64_t code
 }
 
 // The in-place variant of `s` (relu_, add_.Tensor, mul_.Tensor): the same arguments, self written.
+// Every 4-dimensional tensor argument of `s` made channels-last (same sizes; strides [H*W*C, 1, W*C, C]).
+OpSignature channels_last(OpSignature s) {
+  for (Arg& a : s.args) {
+    auto* t = std::get_if<TensorMeta>(&a.value);
+    if (t == nullptr || t->sizes.size() != 4) continue;
+    const int64_t c = t->sizes[1], h = t->sizes[2], w = t->sizes[3];
+    t->strides = {h * w * c, 1, w * c, c};
+  }
+  return s;
+}
+
 OpSignature in_place(OpSignature s) {
   s.op += "_";
   return s;
@@ -357,6 +368,15 @@ std::vector<OpSignature> signatures(Backend b) {
     out.push_back(upsample_bilinear(b, t, {1, 3, 5, 11}, {7, 4}, true));              // align_corners, down and up
     out.push_back(upsample_bilinear(b, t, {2, 4, 9, 6}, {5, 13}, false));             // sizes only
     out.push_back(upsample_bilinear(b, t, {1, 2, 1, 6}, {4, 1}, true));               // one row in, one column out
+    // Channels-last (Note [Dense layouts] in elementwise.cc; the image kernels' KF_CL).
+    out.push_back(channels_last(max_pool(b, t, {2, 16, 28, 28}, {3, 3}, {2, 2}, {1, 1})));
+    out.push_back(channels_last(avg_pool(b, t, {1, 3, 11, 9}, {3, 2}, {2, 1}, {1, 1}, true, false)));
+    out.push_back(channels_last(adaptive_avg_pool(b, t, {2, 8, 14, 14}, {7, 7})));
+    out.push_back(channels_last(upsample_nearest(b, t, {2, 8, 7, 9}, {14, 18}, 2.0, 2.0)));
+    out.push_back(channels_last(upsample_bilinear(b, t, {1, 3, 5, 11}, {7, 4}, true)));
+    out.push_back(channels_last(unary("relu", b, t, {2, 24, 7, 9})));
+    out.push_back(channels_last(in_place(unary("relu", b, t, {2, 24, 7, 9}))));
+    out.push_back(channels_last(binary("add", b, t, {2, 24, 7, 9}, {2, 24, 7, 9})));
     out.push_back(cumsum(b, t, {4, 1001}, -1));
     out.push_back(cumsum(b, t, {2, 77, 33}, 1));
     out.push_back(cumsum(b, t, {129}, 0));
@@ -966,6 +986,12 @@ TEST_CASE("templates: the CUDA families compile with NVRTC for sm_90 over their 
     sigs.push_back(adaptive_avg_pool(Backend::kCuda, d, {8, 512, 14, 14}, {7, 7}));
     sigs.push_back(upsample_bilinear(Backend::kCuda, d, {2, 320, 32, 32}, {64, 64}, false, 2.0, 2.0));
     sigs.push_back(upsample_bilinear(Backend::kCuda, d, {2, 19, 64, 64}, {512, 512}, true));
+    sigs.push_back(channels_last(max_pool(Backend::kCuda, d, {8, 64, 112, 112}, {3, 3}, {2, 2}, {1, 1})));
+    sigs.push_back(channels_last(avg_pool(Backend::kCuda, d, {8, 256, 56, 56}, {2, 2}, {2, 2}, {0, 0})));
+    sigs.push_back(channels_last(adaptive_avg_pool(Backend::kCuda, d, {8, 512, 14, 14}, {7, 7})));
+    sigs.push_back(channels_last(upsample_nearest(Backend::kCuda, d, {2, 320, 32, 32}, {64, 64}, 2.0, 2.0)));
+    sigs.push_back(channels_last(upsample_bilinear(Backend::kCuda, d, {2, 320, 32, 32}, {64, 64}, false, 2.0, 2.0)));
+    sigs.push_back(channels_last(binary("add", Backend::kCuda, d, {8, 256, 56, 56}, {8, 256, 56, 56})));
     sigs.push_back(cumsum(Backend::kCuda, d, {64, 4096}, -1));
     sigs.push_back(cat(Backend::kCuda, d, {{8, 12, 512, 64}, {8, 12, 1, 64}}, 2));
     sigs.push_back(cat(Backend::kCuda, d, {{4, 7}, {4, 9}, {4, 1}}, 1));
@@ -1421,6 +1447,14 @@ TEST_CASE("templates: CPU instances of every family pass the worker's verificati
   plan(upsample_bilinear(B, F, {2, 8, 13, 7}, {26, 14}, false, 2.0, 2.0), 1, 1);
   plan(upsample_bilinear(B, F, {1, 3, 10, 11}, {7, 23}, true), 1, 1);
   plan(upsample_bilinear(B, F, {2, 2, 8, 6}, {12, 9}, false), 1, 0);
+  plan(channels_last(max_pool(B, F, {2, 16, 28, 28}, {3, 3}, {2, 2}, {1, 1})), 1, 1);
+  plan(channels_last(avg_pool(B, F, {1, 5, 11, 9}, {3, 2}, {2, 1}, {1, 1}, true, false)), 1, 0);
+  plan(channels_last(adaptive_avg_pool(B, F, {2, 8, 14, 14}, {5, 3})), 1, 0);
+  plan(channels_last(upsample_nearest(B, F, {2, 8, 7, 9}, {14, 18}, 2.0, 2.0)), 1, 0);
+  plan(channels_last(upsample_bilinear(B, F, {1, 3, 5, 11}, {7, 4}, true)), 1, 1);
+  plan(channels_last(unary("silu", B, F, {2, 24, 7, 9})), 1, 0);
+  plan(channels_last(in_place(unary("relu", B, F, {2, 24, 7, 9}))), 1, 0);
+  plan(channels_last(binary("add", B, F, {2, 24, 7, 9}, {2, 24, 7, 9})), 1, 0);
   plan(cumsum(B, F, {7, 1001}, -1), 1, 0);
   plan(cumsum(B, F, {2, 300, 33}, 1), 1, 1);
   plan(cat(B, F, {{2, 3, 33, 16}, {2, 3, 1, 16}}, -2), 1, 1);
@@ -1514,6 +1548,14 @@ TEST_CASE("templates: CUDA instances of every family pass the worker's verificat
     plan(upsample_bilinear(B, d, {2, 64, 16, 16}, {32, 32}, false, 2.0, 2.0), 2, 1);
     plan(upsample_bilinear(B, d, {1, 3, 10, 11}, {7, 23}, true), 1, 1);
     plan(upsample_bilinear(B, d, {2, 2, 8, 6}, {12, 9}, false), 1, 0);
+    plan(channels_last(max_pool(B, d, {2, 64, 28, 28}, {3, 3}, {2, 2}, {1, 1})), 1, 1);
+    plan(channels_last(avg_pool(B, d, {1, 5, 11, 9}, {3, 2}, {2, 1}, {1, 1}, true, false)), 1, 0);
+    plan(channels_last(adaptive_avg_pool(B, d, {2, 64, 14, 14}, {5, 3})), 1, 0);
+    plan(channels_last(upsample_nearest(B, d, {2, 8, 7, 9}, {14, 18}, 2.0, 2.0)), 1, 0);
+    plan(channels_last(upsample_bilinear(B, d, {2, 32, 16, 16}, {32, 32}, false, 2.0, 2.0)), 1, 1);
+    plan(channels_last(unary("silu", B, d, {2, 24, 7, 9})), 1, 0);
+    plan(channels_last(in_place(unary("relu", B, d, {2, 24, 7, 9}))), 1, 0);
+    plan(channels_last(binary("add", B, d, {2, 24, 7, 9}, {2, 24, 7, 9})), 1, 0);
     plan(cumsum(B, d, {7, 1001}, -1), 1, 1);
     plan(cumsum(B, d, {2, 300, 33}, 1), 1, 1);
     plan(cat(B, d, {{4, 6, 129, 64}, {4, 6, 1, 64}}, 2), 2, 2);

@@ -448,6 +448,35 @@ extern "C" void softmax_rows(const kforge_cpu_block* b, void* const* p) {
     c.push_back(Case{"an argmax that returns the last of equal maxima", std::move(s), EvalStatus::kVerifyFailed,
                      "accuracy", "zeros", "values differ", 60000, row_argmax});
   }
+  {
+    // Right inside the image; at its border the window's padding is counted, though the call says not to.
+    OpSignature avg_pool{"aten::avg_pool2d", "",
+                         {Arg::tensor(matrix(DeviceType::kCpu, {kRows / 16, 1, 16, 16})), Arg::int_list({3, 3}),
+                          Arg::int_list({1, 1}), Arg::int_list({1, 1}), Arg::boolean(false), Arg::boolean(false),
+                          Arg::none()},
+                         target_for(B, sm.target.arch)};
+    KernelSpec s = row_spec(B, R"(
+#include "runtime/cpu_kernel_abi.h"
+extern "C" void softmax_rows(const kforge_cpu_block* b, void* const* p) {
+  const float* x = *(const float* const*)p[0];
+  float* y = *(float* const*)p[1];
+  const int64_t W = *(const int64_t*)p[2], H = 16;
+  const int64_t r = (int64_t)b->block_idx[0], oh = r % H;
+  const float* xp = x + (r / H) * H * W;
+  for (int64_t ow = 0; ow < W; ++ow) {
+    double s = 0;
+    for (int64_t h = oh - 1; h <= oh + 1; ++h)
+      for (int64_t w = ow - 1; w <= ow + 1; ++w)
+        if (h >= 0 && h < H && w >= 0 && w < W) s += xp[h * W + w];
+    y[r * W + ow] = (float)(s / 9);   // count_include_pad=False: the border windows have fewer than 9
+  }
+}
+)");
+    s.plan.launches[0].grid[0] = "numel0 / size0_3";
+    s.plan.launches[0].args = {ArgBinding::input(0), ArgBinding::output(0), ArgBinding::size("size0_3")};
+    c.push_back(Case{"an average pool that counts the padding it was told not to", std::move(s),
+                     EvalStatus::kVerifyFailed, "accuracy", "normal", "", 60000, avg_pool});
+  }
   // The CPU's "another stream": work that outlives the launch on a thread of its own.
   add("launches work outside the launch (a thread)", row_spec(B, cpu_softmax("pthread_t t; pthread_create(&t, 0, work, 0);",
                                                                               "#include <pthread.h>\nstatic void* work(void*) { return 0; }\n")),

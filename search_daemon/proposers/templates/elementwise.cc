@@ -496,9 +496,17 @@ bool matches(const OpSignature& sig, Pointwise op, Backend backend, bool in_plac
   return broadcast_plan(*tensor_arg(sig, 0), *tensor_arg(sig, 1))->out_sizes == tensor_arg(sig, 0)->sizes;
 }
 
+// Note [Dense layouts]
+// A pointwise result of one input, or of two with the same sizes and strides, is PyTorch's
+// element for element in storage order whenever the input is dense in any order of its dimensions
+// (channels-last, a transposed contiguous tensor), and PyTorch's output takes the input's strides
+// then (empty_like, preserve_format; TensorIterator for equal layouts). So those take the flat
+// kernels with OutputSpec::like or in place; a broadcast with a non-contiguous operand is refused.
+bool same_layout(const TensorMeta& a, const TensorMeta& b) { return a.sizes == b.sizes && a.strides == b.strides; }
+
 bool matches_op(const OpSignature& sig, Pointwise op, Backend backend) {
   const TensorMeta* a = tensor_arg(sig, 0);
-  if (!template_tensor(a, backend)) return false;
+  if (!template_dense_tensor(a, backend)) return false;
   switch (op) {
     case Pointwise::kGelu: {
       if (sig.args.empty() || sig.args.size() > 2) return false;
@@ -530,8 +538,10 @@ bool matches_op(const OpSignature& sig, Pointwise op, Backend backend) {
       if (has_alpha(op) && !is_number(sig.args[2])) return false;
       if (value_other(sig)) return true;
       const TensorMeta* b = tensor_arg(sig, 1);
-      // One dtype (no type promotion) on one device.
-      return template_tensor(b, backend) && b->dtype == a->dtype && broadcast_plan(*a, *b).has_value();
+      // One dtype (no type promotion) on one device; Note [Dense layouts].
+      if (b == nullptr || b->dtype != a->dtype) return false;
+      if (!a->is_contiguous() || !b->is_contiguous()) return same_layout(*a, *b) && template_dense_tensor(b, backend);
+      return template_tensor(b, backend) && broadcast_plan(*a, *b).has_value();
     }
   }
   return false;
@@ -592,7 +602,8 @@ struct OutputShape {
 OutputShape output_shape(const OpSignature& sig, Pointwise op, bool in_place) {
   const TensorMeta& a = *tensor_arg(sig, 0);
   OutputSpec self = in_place ? OutputSpec::in_place(0) : OutputSpec::like(0);
-  if (!broadcasting(sig, op)) return {a.numel(), "numel0", std::move(self)};
+  // Note [Dense layouts]: equal layouts that are not contiguous are walked flat, like the input.
+  if (!broadcasting(sig, op) || !a.is_contiguous()) return {a.numel(), "numel0", std::move(self)};
   const BroadcastPlan p = *broadcast_plan(a, *tensor_arg(sig, 1));
   return {out_numel(p), out_numel_expr(p), in_place ? std::move(self) : broadcast_output(p, a.dtype)};
 }

@@ -13,6 +13,9 @@
 //   [floor(o * H / OH), ceil((o + 1) * H / OH)).
 // The averages sum in kf_acc (double for float32 on CUDA, double on CPU; PyTorch sums in float):
 // at least as accurate, which is what the worker's criterion asks.
+// A channels-last input (KF_CL) gives a channels-last output, as PyTorch's kernels return it: the
+// CUDA kernels number output elements in storage order (channel innermost), the CPU kernels take
+// rows of [N, OH] and walk each window once for all channels.
 #include <algorithm>
 
 #include "runtime/op_catalog.h"
@@ -42,16 +45,14 @@ kf_max_pool2d(const kf_t* __restrict__ x, kf_t* __restrict__ y, long long* __res
   for (int it = 0; it < KF_ITEMS; ++it) {
     const kf_i64 i = first + (kf_i64)it * KF_BLOCK;
     if (i >= n) continue;
-    const kf_i64 ow = i % KF_OW;
-    const kf_i64 oh = (i / KF_OW) % KF_OH;
-    const kf_i64 plane = i / (KF_OW * KF_OH);
-    const kf_t* __restrict__ xp = x + plane * (KF_H * KF_W);
+    KF_POSITION(i, oh, ow, base)
+    const kf_t* __restrict__ xp = x + base;
     KF_WINDOW(oh, ow, hs, he, ws, we)
     kf_i64 best = hs * KF_W + ws;
     float m = KF_NEG_INF;
     for (kf_i64 h = hs; h < he; h += KF_DH) {
       for (kf_i64 w = ws; w < we; w += KF_DW) {
-        const float v = kf_to_float(xp[h * KF_W + w]);
+        const float v = kf_to_float(xp[KF_AT(h, w)]);
         if (v > m || v != v) {
           m = v;
           best = h * KF_W + w;
@@ -65,6 +66,40 @@ kf_max_pool2d(const kf_t* __restrict__ x, kf_t* __restrict__ y, long long* __res
 )kf";
 
 const char* const kCpuMaxPool = R"kf(
+#if KF_CL
+// KF_ROWS output rows (of OW * C elements) per block, rows numbered over [N, OH]; each window
+// walked once, every channel updated at each element (the output holds the running maxima).
+extern "C" void kf_max_pool2d(const kforge_cpu_block* blk, void* const* p) {
+  const float* __restrict__ x = KF_PTR(const float, 0);
+  float* __restrict__ y = KF_PTR(float, 1);
+  int64_t* __restrict__ idx = KF_PTR(int64_t, 2);
+  const int64_t rows = KF_I64(3);
+  const int64_t r0 = (int64_t)blk->block_idx[0] * KF_ROWS;
+  const int64_t r1 = r0 + KF_ROWS < rows ? r0 + KF_ROWS : rows;
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t oh = r % KF_OH;
+    const float* __restrict__ xn = x + (r / KF_OH) * (KF_H * KF_W * KF_C);
+    for (int64_t ow = 0; ow < KF_OW; ++ow) {
+      KF_WINDOW(oh, ow, hs, he, ws, we)
+      float* __restrict__ m = y + (r * KF_OW + ow) * KF_C;
+      int64_t* __restrict__ best = idx + (r * KF_OW + ow) * KF_C;
+      for (int64_t c = 0; c < KF_C; ++c) m[c] = -INFINITY, best[c] = hs * KF_W + ws;
+      for (int64_t h = hs; h < he; h += KF_DH) {
+        for (int64_t w = ws; w < we; w += KF_DW) {
+          const float* __restrict__ xv = xn + (h * KF_W + w) * KF_C;
+          for (int64_t c = 0; c < KF_C; ++c) {
+            const float v = xv[c];
+            if (v > m[c] || v != v) {
+              m[c] = v;
+              best[c] = h * KF_W + w;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+#else
 // KF_ROWS output rows (of OW elements) per block, rows numbered over [planes = N*C, OH].
 extern "C" void kf_max_pool2d(const kforge_cpu_block* blk, void* const* p) {
   const float* __restrict__ x = KF_PTR(const float, 0);
@@ -94,6 +129,7 @@ extern "C" void kf_max_pool2d(const kforge_cpu_block* blk, void* const* p) {
     }
   }
 }
+#endif
 )kf";
 
 // KF_MEAN_WINDOW(oh, ow, hs, he, ws, we, div): the in-bounds window of output (oh, ow) and its
@@ -131,14 +167,12 @@ kf_mean_pool2d(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 n) {
   for (int it = 0; it < KF_ITEMS; ++it) {
     const kf_i64 i = first + (kf_i64)it * KF_BLOCK;
     if (i >= n) continue;
-    const kf_i64 ow = i % KF_OW;
-    const kf_i64 oh = (i / KF_OW) % KF_OH;
-    const kf_i64 plane = i / (KF_OW * KF_OH);
-    const kf_t* __restrict__ xp = x + plane * (KF_H * KF_W);
+    KF_POSITION(i, oh, ow, base)
+    const kf_t* __restrict__ xp = x + base;
     KF_MEAN_WINDOW(oh, ow, hs, he, ws, we, div)
     kf_acc sum = 0;
     for (kf_i64 h = hs; h < he; ++h) {
-      for (kf_i64 w = ws; w < we; ++w) sum += kf_to_float(xp[h * KF_W + w]);
+      for (kf_i64 w = ws; w < we; ++w) sum += kf_to_float(xp[KF_AT(h, w)]);
     }
     y[i] = kf_from_float(hs < he && ws < we ? (float)(sum / (kf_acc)div) : 0.0f);
   }
@@ -146,6 +180,35 @@ kf_mean_pool2d(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 n) {
 )kf";
 
 const char* const kCpuMeanPool = R"kf(
+#if KF_CL
+// KF_ROWS output rows (of OW * C elements) per block, rows numbered over [N, OH]; each window
+// walked once, summing every channel (KF_C sums in double on the stack).
+extern "C" void kf_mean_pool2d(const kforge_cpu_block* blk, void* const* p) {
+  const float* __restrict__ x = KF_PTR(const float, 0);
+  float* __restrict__ y = KF_PTR(float, 1);
+  const int64_t rows = KF_I64(2);
+  const int64_t r0 = (int64_t)blk->block_idx[0] * KF_ROWS;
+  const int64_t r1 = r0 + KF_ROWS < rows ? r0 + KF_ROWS : rows;
+  double sum[KF_C];
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t oh = r % KF_OH;
+    const float* __restrict__ xn = x + (r / KF_OH) * (KF_H * KF_W * KF_C);
+    for (int64_t ow = 0; ow < KF_OW; ++ow) {
+      KF_MEAN_WINDOW(oh, ow, hs, he, ws, we, div)
+      for (int64_t c = 0; c < KF_C; ++c) sum[c] = 0;
+      for (int64_t h = hs; h < he; ++h) {
+        for (int64_t w = ws; w < we; ++w) {
+          const float* __restrict__ xv = xn + (h * KF_W + w) * KF_C;
+          for (int64_t c = 0; c < KF_C; ++c) sum[c] += xv[c];
+        }
+      }
+      float* __restrict__ yo = y + (r * KF_OW + ow) * KF_C;
+      const int empty = !(hs < he && ws < we);
+      for (int64_t c = 0; c < KF_C; ++c) yo[c] = empty ? 0.0f : (float)(sum[c] / (double)div);
+    }
+  }
+}
+#else
 // KF_ROWS output rows (of OW elements) per block, rows numbered over [planes = N*C, OH].
 extern "C" void kf_mean_pool2d(const kforge_cpu_block* blk, void* const* p) {
   const float* __restrict__ x = KF_PTR(const float, 0);
@@ -166,14 +229,19 @@ extern "C" void kf_mean_pool2d(const kforge_cpu_block* blk, void* const* p) {
     }
   }
 }
+#endif
 )kf";
 
 enum class Pool { kMax, kAvg, kAdaptive };
 
 struct PoolCall {
   const TensorMeta* x = nullptr;
+  bool channels_last = false;
   catalog::Pool2d g;   // kAdaptive: only h, w, oh, ow
 };
+
+// The CPU channels-last kernels keep KF_C sums on their stack.
+constexpr int64_t kMaxCpuChannelsLast = 4096;
 
 std::optional<PoolCall> pool_call(const OpSignature& sig, Backend backend, Pool kind) {
   static constexpr std::string_view kOps[] = {"aten::max_pool2d_with_indices", "aten::avg_pool2d",
@@ -183,7 +251,11 @@ std::optional<PoolCall> pool_call(const OpSignature& sig, Backend backend, Pool 
   if (sig.op != kOps[k] || !sig.overload.empty() || sig.args.size() != kArgs[k]) return std::nullopt;
   PoolCall c;
   c.x = tensor_arg(sig, 0);
-  if (!template_tensor(c.x, backend) || c.x->sizes.size() != 4) return std::nullopt;
+  if (!template_dense_tensor(c.x, backend) || c.x->sizes.size() != 4) return std::nullopt;
+  c.channels_last = !c.x->is_contiguous();
+  if (c.channels_last && (!channels_last_4d(*c.x) || (backend == Backend::kCpu && c.x->sizes[1] > kMaxCpuChannelsLast))) {
+    return std::nullopt;
+  }
   if (kind != Pool::kAdaptive) {
     const std::optional<catalog::Pool2d> g = catalog::pool2d_geometry(sig);
     if (!g) return std::nullopt;
@@ -199,8 +271,11 @@ std::optional<PoolCall> pool_call(const OpSignature& sig, Backend backend, Pool 
   return c;
 }
 
-std::vector<std::string> pool_defines(Pool kind, const catalog::Pool2d& g) {
-  std::vector<std::string> d = {define("KF_H", g.h), define("KF_W", g.w), define("KF_OH", g.oh), define("KF_OW", g.ow)};
+std::vector<std::string> pool_defines(Pool kind, const PoolCall& c) {
+  const catalog::Pool2d& g = c.g;
+  std::vector<std::string> d = {define("KF_H", g.h),   define("KF_W", g.w),
+                                define("KF_OH", g.oh), define("KF_OW", g.ow),
+                                define("KF_C", c.x->sizes[1]), define("KF_CL", c.channels_last ? 1 : 0)};
   if (kind == Pool::kAdaptive) return d;
   for (std::string s : {define("KF_KH", g.kh), define("KF_KW", g.kw), define("KF_SH", g.sh), define("KF_SW", g.sw),
                         define("KF_PH", g.ph), define("KF_PW", g.pw)}) {
@@ -219,7 +294,7 @@ std::vector<std::string> pool_defines(Pool kind, const catalog::Pool2d& g) {
 // The window text and the kernel, by kind.
 std::string pool_source(Backend backend, Pool kind) {
   const bool cuda = backend == Backend::kCuda;
-  std::string s = cuda ? kCudaPrelude : std::string(kCpuPrelude) + "typedef int64_t kf_i64;\n";
+  std::string s = cuda ? std::string(kCudaPrelude) + kCudaImagePosition : std::string(kCpuPrelude) + "typedef int64_t kf_i64;\n";
   switch (kind) {
     case Pool::kMax: return s + kPoolWindow + (cuda ? kCudaMaxPool : kCpuMaxPool);
     case Pool::kAvg: return s + kAvgWindow + (cuda ? kCudaMeanPool : kCpuMeanPool);
@@ -236,11 +311,18 @@ int64_t window_elements(Pool kind, const catalog::Pool2d& g) {
   return ((g.h + g.oh - 1) / g.oh + 1) * ((g.w + g.ow - 1) / g.ow + 1);
 }
 
-// [N, C, OH, OW] contiguous: the values in self's dtype (and max pooling's indices, int64).
-std::vector<OutputSpec> pool_outputs(Pool kind, DType t, const catalog::Pool2d& g) {
+// [N, C, OH, OW], contiguous or channels-last as self: the values in self's dtype (and max
+// pooling's indices, int64).
+std::vector<OutputSpec> pool_outputs(Pool kind, const PoolCall& c) {
+  const catalog::Pool2d& g = c.g;
+  const DType t = c.x->dtype;
   const std::string plane = std::to_string(g.oh * g.ow);
   std::vector<std::string> sizes = {size_name(0, 0), size_name(0, 1), std::to_string(g.oh), std::to_string(g.ow)};
   std::vector<std::string> strides = {size_name(0, 1) + " * " + plane, plane, std::to_string(g.ow), "1"};
+  if (c.channels_last) {
+    const std::string ch = size_name(0, 1);
+    strides = {plane + " * " + ch, "1", std::to_string(g.ow) + " * " + ch, ch};
+  }
   std::vector<OutputSpec> out = {OutputSpec::explicit_layout(t, sizes, strides)};
   if (kind == Pool::kMax) out.push_back(OutputSpec::explicit_layout(DType::kInt64, sizes, strides));
   return out;
@@ -285,9 +367,9 @@ class PoolCuda final : public FamilyBase {
   KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {
     const PoolCall c = *pool_call(sig, Backend::kCuda, kind_);
     std::vector<std::string> options = {dtype_define(c.x->dtype), define("KF_BLOCK", v[kBlock]), define("KF_ITEMS", v[kItems])};
-    for (std::string& d : pool_defines(kind_, c.g)) options.push_back(std::move(d));
+    for (std::string& d : pool_defines(kind_, c)) options.push_back(std::move(d));
     KernelSpec s = one_launch_spec(Backend::kCuda, pool_source(Backend::kCuda, kind_), pool_entry(kind_), options);
-    s.plan.outputs = pool_outputs(kind_, c.x->dtype, c.g);
+    s.plan.outputs = pool_outputs(kind_, c);
     Launch& l = s.plan.launches[0];
     const std::string n = planes_expr() + " * " + std::to_string(c.g.oh * c.g.ow);
     l.grid[0] = "ceil_div(" + n + ", " + std::to_string(v[kBlock] * v[kItems]) + ")";
@@ -312,12 +394,12 @@ class PoolCpu final : public FamilyBase {
 
   bool valid(const OpSignature& sig, std::span<const int64_t> v) const override {
     const PoolCall c = *pool_call(sig, Backend::kCpu, kind_);
-    return v[0] <= std::max<int64_t>(1, pow2_ceil(c.x->sizes[0] * c.x->sizes[1] * c.g.oh));
+    return v[0] <= std::max<int64_t>(1, pow2_ceil(c.x->sizes[0] * (c.channels_last ? 1 : c.x->sizes[1]) * c.g.oh));
   }
 
   double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
     const PoolCall c = *pool_call(sig, Backend::kCpu, kind_);
-    const double work = static_cast<double>(c.g.ow * window_elements(kind_, c.g));
+    const double work = static_cast<double>(c.g.ow * window_elements(kind_, c.g) * (c.channels_last ? c.x->sizes[1] : 1));
     return closeness(static_cast<double>(v[0]), std::clamp(4096.0 / work, 1.0, 256.0), 0.3);
   }
 
@@ -325,11 +407,11 @@ class PoolCpu final : public FamilyBase {
     const PoolCall c = *pool_call(sig, Backend::kCpu, kind_);
     std::vector<std::string> options = cpu_base_options(sig);
     options.push_back(define("KF_ROWS", v[0]));
-    for (std::string& d : pool_defines(kind_, c.g)) options.push_back(std::move(d));
+    for (std::string& d : pool_defines(kind_, c)) options.push_back(std::move(d));
     KernelSpec s = one_launch_spec(Backend::kCpu, pool_source(Backend::kCpu, kind_), pool_entry(kind_), options);
-    s.plan.outputs = pool_outputs(kind_, c.x->dtype, c.g);
+    s.plan.outputs = pool_outputs(kind_, c);
     Launch& l = s.plan.launches[0];
-    const std::string rows = planes_expr() + " * " + std::to_string(c.g.oh);
+    const std::string rows = (c.channels_last ? size_name(0, 0) : planes_expr()) + " * " + std::to_string(c.g.oh);
     l.grid[0] = "ceil_div(" + rows + ", " + std::to_string(v[0]) + ")";
     l.args = pool_bindings(kind_, rows);
     return s;

@@ -18,6 +18,38 @@ bool template_tensor(const TensorMeta* t, Backend backend) {
          (t->dtype == DType::kFloat32 || t->dtype == DType::kFloat16 || t->dtype == DType::kBFloat16);
 }
 
+bool template_dense_tensor(const TensorMeta* t, Backend backend) {
+  if (t == nullptr || t->sizes.empty() || t->numel() <= 0 || t->strides.size() != t->sizes.size()) return false;
+  if (!t->is_contiguous()) {
+    // Dimensions of more than one element, innermost (smallest stride) first: each stride must be
+    // the product of the sizes inside it.
+    std::vector<size_t> dims;
+    for (size_t d = 0; d < t->sizes.size(); ++d) {
+      if (t->sizes[d] > 1) dims.push_back(d);
+    }
+    std::sort(dims.begin(), dims.end(), [&](size_t a, size_t b) { return t->strides[a] < t->strides[b]; });
+    int64_t expect = 1;
+    for (size_t d : dims) {
+      if (t->strides[d] != expect) return false;
+      expect *= t->sizes[d];
+    }
+  }
+  TensorMeta c = *t;
+  c.strides.clear();   // the device and dtype checks of template_tensor, on a contiguous twin
+  for (size_t d = c.sizes.size(), step = 1; d-- > 0;) {
+    c.strides.insert(c.strides.begin(), static_cast<int64_t>(step));
+    step *= static_cast<size_t>(c.sizes[d]);
+  }
+  return template_tensor(&c, backend);
+}
+
+bool channels_last_4d(const TensorMeta& t) {
+  if (t.sizes.size() != 4 || t.strides.size() != 4) return false;
+  const int64_t c = t.sizes[1], h = t.sizes[2], w = t.sizes[3];
+  const auto ok = [&](size_t d, int64_t stride) { return t.sizes[d] == 1 || t.strides[d] == stride; };
+  return ok(1, 1) && ok(3, c) && ok(2, w * c) && ok(0, h * w * c);
+}
+
 bool is_none(const OpSignature& sig, size_t i) {
   return i < sig.args.size() && std::holds_alternative<std::monostate>(sig.args[i].value);
 }
@@ -395,6 +427,23 @@ typedef uint2 kf_word;
 typedef unsigned int kf_word;
 #else
 typedef unsigned short kf_word;
+#endif
+)kf";
+
+const char* const kCudaImagePosition = R"kf(
+#if KF_CL
+#define KF_POSITION(i, oh, ow, base)                                          \
+  const kf_i64 oh##_q = (i) / KF_C;                                          \
+  const kf_i64 ow = oh##_q % KF_OW;                                          \
+  const kf_i64 oh = (oh##_q / KF_OW) % KF_OH;                                \
+  const kf_i64 base = (oh##_q / (KF_OW * KF_OH)) * (KF_H * KF_W * KF_C) + (i) % KF_C;
+#define KF_AT(h, w) (((h) * KF_W + (w)) * KF_C)
+#else
+#define KF_POSITION(i, oh, ow, base)                                          \
+  const kf_i64 ow = (i) % KF_OW;                                             \
+  const kf_i64 oh = ((i) / KF_OW) % KF_OH;                                   \
+  const kf_i64 base = ((i) / (KF_OW * KF_OH)) * (KF_H * KF_W);
+#define KF_AT(h, w) ((h) * KF_W + (w))
 #endif
 )kf";
 

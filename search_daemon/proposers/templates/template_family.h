@@ -74,6 +74,14 @@ const TensorMeta* tensor_arg(const OpSignature& sig, size_t i);
 // A non-empty contiguous tensor on the device of `backend`, with a dtype the backend's templates
 // handle: float32 everywhere, float16 and bfloat16 on CUDA.
 bool template_tensor(const TensorMeta* t, Backend backend);
+// As template_tensor, but any dense layout: the elements fill [0, numel) of the storage without
+// gaps or overlaps in some order of the dimensions (channels-last, a transposed contiguous
+// tensor). A kernel that walks the storage in order, with an output of the same strides
+// (OutputSpec::like, in place), needs nothing else.
+bool template_dense_tensor(const TensorMeta* t, Backend backend);
+// A 4-dimensional tensor whose strides are channels-last's: [H*W*C, 1, W*C, C] (size-1
+// dimensions' strides not looked at, as PyTorch's is_contiguous(channels_last) does not).
+bool channels_last_4d(const TensorMeta& t);
 bool is_none(const OpSignature& sig, size_t i);
 const int64_t* int_arg(const OpSignature& sig, size_t i);
 // The last dimension's length and the product of the others.
@@ -120,6 +128,11 @@ extern const char* const kCudaNormStatistics;
 // After the prelude in the copying kernels (embedding, cat): kf_word, an unsigned type of
 // KF_WORD_BYTES (2, 4, 8 or 16) bytes, to move elements as they are stored, never through float.
 extern const char* const kCudaRawWord;
+// After the prelude in the image kernels (pooling, upsampling) of [N, C, H, W] input, contiguous
+// or channels-last (KF_CL; KF_C, KF_H, KF_W, KF_OH, KF_OW): KF_POSITION(i, oh, ow, base) gives
+// output element i's (oh, ow), the elements numbered in the output's storage order, and `base`,
+// where its input plane starts; KF_AT(h, w) is element (h, w)'s offset from there.
+extern const char* const kCudaImagePosition;
 // The first thing in every CPU template: the ABI header, libm, parameter access.
 extern const char* const kCpuPrelude;
 // After the prelude in the CPU norms (layer_norm, group_norm): kf_row_stats, a row's mean and

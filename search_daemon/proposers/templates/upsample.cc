@@ -1,6 +1,6 @@
 // aten::upsample_nearest2d and aten::upsample_bilinear2d (what F.interpolate(mode="nearest") and
 // mode="bilinear" call: a UNet decoder's 2x upsampling, a segmentation head's resize) of a
-// contiguous [N, C, H, W] input to [N, C, OH, OW]. Nearest: every output element a copy of one
+// contiguous or channels-last [N, C, H, W] input to [N, C, OH, OW] of the same layout. Nearest: every output element a copy of one
 // input element, so the result is exact and is checked bit for bit in effect. Bilinear: PyTorch's
 // float32 source coordinates and weights (Note [Bilinear source coordinate]).
 //
@@ -35,8 +35,8 @@ namespace kforge::search::templates {
 namespace {
 
 const char* const kCudaUpsampleNearest = R"kf(
-// Output element i (KF_ITEMS per thread, KF_BLOCK apart) of [rows = N*C*OH, OW]; KF_SH and KF_SW
-// the float scales (Note [Nearest source index]).
+// Output element i (KF_ITEMS per thread, KF_BLOCK apart, in the output's storage order); KF_SH and
+// KF_SW the float scales (Note [Nearest source index]).
 extern "C" __global__ void __launch_bounds__(KF_BLOCK)
 kf_upsample_nearest(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 n) {
   const kf_i64 first = (kf_i64)blockIdx.x * (KF_BLOCK * KF_ITEMS) + threadIdx.x;
@@ -44,13 +44,10 @@ kf_upsample_nearest(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 n) 
   for (int it = 0; it < KF_ITEMS; ++it) {
     const kf_i64 i = first + (kf_i64)it * KF_BLOCK;
     if (i >= n) continue;
-    const kf_i64 ow = i % KF_OW;
-    const kf_i64 r = i / KF_OW;        // n * C * OH + oh
-    const kf_i64 oh = r % KF_OH;
-    const kf_i64 plane = r / KF_OH;    // n * C + c
+    KF_POSITION(i, oh, ow, base)
     const kf_i64 ih = min((kf_i64)floorf((float)oh * KF_SH), (kf_i64)KF_H - 1);
     const kf_i64 iw = min((kf_i64)floorf((float)ow * KF_SW), (kf_i64)KF_W - 1);
-    y[i] = x[(plane * KF_H + ih) * KF_W + iw];
+    y[i] = x[base + KF_AT(ih, iw)];
   }
 }
 )kf";
@@ -69,13 +66,21 @@ extern "C" void kf_upsample_nearest(const kforge_cpu_block* blk, void* const* p)
   }
   const int64_t r0 = (int64_t)blk->block_idx[0] * KF_ROWS;
   const int64_t r1 = r0 + KF_ROWS < rows ? r0 + KF_ROWS : rows;
-  for (int64_t r = r0; r < r1; ++r) {
+  for (int64_t r = r0; r < r1; ++r) {   // rows of [N*C, OH], or of [N, OH] channels-last
     const int64_t oh = r % KF_OH, plane = r / KF_OH;
     int64_t ih = (int64_t)floorf((float)oh * KF_SH);
     ih = ih < KF_H - 1 ? ih : KF_H - 1;
+#if KF_CL
+    const float* __restrict__ src = x + (plane * KF_H + ih) * KF_W * KF_C;
+    float* __restrict__ dst = y + r * KF_OW * KF_C;
+    for (int64_t ow = 0; ow < KF_OW; ++ow) {
+      for (int64_t c = 0; c < KF_C; ++c) dst[ow * KF_C + c] = src[src_w[ow] * KF_C + c];
+    }
+#else
     const float* __restrict__ src = x + (plane * KF_H + ih) * KF_W;
     float* __restrict__ dst = y + r * KF_OW;
     for (int64_t ow = 0; ow < KF_OW; ++ow) dst[ow] = src[src_w[ow]];
+#endif
   }
 }
 )kf";
@@ -91,7 +96,7 @@ const char* const kBilinearSource = R"kf(
 )kf";
 
 const char* const kCudaUpsampleBilinear = R"kf(
-// Output element i (KF_ITEMS per thread, KF_BLOCK apart) of [rows = N*C*OH, OW].
+// Output element i (KF_ITEMS per thread, KF_BLOCK apart, in the output's storage order).
 extern "C" __global__ void __launch_bounds__(KF_BLOCK)
 kf_upsample_bilinear(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 n) {
   const kf_i64 first = (kf_i64)blockIdx.x * (KF_BLOCK * KF_ITEMS) + threadIdx.x;
@@ -99,15 +104,13 @@ kf_upsample_bilinear(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 n)
   for (int it = 0; it < KF_ITEMS; ++it) {
     const kf_i64 i = first + (kf_i64)it * KF_BLOCK;
     if (i >= n) continue;
-    const kf_i64 ow = i % KF_OW;
-    const kf_i64 r = i / KF_OW;
-    const kf_i64 oh = r % KF_OH;
-    const kf_t* __restrict__ xp = x + (r / KF_OH) * (KF_H * KF_W);
+    KF_POSITION(i, oh, ow, base)
+    const kf_t* __restrict__ xp = x + base;
     KF_BILINEAR_SOURCE(oh, KF_SH, KF_H, h0, h1, lh1)
     KF_BILINEAR_SOURCE(ow, KF_SW, KF_W, w0, w1, lw1)
     const float lh0 = 1.0f - lh1, lw0 = 1.0f - lw1;
-    const float v = lh0 * (lw0 * kf_to_float(xp[h0 * KF_W + w0]) + lw1 * kf_to_float(xp[h0 * KF_W + w1])) +
-                    lh1 * (lw0 * kf_to_float(xp[h1 * KF_W + w0]) + lw1 * kf_to_float(xp[h1 * KF_W + w1]));
+    const float v = lh0 * (lw0 * kf_to_float(xp[KF_AT(h0, w0)]) + lw1 * kf_to_float(xp[KF_AT(h0, w1)])) +
+                    lh1 * (lw0 * kf_to_float(xp[KF_AT(h1, w0)]) + lw1 * kf_to_float(xp[KF_AT(h1, w1)]));
     y[i] = kf_from_float(v);
   }
 }
@@ -130,19 +133,22 @@ extern "C" void kf_upsample_bilinear(const kforge_cpu_block* blk, void* const* p
   }
   const int64_t r0 = (int64_t)blk->block_idx[0] * KF_ROWS;
   const int64_t r1 = r0 + KF_ROWS < rows ? r0 + KF_ROWS : rows;
-  for (int64_t r = r0; r < r1; ++r) {
+  for (int64_t r = r0; r < r1; ++r) {   // rows of [N*C, OH], or of [N, OH] channels-last (KF_C each)
     const int64_t oh = r % KF_OH;
-    const float* __restrict__ xp = x + (r / KF_OH) * (KF_H * KF_W);
+    const int64_t ch = KF_CL ? KF_C : 1;
+    const float* __restrict__ xp = x + (r / KF_OH) * (KF_H * KF_W * ch);
     KF_BILINEAR_SOURCE(oh, KF_SH, KF_H, h0, h1, lh1)
     const float lh0 = 1.0f - lh1;
-    const float* __restrict__ a = xp + h0 * KF_W;
-    const float* __restrict__ b = xp + h1 * KF_W;
-    float* __restrict__ dst = y + r * KF_OW;
+    const float* __restrict__ a = xp + h0 * KF_W * ch;
+    const float* __restrict__ b = xp + h1 * KF_W * ch;
+    float* __restrict__ dst = y + r * KF_OW * ch;
     for (int64_t ow = 0; ow < KF_OW; ++ow) {
-      const int64_t w0 = col0[ow];
-      const int64_t w1 = w0 + (w0 < KF_W - 1 ? 1 : 0);
+      const int64_t w0 = col0[ow] * ch;
+      const int64_t w1 = w0 + (col0[ow] < KF_W - 1 ? ch : 0);
       const float lw1 = col_l1[ow], lw0 = 1.0f - lw1;
-      dst[ow] = lh0 * (lw0 * a[w0] + lw1 * a[w1]) + lh1 * (lw0 * b[w0] + lw1 * b[w1]);
+      for (int64_t c = 0; c < ch; ++c) {
+        dst[ow * ch + c] = lh0 * (lw0 * a[w0 + c] + lw1 * a[w1 + c]) + lh1 * (lw0 * b[w0 + c] + lw1 * b[w1 + c]);
+      }
     }
   }
 }
@@ -150,6 +156,7 @@ extern "C" void kf_upsample_bilinear(const kforge_cpu_block* blk, void* const* p
 
 struct UpsampleArgs {
   bool bilinear = false;
+  bool channels_last = false;
   bool align_corners = false;   // bilinear
   const TensorMeta* x = nullptr;
   int64_t h = 0, w = 0, oh = 0, ow = 0;
@@ -183,7 +190,9 @@ std::optional<UpsampleArgs> upsample_args(const OpSignature& sig, Backend backen
   UpsampleArgs a;
   a.bilinear = bilinear;
   a.x = tensor_arg(sig, 0);
-  if (!template_tensor(a.x, backend) || a.x->sizes.size() != 4) return std::nullopt;
+  if (!template_dense_tensor(a.x, backend) || a.x->sizes.size() != 4) return std::nullopt;
+  a.channels_last = !a.x->is_contiguous();
+  if (a.channels_last && !channels_last_4d(*a.x)) return std::nullopt;
   const auto* out = std::get_if<std::vector<int64_t>>(&sig.args[1].value);
   if (out == nullptr || out->size() != 2 || (*out)[0] <= 0 || (*out)[1] <= 0) return std::nullopt;
   const size_t scales = bilinear ? 3 : 2;
@@ -222,15 +231,22 @@ std::string float_literal(float f) {
 }
 
 std::vector<std::string> upsample_defines(const UpsampleArgs& a) {
-  std::vector<std::string> d = {define("KF_H", a.h), define("KF_W", a.w), define("KF_OH", a.oh), define("KF_OW", a.ow),
-                                "-DKF_SH=" + float_literal(a.sh), "-DKF_SW=" + float_literal(a.sw)};
+  std::vector<std::string> d = {define("KF_H", a.h),
+                                define("KF_W", a.w),
+                                define("KF_OH", a.oh),
+                                define("KF_OW", a.ow),
+                                define("KF_C", a.x->sizes[1]),
+                                define("KF_CL", a.channels_last ? 1 : 0),
+                                "-DKF_SH=" + float_literal(a.sh),
+                                "-DKF_SW=" + float_literal(a.sw)};
   if (a.bilinear) d.push_back(define("KF_ALIGN", a.align_corners ? 1 : 0));
   return d;
 }
 
 std::string upsample_source(Backend backend, bool bilinear) {
   if (backend == Backend::kCuda) {
-    return std::string(kCudaPrelude) + (bilinear ? std::string(kBilinearSource) + kCudaUpsampleBilinear : kCudaUpsampleNearest);
+    return std::string(kCudaPrelude) + kCudaImagePosition +
+           (bilinear ? std::string(kBilinearSource) + kCudaUpsampleBilinear : kCudaUpsampleNearest);
   }
   return std::string(kCpuPrelude) +
          (bilinear ? std::string("typedef int64_t kf_i64;\n") + kBilinearSource + kCpuUpsampleBilinear : kCpuUpsampleNearest);
@@ -242,11 +258,13 @@ std::string upsample_family(Backend backend, bool bilinear) {
   return std::string(backend == Backend::kCpu ? "cpu." : "") + (bilinear ? "upsample_bilinear2d" : "upsample_nearest2d");
 }
 
-// [N, C, OH, OW] contiguous, of self's dtype.
+// [N, C, OH, OW] of self's dtype, contiguous or channels-last as self.
 OutputSpec upsample_output(const UpsampleArgs& a) {
-  return OutputSpec::explicit_layout(
-      a.x->dtype, {size_name(0, 0), size_name(0, 1), std::to_string(a.oh), std::to_string(a.ow)},
-      {size_name(0, 1) + " * " + std::to_string(a.oh * a.ow), std::to_string(a.oh * a.ow), std::to_string(a.ow), "1"});
+  const std::string plane = std::to_string(a.oh * a.ow), ch = size_name(0, 1);
+  std::vector<std::string> strides = {ch + " * " + plane, plane, std::to_string(a.ow), "1"};
+  if (a.channels_last) strides = {plane + " * " + ch, "1", std::to_string(a.ow) + " * " + ch, ch};
+  return OutputSpec::explicit_layout(a.x->dtype, {size_name(0, 0), ch, std::to_string(a.oh), std::to_string(a.ow)},
+                                     std::move(strides));
 }
 
 // ---- CUDA ------------------------------------------------------------------------------------------
@@ -309,12 +327,13 @@ class UpsampleCpu final : public FamilyBase {
 
   bool valid(const OpSignature& sig, std::span<const int64_t> v) const override {
     const UpsampleArgs a = *upsample_args(sig, Backend::kCpu, bilinear_);
-    return v[0] <= std::max<int64_t>(1, pow2_ceil(a.x->sizes[0] * a.x->sizes[1] * a.oh));
+    return v[0] <= std::max<int64_t>(1, pow2_ceil(a.x->sizes[0] * (a.channels_last ? 1 : a.x->sizes[1]) * a.oh));
   }
 
   double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
     const UpsampleArgs a = *upsample_args(sig, Backend::kCpu, bilinear_);
-    const double ideal = std::clamp(16384.0 / static_cast<double>(a.ow), 1.0, 256.0);   // about 16K elements a block
+    const double row = static_cast<double>(a.ow * (a.channels_last ? a.x->sizes[1] : 1));
+    const double ideal = std::clamp(16384.0 / row, 1.0, 256.0);   // about 16K elements a block
     return closeness(static_cast<double>(v[0]), ideal, 0.3);
   }
 
@@ -327,7 +346,8 @@ class UpsampleCpu final : public FamilyBase {
                                    options);
     s.plan.outputs = {upsample_output(a)};
     Launch& l = s.plan.launches[0];
-    const std::string rows = size_name(0, 0) + " * " + size_name(0, 1) + " * " + std::to_string(a.oh);
+    const std::string rows =
+        size_name(0, 0) + (a.channels_last ? "" : " * " + size_name(0, 1)) + " * " + std::to_string(a.oh);
     l.grid[0] = "ceil_div(" + rows + ", " + std::to_string(v[0]) + ")";
     l.args = {ArgBinding::input(0), ArgBinding::output(0), ArgBinding::size(rows)};
     return s;

@@ -377,6 +377,7 @@ std::vector<OpSignature> signatures(Backend b) {
     out.push_back(channels_last(unary("relu", b, t, {2, 24, 7, 9})));
     out.push_back(channels_last(in_place(unary("relu", b, t, {2, 24, 7, 9}))));
     out.push_back(channels_last(binary("add", b, t, {2, 24, 7, 9}, {2, 24, 7, 9})));
+    out.push_back(channels_last(batch_norm(b, t, {2, 16, 7, 9})));
     out.push_back(cumsum(b, t, {4, 1001}, -1));
     out.push_back(cumsum(b, t, {2, 77, 33}, 1));
     out.push_back(cumsum(b, t, {129}, 0));
@@ -992,6 +993,7 @@ TEST_CASE("templates: the CUDA families compile with NVRTC for sm_90 over their 
     sigs.push_back(channels_last(upsample_nearest(Backend::kCuda, d, {2, 320, 32, 32}, {64, 64}, 2.0, 2.0)));
     sigs.push_back(channels_last(upsample_bilinear(Backend::kCuda, d, {2, 320, 32, 32}, {64, 64}, false, 2.0, 2.0)));
     sigs.push_back(channels_last(binary("add", Backend::kCuda, d, {8, 256, 56, 56}, {8, 256, 56, 56})));
+    sigs.push_back(channels_last(batch_norm(Backend::kCuda, d, {8, 64, 56, 56})));
     sigs.push_back(cumsum(Backend::kCuda, d, {64, 4096}, -1));
     sigs.push_back(cat(Backend::kCuda, d, {{8, 12, 512, 64}, {8, 12, 1, 64}}, 2));
     sigs.push_back(cat(Backend::kCuda, d, {{4, 7}, {4, 9}, {4, 1}}, 1));
@@ -1470,6 +1472,7 @@ TEST_CASE("templates: CPU instances of every family pass the worker's verificati
   plan(with_number("sub", B, F, {3, 77}, DType::kFloat64, Arg::real(-2.0)), 1, 0);
   plan(with_number("div", B, F, {7, 33}), 1, 0);
   plan(batch_norm(B, F, {3, 12, 5, 7}), 1, 2);
+  plan(channels_last(batch_norm(B, F, {3, 12, 5, 7})), 1, 1);
   plan(batch_norm(B, F, {7, 33}, false), 1, 1);
   plan(reduce("mean", B, F, {3, 5, 257}, std::vector<int64_t>{-1}, true), 1, 2);
   plan(reduce("mean", B, F, {2, 12, 7, 9}, std::vector<int64_t>{-2, -1}), 1, 1);
@@ -1567,6 +1570,7 @@ TEST_CASE("templates: CUDA instances of every family pass the worker's verificat
     plan(clone(B, d, {2, 3, 4, 5, 6, 7}, {2520, 1, 3, 12, 60, 360}, Arg::integer(0)), 1, 0);
     if (d != DType::kBFloat16) {
       plan(cudnn_batch_norm(d, {4, 24, 9, 9}), 2, 2);
+      plan(channels_last(cudnn_batch_norm(d, {4, 24, 9, 9})), 1, 1);
       plan(cudnn_batch_norm(d, {37, 40}), 1, 1);
     }
     plan(binary("add", B, d, {64, 3, 49, 49}, {1, 3, 49, 49}), 2, 2);
@@ -1579,6 +1583,7 @@ TEST_CASE("templates: CUDA instances of every family pass the worker's verificat
     plan(with_number("sub", B, d, {5, 77}, DType::kFloat64, Arg::real(0.5)), 1, 0);
     plan(with_number("div", B, d, {7, 1003}), 1, 1);
     plan(batch_norm(B, d, {4, 24, 9, 9}), 2, 2);
+    plan(channels_last(batch_norm(B, d, {4, 24, 9, 9})), 1, 1);
     plan(batch_norm(B, d, {37, 40}, false), 1, 1);
     if (d != DType::kFloat32) plan(batch_norm(B, d, {2, 8, 33}, true, DType::kFloat32), 1, 1);
     plan(reduce("mean", B, d, {37, 4096}, std::vector<int64_t>{-1}, true), 2, 2);

@@ -63,7 +63,11 @@ kf_batch_norm(const kf_t* __restrict__ x,
     kf_load<KF_VEC>(x, i, v);
 #pragma unroll
     for (int k = 0; k < KF_VEC; ++k) {
+#if KF_CL
+      const int c = (int)((i * KF_VEC + k) % KF_C);   // channels-last: the channel is innermost
+#else
       const int c = (int)(((i * KF_VEC + k) / KF_PLANE) % KF_C);
+#endif
       const float invstd = 1.0f / sqrtf(kf_param(var[c]) + eps);
       float o = (v[k] - kf_param(mean[c])) * invstd;
 #if KF_HAS_WEIGHT
@@ -81,7 +85,7 @@ kf_batch_norm(const kf_t* __restrict__ x,
 
 const char* const kCpuBatchNorm = R"kf(
 // KF_PLANES planes (one channel of one sample: KF_PLANE contiguous elements) per block; x
-// contiguous [N, KF_C, KF_PLANE], float32, parameters float32.
+// contiguous [N, KF_C, KF_PLANE] (or channels-last, KF_CL), float32, parameters float32.
 extern "C" void kf_batch_norm(const kforge_cpu_block* blk, void* const* p) {
   const float* __restrict__ x = KF_PTR(const float, 0);
   int slot = 1;
@@ -95,6 +99,32 @@ extern "C" void kf_batch_norm(const kforge_cpu_block* blk, void* const* p) {
   const float* __restrict__ var = KF_PTR(const float, slot++);
   const float eps = KF_F32(slot++);
   float* __restrict__ y = KF_PTR(float, slot++);
+#if KF_CL
+  // Channels-last: KF_PLANES pixels (KF_C contiguous elements each) per block, the channels'
+  // scale and shift computed once per block.
+  const int64_t pixels = KF_I64(slot) / KF_C;
+  const int64_t q0 = (int64_t)blk->block_idx[0] * KF_PLANES;
+  const int64_t q1 = q0 + KF_PLANES < pixels ? q0 + KF_PLANES : pixels;
+  float alpha[KF_C], beta[KF_C];
+  for (int64_t c = 0; c < KF_C; ++c) {
+    const float invstd = 1.0f / sqrtf(var[c] + eps);
+#if KF_HAS_WEIGHT
+    alpha[c] = invstd * w[c];
+#else
+    alpha[c] = invstd;
+#endif
+#if KF_HAS_BIAS
+    beta[c] = b[c] - mean[c] * alpha[c];
+#else
+    beta[c] = -mean[c] * alpha[c];
+#endif
+  }
+  for (int64_t q = q0; q < q1; ++q) {
+    const float* __restrict__ xp = x + q * KF_C;
+    float* __restrict__ yp = y + q * KF_C;
+    for (int64_t c = 0; c < KF_C; ++c) yp[c] = xp[c] * alpha[c] + beta[c];
+  }
+#else
   const int64_t planes = KF_I64(slot) / KF_PLANE;
   const int64_t p0 = (int64_t)blk->block_idx[0] * KF_PLANES;
   const int64_t p1 = p0 + KF_PLANES < planes ? p0 + KF_PLANES : planes;
@@ -115,6 +145,7 @@ extern "C" void kf_batch_norm(const kforge_cpu_block* blk, void* const* p) {
     float* __restrict__ yp = y + pl * KF_PLANE;
     for (int64_t i = 0; i < KF_PLANE; ++i) yp[i] = xp[i] * alpha + beta;
   }
+#endif
 }
 )kf";
 
@@ -127,6 +158,7 @@ struct BatchNormArgs {
   const TensorMeta* var = nullptr;
   int64_t channels = 0;
   int64_t plane = 0;   // elements per (sample, channel)
+  bool channels_last = false;   // 4 dimensions, channels-last strides (the output too: like(0))
   bool param_same = false;   // parameters in the input's dtype (else float32)
   bool cudnn = false;        // aten::cudnn_batch_norm (else native_batch_norm)
 };
@@ -137,7 +169,12 @@ std::optional<BatchNormArgs> batch_norm_args(const OpSignature& sig, Backend bac
   BatchNormArgs a;
   a.cudnn = op == "aten::cudnn_batch_norm";
   a.x = tensor_arg(sig, 0);
-  if (!template_tensor(a.x, backend) || a.x->sizes.size() < 2) return std::nullopt;
+  if (!template_dense_tensor(a.x, backend) || a.x->sizes.size() < 2) return std::nullopt;
+  a.channels_last = !a.x->is_contiguous();
+  // The CPU kernel keeps two floats per channel on its stack.
+  if (a.channels_last && (!channels_last_4d(*a.x) || (backend == Backend::kCpu && a.x->sizes[1] > 4096))) {
+    return std::nullopt;
+  }
   // cuDNN takes float32 and float16 input (bfloat16 fails there), float32 parameters, a weight
   // and a bias (PyTorch's cudnn_batch_norm fails on a None bias, seen on an H100: F.batch_norm
   // without affine parameters goes to native_batch_norm instead).
@@ -172,8 +209,12 @@ std::optional<BatchNormArgs> batch_norm_args(const OpSignature& sig, Backend bac
 
 std::vector<std::string> batch_norm_defines(const BatchNormArgs& a) {
   return {define("KF_C", a.channels), define("KF_PLANE", a.plane), define("KF_HAS_WEIGHT", a.weight ? 1 : 0),
-          define("KF_HAS_BIAS", a.bias ? 1 : 0), define("KF_PARAM_SAME", a.param_same ? 1 : 0)};
+          define("KF_HAS_BIAS", a.bias ? 1 : 0), define("KF_PARAM_SAME", a.param_same ? 1 : 0),
+          define("KF_CL", a.channels_last ? 1 : 0)};
 }
+
+// What the CPU kernel's blocks count: planes of one channel, or channels-last pixels of every channel.
+int64_t cpu_unit(const BatchNormArgs& a) { return a.channels_last ? a.channels : a.plane; }
 
 // Whether the kernel writes save_mean and save_invstd: native_batch_norm on CUDA.
 bool writes_saved(const BatchNormArgs& a, Backend backend) { return backend == Backend::kCuda && !a.cudnn; }
@@ -264,14 +305,13 @@ class BatchNormCpu final : public FamilyBase {
 
   bool valid(const OpSignature& sig, std::span<const int64_t> v) const override {
     const BatchNormArgs a = *batch_norm_args(sig, Backend::kCpu, "aten::native_batch_norm");
-    const int64_t planes = a.x->numel() / a.plane;
-    return v[0] <= std::max<int64_t>(1, pow2_ceil(planes));
+    return v[0] <= std::max<int64_t>(1, pow2_ceil(a.x->numel() / cpu_unit(a)));
   }
 
   double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
     const BatchNormArgs a = *batch_norm_args(sig, Backend::kCpu, "aten::native_batch_norm");
     // About 16K elements per block.
-    const double ideal = std::clamp(16384.0 / static_cast<double>(a.plane), 1.0, 1024.0);
+    const double ideal = std::clamp(16384.0 / static_cast<double>(cpu_unit(a)), 1.0, 1024.0);
     return closeness(static_cast<double>(v[0]), ideal, 0.3);
   }
 
@@ -283,7 +323,7 @@ class BatchNormCpu final : public FamilyBase {
     KernelSpec s = one_launch_spec(Backend::kCpu, std::string(kCpuPrelude) + kCpuBatchNorm, "kf_batch_norm", options);
     s.plan.outputs = batch_norm_outputs(a, Backend::kCpu);
     Launch& l = s.plan.launches[0];
-    l.grid[0] = "ceil_div(numel0 / " + std::to_string(a.plane) + ", " + std::to_string(v[0]) + ")";
+    l.grid[0] = "ceil_div(numel0 / " + std::to_string(cpu_unit(a)) + ", " + std::to_string(v[0]) + ")";
     l.args = batch_norm_bindings(a, Backend::kCpu);
     return s;
   }

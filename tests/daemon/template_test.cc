@@ -285,6 +285,17 @@ OpSignature channels_last(OpSignature s) {
   return s;
 }
 
+// Tensor argument i of `s` given `strides` (same sizes): a view in another order, or a slice.
+OpSignature with_strides(OpSignature s, size_t i, std::vector<int64_t> strides) {
+  std::get<TensorMeta>(s.args[i].value).strides = std::move(strides);
+  return s;
+}
+
+// RoPE's q * cos: q [B, H, S, D] as view(B, S, H, D).transpose(1, 2) (dense, not contiguous), cos [1, 1, S, D].
+OpSignature rope_mul(Backend b, DType t) {
+  return with_strides(binary("mul", b, t, {2, 4, 6, 8}, {1, 1, 6, 8}), 0, {192, 8, 32, 1});
+}
+
 OpSignature in_place(OpSignature s) {
   s.op += "_";
   return s;
@@ -378,6 +389,10 @@ std::vector<OpSignature> signatures(Backend b) {
     out.push_back(channels_last(in_place(unary("relu", b, t, {2, 24, 7, 9}))));
     out.push_back(channels_last(binary("add", b, t, {2, 24, 7, 9}, {2, 24, 7, 9})));
     out.push_back(channels_last(batch_norm(b, t, {2, 16, 7, 9})));
+    // Views (Note [Broadcast plan]): self in another order with a broadcast operand, a sliced operand.
+    out.push_back(rope_mul(b, t));
+    out.push_back(with_strides(binary("add", b, t, {6, 7}, {6, 7}), 1, {10, 1}));
+    out.push_back(in_place(with_strides(binary("add", b, t, {3, 5, 4}, {5, 1}), 0, {5, 1, 15})));
     out.push_back(cumsum(b, t, {4, 1001}, -1));
     out.push_back(cumsum(b, t, {2, 77, 33}, 1));
     out.push_back(cumsum(b, t, {129}, 0));
@@ -994,6 +1009,8 @@ TEST_CASE("templates: the CUDA families compile with NVRTC for sm_90 over their 
     sigs.push_back(channels_last(upsample_bilinear(Backend::kCuda, d, {2, 320, 32, 32}, {64, 64}, false, 2.0, 2.0)));
     sigs.push_back(channels_last(binary("add", Backend::kCuda, d, {8, 256, 56, 56}, {8, 256, 56, 56})));
     sigs.push_back(channels_last(batch_norm(Backend::kCuda, d, {8, 64, 56, 56})));
+    sigs.push_back(rope_mul(Backend::kCuda, d));
+    sigs.push_back(with_strides(binary("sub", Backend::kCuda, d, {9, 33}, {9, 33}), 1, {1, 9}));
     sigs.push_back(cumsum(Backend::kCuda, d, {64, 4096}, -1));
     sigs.push_back(cat(Backend::kCuda, d, {{8, 12, 512, 64}, {8, 12, 1, 64}}, 2));
     sigs.push_back(cat(Backend::kCuda, d, {{4, 7}, {4, 9}, {4, 1}}, 1));
@@ -1473,6 +1490,10 @@ TEST_CASE("templates: CPU instances of every family pass the worker's verificati
   plan(with_number("div", B, F, {7, 33}), 1, 0);
   plan(batch_norm(B, F, {3, 12, 5, 7}), 1, 2);
   plan(channels_last(batch_norm(B, F, {3, 12, 5, 7})), 1, 1);
+  plan(rope_mul(B, F), 1, 1);
+  plan(with_strides(binary("add", B, F, {6, 7}, {6, 7}), 1, {10, 1}), 1, 0);
+  plan(in_place(with_strides(binary("add", B, F, {3, 5, 4}, {5, 1}), 0, {5, 1, 15})), 1, 0);
+  plan(with_strides(binary("sub", B, F, {9, 33}, {9, 33}), 1, {1, 9}), 1, 0);   // other transposed
   plan(batch_norm(B, F, {7, 33}, false), 1, 1);
   plan(reduce("mean", B, F, {3, 5, 257}, std::vector<int64_t>{-1}, true), 1, 2);
   plan(reduce("mean", B, F, {2, 12, 7, 9}, std::vector<int64_t>{-2, -1}), 1, 1);
@@ -1584,6 +1605,10 @@ TEST_CASE("templates: CUDA instances of every family pass the worker's verificat
     plan(with_number("div", B, d, {7, 1003}), 1, 1);
     plan(batch_norm(B, d, {4, 24, 9, 9}), 2, 2);
     plan(channels_last(batch_norm(B, d, {4, 24, 9, 9})), 1, 1);
+    plan(rope_mul(B, d), 1, 1);
+    plan(with_strides(binary("add", B, d, {6, 7}, {6, 7}), 1, {10, 1}), 1, 0);
+    plan(in_place(with_strides(binary("add", B, d, {3, 5, 4}, {5, 1}), 0, {5, 1, 15})), 1, 0);
+    plan(with_strides(binary("sub", B, d, {9, 33}, {9, 33}), 1, {1, 9}), 1, 0);
     plan(batch_norm(B, d, {37, 40}, false), 1, 1);
     if (d != DType::kFloat32) plan(batch_norm(B, d, {2, 8, 33}, true, DType::kFloat32), 1, 1);
     plan(reduce("mean", B, d, {37, 4096}, std::vector<int64_t>{-1}, true), 2, 2);

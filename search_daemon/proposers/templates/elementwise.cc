@@ -19,6 +19,7 @@
 // hardswish clamps with comparisons, which keep NaN, as std::min/std::max do in PyTorch's kernel).
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 
 #include "search_daemon/proposers/templates/template_family.h"
@@ -241,10 +242,13 @@ template <int S>
 __device__ __forceinline__ void kf_read(const kf_t* __restrict__ p, float (&out)[KF_VEC]) {
   if (S == 1) {
     kf_load<KF_VEC>(p, 0, out);
-  } else {
+  } else if (S == 0) {
     const float v = kf_to_float(p[0]);
 #pragma unroll
     for (int k = 0; k < KF_VEC; ++k) out[k] = v;
+  } else {   // an input read across its rows (a view in another order): one element at a time
+#pragma unroll
+    for (int k = 0; k < KF_VEC; ++k) out[k] = kf_to_float(p[(kf_i64)k * S]);
   }
 }
 
@@ -345,8 +349,13 @@ extern "C" void kf_binary(const kforge_cpu_block* blk, void* const* p) {
 // it repeats. Output dimensions of size 1 are dropped, and neighbouring dimensions merged while
 // both inputs step through them as through one (outer stride = inner stride x inner size, 0 = 0),
 // so a bias add [N, C] + [C] is two dimensions, a same-size add one, a per-channel scale
-// [N, C, H, W] * [1, C, 1, 1] three. More than four after merging: not handled. The output is
-// contiguous, as PyTorch's TensorIterator makes it for contiguous inputs.
+// [N, C, H, W] * [1, C, 1, 1] three. More than four after merging: not handled. Each input is read
+// through its own strides. The output's layout is PyTorch's (TensorIterator lets the first input
+// order the dimensions wherever its strides differ, which a dense input's always do): with both
+// inputs contiguous it is contiguous; when the output has self's sizes and self is dense (any
+// order: channels-last, a transposed view, RoPE's q * cos), it is self's layout (like self, or
+// self itself in place), the plan's dimensions taken in self's storage order so that output
+// element o is storage element o; anything else is refused.
 struct BroadcastPlan {
   std::vector<int64_t> out_sizes;             // the broadcast shape, full rank
   std::vector<std::string> out_size_exprs;    // each as a launch-plan name of an input's size
@@ -357,12 +366,13 @@ constexpr size_t kMaxBroadcastDims = 4;
 
 std::optional<BroadcastPlan> broadcast_plan(const TensorMeta& a, const TensorMeta& b) {
   const size_t rank = std::max(a.sizes.size(), b.sizes.size());
+  if (a.strides.size() != a.sizes.size() || b.strides.size() != b.sizes.size()) return std::nullopt;
   BroadcastPlan p;
-  // Per output dimension, innermost first: size and each input's stride (its own contiguous one).
-  std::vector<int64_t> sizes, sa, sb;
-  int64_t step_a = 1, step_b = 1;
   p.out_sizes.assign(rank, 1);
   p.out_size_exprs.assign(rank, "1");
+  // Per output dimension: its size and each input's stride (0 where it repeats).
+  std::vector<int64_t> size(rank), stride_a(rank), stride_b(rank);
+  std::vector<size_t> order;   // the dimensions of more than one element, outermost first
   for (size_t k = 0; k < rank; ++k) {   // k: position from the end
     const size_t d = rank - 1 - k;
     const bool in_a = k < a.sizes.size(), in_b = k < b.sizes.size();
@@ -372,33 +382,40 @@ std::optional<BroadcastPlan> broadcast_plan(const TensorMeta& a, const TensorMet
     const int64_t n = std::max(na, nb);
     p.out_sizes[d] = n;
     if (n != 1) p.out_size_exprs[d] = na == n ? size_name(0, da) : size_name(1, db);
-    if (n != 1) {
-      sizes.push_back(n);
-      sa.push_back(na == n ? step_a : 0);
-      sb.push_back(nb == n ? step_b : 0);
-    }
-    step_a *= na;
-    step_b *= nb;
+    size[d] = n;
+    stride_a[d] = na == n && n != 1 ? a.strides[da] : 0;
+    stride_b[d] = nb == n && n != 1 ? b.strides[db] : 0;
+    if (n != 1) order.insert(order.begin(), d);
   }
-  if (sizes.empty()) {   // one element
-    sizes = {1};
-    sa = {1};
-    sb = {1};
+  // Innermost first: the output's own order, or a's storage order when the output takes a's
+  // layout and a is not contiguous (Note [Broadcast plan]).
+  std::reverse(order.begin(), order.end());
+  if (!a.is_contiguous() && p.out_sizes == a.sizes) {
+    std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) { return stride_a[x] < stride_a[y]; });
   }
-  p.dims = {sizes[0]};
-  p.sa = {sa[0]};
-  p.sb = {sb[0]};
-  for (size_t k = 1; k < sizes.size(); ++k) {
+  if (order.empty()) {   // one element
+    p.dims = {1};
+    p.sa = {1};
+    p.sb = {1};
+    return p;
+  }
+  p.dims = {size[order[0]]};
+  p.sa = {stride_a[order[0]]};
+  p.sb = {stride_b[order[0]]};
+  for (size_t k = 1; k < order.size(); ++k) {
+    const size_t d = order[k];
     const int64_t n = p.dims.back();
-    if (sa[k] == p.sa.back() * n && sb[k] == p.sb.back() * n) {
-      p.dims.back() *= sizes[k];
+    if (stride_a[d] == p.sa.back() * n && stride_b[d] == p.sb.back() * n) {
+      p.dims.back() *= size[d];
     } else {
-      p.dims.push_back(sizes[k]);
-      p.sa.push_back(sa[k]);
-      p.sb.push_back(sb[k]);
+      p.dims.push_back(size[d]);
+      p.sa.push_back(stride_a[d]);
+      p.sb.push_back(stride_b[d]);
     }
   }
   if (p.dims.size() > kMaxBroadcastDims) return std::nullopt;
+  // The innermost strides are template arguments of the CUDA kernel (kf_read<S>).
+  if (p.sa[0] < 0 || p.sb[0] < 0 || p.sa[0] > INT32_MAX || p.sb[0] > INT32_MAX) return std::nullopt;
   return p;
 }
 
@@ -497,12 +514,10 @@ bool matches(const OpSignature& sig, Pointwise op, Backend backend, bool in_plac
 }
 
 // Note [Dense layouts]
-// A pointwise result of one input, or of two with the same sizes and strides, is PyTorch's
-// element for element in storage order whenever the input is dense in any order of its dimensions
-// (channels-last, a transposed contiguous tensor), and PyTorch's output takes the input's strides
-// then (empty_like, preserve_format; TensorIterator for equal layouts). So those take the flat
-// kernels with OutputSpec::like or in place; a broadcast with a non-contiguous operand is refused.
-bool same_layout(const TensorMeta& a, const TensorMeta& b) { return a.sizes == b.sizes && a.strides == b.strides; }
+// A pointwise result of one input is PyTorch's element for element in storage order whenever the
+// input is dense in any order of its dimensions (channels-last, a transposed contiguous tensor),
+// and PyTorch's output takes the input's strides then (empty_like, preserve_format). So those take
+// the flat kernel with OutputSpec::like or in place. Two inputs: Note [Broadcast plan].
 
 bool matches_op(const OpSignature& sig, Pointwise op, Backend backend) {
   const TensorMeta* a = tensor_arg(sig, 0);
@@ -538,10 +553,11 @@ bool matches_op(const OpSignature& sig, Pointwise op, Backend backend) {
       if (has_alpha(op) && !is_number(sig.args[2])) return false;
       if (value_other(sig)) return true;
       const TensorMeta* b = tensor_arg(sig, 1);
-      // One dtype (no type promotion) on one device; Note [Dense layouts].
-      if (b == nullptr || b->dtype != a->dtype) return false;
-      if (!a->is_contiguous() || !b->is_contiguous()) return same_layout(*a, *b) && template_dense_tensor(b, backend);
-      return template_tensor(b, backend) && broadcast_plan(*a, *b).has_value();
+      // One dtype (no type promotion) on one device; the output's layout (Note [Broadcast plan]).
+      if (b == nullptr || b->dtype != a->dtype || !template_strided_tensor(b, backend)) return false;
+      const std::optional<BroadcastPlan> plan = broadcast_plan(*a, *b);
+      if (!plan) return false;
+      return (a->is_contiguous() && b->is_contiguous()) || plan->out_sizes == a->sizes;
     }
   }
   return false;
@@ -602,7 +618,7 @@ struct OutputShape {
 OutputShape output_shape(const OpSignature& sig, Pointwise op, bool in_place) {
   const TensorMeta& a = *tensor_arg(sig, 0);
   OutputSpec self = in_place ? OutputSpec::in_place(0) : OutputSpec::like(0);
-  // Note [Dense layouts]: equal layouts that are not contiguous are walked flat, like the input.
+  // Note [Broadcast plan]: a non-contiguous self gives the output self's layout.
   if (!broadcasting(sig, op) || !a.is_contiguous()) return {a.numel(), "numel0", std::move(self)};
   const BroadcastPlan p = *broadcast_plan(a, *tensor_arg(sig, 1));
   return {out_numel(p), out_numel_expr(p), in_place ? std::move(self) : broadcast_output(p, a.dtype)};

@@ -34,6 +34,14 @@ bool template_dense_tensor(const TensorMeta* t, Backend backend) {
       expect *= t->sizes[d];
     }
   }
+  return template_strided_tensor(t, backend);
+}
+
+bool template_strided_tensor(const TensorMeta* t, Backend backend) {
+  if (t == nullptr || t->sizes.empty() || t->numel() <= 0 || t->strides.size() != t->sizes.size()) return false;
+  for (int64_t s : t->strides) {
+    if (s < 0) return false;
+  }
   TensorMeta c = *t;
   c.strides.clear();   // the device and dtype checks of template_tensor, on a contiguous twin
   for (size_t d = c.sizes.size(), step = 1; d-- > 0;) {

@@ -79,6 +79,9 @@ bool template_tensor(const TensorMeta* t, Backend backend);
 // tensor). A kernel that walks the storage in order, with an output of the same strides
 // (OutputSpec::like, in place), needs nothing else.
 bool template_dense_tensor(const TensorMeta* t, Backend backend);
+// As template_tensor, with any non-negative strides (a view that is only read: a slice, an
+// expanded or transposed tensor).
+bool template_strided_tensor(const TensorMeta* t, Backend backend);
 // A 4-dimensional tensor whose strides are channels-last's: [H*W*C, 1, W*C, C] (size-1
 // dimensions' strides not looked at, as PyTorch's is_contiguous(channels_last) does not).
 bool channels_last_4d(const TensorMeta& t);

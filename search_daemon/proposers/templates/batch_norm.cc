@@ -169,12 +169,11 @@ std::optional<BatchNormArgs> batch_norm_args(const OpSignature& sig, Backend bac
   BatchNormArgs a;
   a.cudnn = op == "aten::cudnn_batch_norm";
   a.x = tensor_arg(sig, 0);
-  if (!template_dense_tensor(a.x, backend) || a.x->sizes.size() < 2) return std::nullopt;
-  a.channels_last = !a.x->is_contiguous();
+  const std::optional<bool> cl = contiguous_or_channels_last(a.x, backend);
+  if (!cl || a.x->sizes.size() < 2) return std::nullopt;
+  a.channels_last = *cl;
   // The CPU kernel keeps two floats per channel on its stack.
-  if (a.channels_last && (!channels_last_4d(*a.x) || (backend == Backend::kCpu && a.x->sizes[1] > 4096))) {
-    return std::nullopt;
-  }
+  if (a.channels_last && backend == Backend::kCpu && a.x->sizes[1] > kMaxCpuChannelsOnStack) return std::nullopt;
   // cuDNN takes float32 and float16 input (bfloat16 fails there), float32 parameters, a weight
   // and a bias (PyTorch's cudnn_batch_norm fails on a None bias, seen on an H100: F.batch_norm
   // without affine parameters goes to native_batch_norm instead).

@@ -372,7 +372,7 @@ std::optional<BroadcastPlan> broadcast_plan(const TensorMeta& a, const TensorMet
   p.out_size_exprs.assign(rank, "1");
   // Per output dimension: its size and each input's stride (0 where it repeats).
   std::vector<int64_t> size(rank), stride_a(rank), stride_b(rank);
-  std::vector<size_t> order;   // the dimensions of more than one element, outermost first
+  std::vector<size_t> order;   // the dimensions of more than one element, innermost first
   for (size_t k = 0; k < rank; ++k) {   // k: position from the end
     const size_t d = rank - 1 - k;
     const bool in_a = k < a.sizes.size(), in_b = k < b.sizes.size();
@@ -385,11 +385,10 @@ std::optional<BroadcastPlan> broadcast_plan(const TensorMeta& a, const TensorMet
     size[d] = n;
     stride_a[d] = na == n && n != 1 ? a.strides[da] : 0;
     stride_b[d] = nb == n && n != 1 ? b.strides[db] : 0;
-    if (n != 1) order.insert(order.begin(), d);
+    if (n != 1) order.push_back(d);
   }
   // Innermost first: the output's own order, or a's storage order when the output takes a's
   // layout and a is not contiguous (Note [Broadcast plan]).
-  std::reverse(order.begin(), order.end());
   if (!a.is_contiguous() && p.out_sizes == a.sizes) {
     std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) { return stride_a[x] < stride_a[y]; });
   }

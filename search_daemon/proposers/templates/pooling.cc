@@ -240,9 +240,6 @@ struct PoolCall {
   catalog::Pool2d g;   // kAdaptive: only h, w, oh, ow
 };
 
-// The CPU channels-last kernels keep KF_C sums on their stack.
-constexpr int64_t kMaxCpuChannelsLast = 4096;
-
 std::optional<PoolCall> pool_call(const OpSignature& sig, Backend backend, Pool kind) {
   static constexpr std::string_view kOps[] = {"aten::max_pool2d_with_indices", "aten::avg_pool2d",
                                               "aten::_adaptive_avg_pool2d"};
@@ -251,11 +248,11 @@ std::optional<PoolCall> pool_call(const OpSignature& sig, Backend backend, Pool 
   if (sig.op != kOps[k] || !sig.overload.empty() || sig.args.size() != kArgs[k]) return std::nullopt;
   PoolCall c;
   c.x = tensor_arg(sig, 0);
-  if (!template_dense_tensor(c.x, backend) || c.x->sizes.size() != 4) return std::nullopt;
-  c.channels_last = !c.x->is_contiguous();
-  if (c.channels_last && (!channels_last_4d(*c.x) || (backend == Backend::kCpu && c.x->sizes[1] > kMaxCpuChannelsLast))) {
-    return std::nullopt;
-  }
+  const std::optional<bool> cl = contiguous_or_channels_last(c.x, backend);
+  if (!cl || c.x->sizes.size() != 4) return std::nullopt;
+  c.channels_last = *cl;
+  // The CPU channels-last mean kernel keeps KF_C sums on its stack (the same bound for every kind).
+  if (c.channels_last && backend == Backend::kCpu && c.x->sizes[1] > kMaxCpuChannelsOnStack) return std::nullopt;
   if (kind != Pool::kAdaptive) {
     const std::optional<catalog::Pool2d> g = catalog::pool2d_geometry(sig);
     if (!g) return std::nullopt;
@@ -314,17 +311,8 @@ int64_t window_elements(Pool kind, const catalog::Pool2d& g) {
 // [N, C, OH, OW], contiguous or channels-last as self: the values in self's dtype (and max
 // pooling's indices, int64).
 std::vector<OutputSpec> pool_outputs(Pool kind, const PoolCall& c) {
-  const catalog::Pool2d& g = c.g;
-  const DType t = c.x->dtype;
-  const std::string plane = std::to_string(g.oh * g.ow);
-  std::vector<std::string> sizes = {size_name(0, 0), size_name(0, 1), std::to_string(g.oh), std::to_string(g.ow)};
-  std::vector<std::string> strides = {size_name(0, 1) + " * " + plane, plane, std::to_string(g.ow), "1"};
-  if (c.channels_last) {
-    const std::string ch = size_name(0, 1);
-    strides = {plane + " * " + ch, "1", std::to_string(g.ow) + " * " + ch, ch};
-  }
-  std::vector<OutputSpec> out = {OutputSpec::explicit_layout(t, sizes, strides)};
-  if (kind == Pool::kMax) out.push_back(OutputSpec::explicit_layout(DType::kInt64, sizes, strides));
+  std::vector<OutputSpec> out = {image_output(c.x->dtype, c.g.oh, c.g.ow, c.channels_last)};
+  if (kind == Pool::kMax) out.push_back(image_output(DType::kInt64, c.g.oh, c.g.ow, c.channels_last));
   return out;
 }
 
@@ -394,7 +382,7 @@ class PoolCpu final : public FamilyBase {
 
   bool valid(const OpSignature& sig, std::span<const int64_t> v) const override {
     const PoolCall c = *pool_call(sig, Backend::kCpu, kind_);
-    return v[0] <= std::max<int64_t>(1, pow2_ceil(c.x->sizes[0] * (c.channels_last ? 1 : c.x->sizes[1]) * c.g.oh));
+    return v[0] <= std::max<int64_t>(1, pow2_ceil(image_rows(*c.x, c.channels_last, c.g.oh)));
   }
 
   double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
@@ -411,7 +399,7 @@ class PoolCpu final : public FamilyBase {
     KernelSpec s = one_launch_spec(Backend::kCpu, pool_source(Backend::kCpu, kind_), pool_entry(kind_), options);
     s.plan.outputs = pool_outputs(kind_, c);
     Launch& l = s.plan.launches[0];
-    const std::string rows = (c.channels_last ? size_name(0, 0) : planes_expr()) + " * " + std::to_string(c.g.oh);
+    const std::string rows = image_rows_expr(c.channels_last, c.g.oh);
     l.grid[0] = "ceil_div(" + rows + ", " + std::to_string(v[0]) + ")";
     l.args = pool_bindings(kind_, rows);
     return s;

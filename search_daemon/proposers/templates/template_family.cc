@@ -11,15 +11,31 @@ const TensorMeta* tensor_arg(const OpSignature& sig, size_t i) {
   return std::get_if<TensorMeta>(&sig.args[i].value);
 }
 
+namespace {
+
+// The device and dtypes of `backend`'s templates: float32 everywhere, float16 and bfloat16 on CUDA.
+bool backend_takes(const TensorMeta& t, Backend backend) {
+  if (backend == Backend::kCpu) return t.device == DeviceType::kCpu && t.dtype == DType::kFloat32;
+  return t.device == DeviceType::kCuda &&
+         (t.dtype == DType::kFloat32 || t.dtype == DType::kFloat16 || t.dtype == DType::kBFloat16);
+}
+
+bool channels_last_4d(const TensorMeta& t) {
+  if (t.sizes.size() != 4 || t.strides.size() != 4) return false;
+  const int64_t c = t.sizes[1], h = t.sizes[2], w = t.sizes[3];
+  const auto ok = [&](size_t d, int64_t stride) { return t.sizes[d] == 1 || t.strides[d] == stride; };
+  return ok(1, 1) && ok(3, c) && ok(2, w * c) && ok(0, h * w * c);
+}
+
+}  // namespace
+
 bool template_tensor(const TensorMeta* t, Backend backend) {
   if (t == nullptr || t->sizes.empty() || t->numel() <= 0 || !t->is_contiguous()) return false;
-  if (backend == Backend::kCpu) return t->device == DeviceType::kCpu && t->dtype == DType::kFloat32;
-  return t->device == DeviceType::kCuda &&
-         (t->dtype == DType::kFloat32 || t->dtype == DType::kFloat16 || t->dtype == DType::kBFloat16);
+  return backend_takes(*t, backend);
 }
 
 bool template_dense_tensor(const TensorMeta* t, Backend backend) {
-  if (t == nullptr || t->sizes.empty() || t->numel() <= 0 || t->strides.size() != t->sizes.size()) return false;
+  if (!template_strided_tensor(t, backend)) return false;
   if (!t->is_contiguous()) {
     // Dimensions of more than one element, innermost (smallest stride) first: each stride must be
     // the product of the sizes inside it.
@@ -34,7 +50,7 @@ bool template_dense_tensor(const TensorMeta* t, Backend backend) {
       expect *= t->sizes[d];
     }
   }
-  return template_strided_tensor(t, backend);
+  return true;
 }
 
 bool template_strided_tensor(const TensorMeta* t, Backend backend) {
@@ -42,20 +58,30 @@ bool template_strided_tensor(const TensorMeta* t, Backend backend) {
   for (int64_t s : t->strides) {
     if (s < 0) return false;
   }
-  TensorMeta c = *t;
-  c.strides.clear();   // the device and dtype checks of template_tensor, on a contiguous twin
-  for (size_t d = c.sizes.size(), step = 1; d-- > 0;) {
-    c.strides.insert(c.strides.begin(), static_cast<int64_t>(step));
-    step *= static_cast<size_t>(c.sizes[d]);
-  }
-  return template_tensor(&c, backend);
+  return backend_takes(*t, backend);
 }
 
-bool channels_last_4d(const TensorMeta& t) {
-  if (t.sizes.size() != 4 || t.strides.size() != 4) return false;
-  const int64_t c = t.sizes[1], h = t.sizes[2], w = t.sizes[3];
-  const auto ok = [&](size_t d, int64_t stride) { return t.sizes[d] == 1 || t.strides[d] == stride; };
-  return ok(1, 1) && ok(3, c) && ok(2, w * c) && ok(0, h * w * c);
+std::optional<bool> contiguous_or_channels_last(const TensorMeta* t, Backend backend) {
+  if (!template_strided_tensor(t, backend)) return std::nullopt;
+  if (t->is_contiguous()) return false;
+  if (channels_last_4d(*t)) return true;
+  return std::nullopt;
+}
+
+OutputSpec image_output(DType t, int64_t oh, int64_t ow, bool channels_last) {
+  const std::string plane = std::to_string(oh * ow), ch = size_name(0, 1);
+  std::vector<std::string> strides = {ch + " * " + plane, plane, std::to_string(ow), "1"};
+  if (channels_last) strides = {plane + " * " + ch, "1", std::to_string(ow) + " * " + ch, ch};
+  return OutputSpec::explicit_layout(t, {size_name(0, 0), ch, std::to_string(oh), std::to_string(ow)},
+                                     std::move(strides));
+}
+
+int64_t image_rows(const TensorMeta& x, bool channels_last, int64_t oh) {
+  return x.sizes[0] * (channels_last ? 1 : x.sizes[1]) * oh;
+}
+
+std::string image_rows_expr(bool channels_last, int64_t oh) {
+  return size_name(0, 0) + (channels_last ? "" : " * " + size_name(0, 1)) + " * " + std::to_string(oh);
 }
 
 bool is_none(const OpSignature& sig, size_t i) {

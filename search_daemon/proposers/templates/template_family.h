@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -82,9 +83,19 @@ bool template_dense_tensor(const TensorMeta* t, Backend backend);
 // As template_tensor, with any non-negative strides (a view that is only read: a slice, an
 // expanded or transposed tensor).
 bool template_strided_tensor(const TensorMeta* t, Backend backend);
-// A 4-dimensional tensor whose strides are channels-last's: [H*W*C, 1, W*C, C] (size-1
-// dimensions' strides not looked at, as PyTorch's is_contiguous(channels_last) does not).
-bool channels_last_4d(const TensorMeta& t);
+// The layouts of the image families (pooling, upsampling, batch norm): false for a contiguous
+// template tensor, true for a 4-dimensional channels-last one (strides [H*W*C, 1, W*C, C], size-1
+// dimensions' strides not looked at, as PyTorch's is_contiguous(channels_last) does not); nullopt
+// for any other tensor.
+std::optional<bool> contiguous_or_channels_last(const TensorMeta* t, Backend backend);
+// The most channels a CPU channels-last kernel keeps per-channel values for on its stack.
+constexpr int64_t kMaxCpuChannelsOnStack = 4096;
+// [N, C, OH, OW] of dtype `t` (N and C argument 0's), contiguous or channels-last.
+OutputSpec image_output(DType t, int64_t oh, int64_t ow, bool channels_last);
+// The rows the CPU image kernels split into blocks: [N*C, OH] contiguous, or [N, OH] channels-last
+// (OW*C elements each); their count for argument 0 `x`, and as a launch expression.
+int64_t image_rows(const TensorMeta& x, bool channels_last, int64_t oh);
+std::string image_rows_expr(bool channels_last, int64_t oh);
 bool is_none(const OpSignature& sig, size_t i);
 const int64_t* int_arg(const OpSignature& sig, size_t i);
 // The last dimension's length and the product of the others.

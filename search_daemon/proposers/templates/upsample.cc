@@ -190,9 +190,9 @@ std::optional<UpsampleArgs> upsample_args(const OpSignature& sig, Backend backen
   UpsampleArgs a;
   a.bilinear = bilinear;
   a.x = tensor_arg(sig, 0);
-  if (!template_dense_tensor(a.x, backend) || a.x->sizes.size() != 4) return std::nullopt;
-  a.channels_last = !a.x->is_contiguous();
-  if (a.channels_last && !channels_last_4d(*a.x)) return std::nullopt;
+  const std::optional<bool> cl = contiguous_or_channels_last(a.x, backend);
+  if (!cl || a.x->sizes.size() != 4) return std::nullopt;
+  a.channels_last = *cl;
   const auto* out = std::get_if<std::vector<int64_t>>(&sig.args[1].value);
   if (out == nullptr || out->size() != 2 || (*out)[0] <= 0 || (*out)[1] <= 0) return std::nullopt;
   const size_t scales = bilinear ? 3 : 2;
@@ -258,14 +258,6 @@ std::string upsample_family(Backend backend, bool bilinear) {
   return std::string(backend == Backend::kCpu ? "cpu." : "") + (bilinear ? "upsample_bilinear2d" : "upsample_nearest2d");
 }
 
-// [N, C, OH, OW] of self's dtype, contiguous or channels-last as self.
-OutputSpec upsample_output(const UpsampleArgs& a) {
-  const std::string plane = std::to_string(a.oh * a.ow), ch = size_name(0, 1);
-  std::vector<std::string> strides = {ch + " * " + plane, plane, std::to_string(a.ow), "1"};
-  if (a.channels_last) strides = {plane + " * " + ch, "1", std::to_string(a.ow) + " * " + ch, ch};
-  return OutputSpec::explicit_layout(a.x->dtype, {size_name(0, 0), ch, std::to_string(a.oh), std::to_string(a.ow)},
-                                     std::move(strides));
-}
 
 // ---- CUDA ------------------------------------------------------------------------------------------
 
@@ -300,7 +292,7 @@ class UpsampleCuda final : public FamilyBase {
     for (std::string& d : upsample_defines(a)) options.push_back(std::move(d));
     KernelSpec s = one_launch_spec(Backend::kCuda, upsample_source(Backend::kCuda, bilinear_), upsample_entry(bilinear_),
                                    options);
-    s.plan.outputs = {upsample_output(a)};
+    s.plan.outputs = {image_output(a.x->dtype, a.oh, a.ow, a.channels_last)};
     Launch& l = s.plan.launches[0];
     const std::string n = size_name(0, 0) + " * " + size_name(0, 1) + " * " + std::to_string(a.oh * a.ow);
     l.grid[0] = "ceil_div(" + n + ", " + std::to_string(v[kBlock] * v[kItems]) + ")";
@@ -327,7 +319,7 @@ class UpsampleCpu final : public FamilyBase {
 
   bool valid(const OpSignature& sig, std::span<const int64_t> v) const override {
     const UpsampleArgs a = *upsample_args(sig, Backend::kCpu, bilinear_);
-    return v[0] <= std::max<int64_t>(1, pow2_ceil(a.x->sizes[0] * (a.channels_last ? 1 : a.x->sizes[1]) * a.oh));
+    return v[0] <= std::max<int64_t>(1, pow2_ceil(image_rows(*a.x, a.channels_last, a.oh)));
   }
 
   double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
@@ -344,10 +336,9 @@ class UpsampleCpu final : public FamilyBase {
     for (std::string& d : upsample_defines(a)) options.push_back(std::move(d));
     KernelSpec s = one_launch_spec(Backend::kCpu, upsample_source(Backend::kCpu, bilinear_), upsample_entry(bilinear_),
                                    options);
-    s.plan.outputs = {upsample_output(a)};
+    s.plan.outputs = {image_output(a.x->dtype, a.oh, a.ow, a.channels_last)};
     Launch& l = s.plan.launches[0];
-    const std::string rows =
-        size_name(0, 0) + (a.channels_last ? "" : " * " + size_name(0, 1)) + " * " + std::to_string(a.oh);
+    const std::string rows = image_rows_expr(a.channels_last, a.oh);
     l.grid[0] = "ceil_div(" + rows + ", " + std::to_string(v[0]) + ")";
     l.args = {ArgBinding::input(0), ArgBinding::output(0), ArgBinding::size(rows)};
     return s;

@@ -106,6 +106,32 @@ static _Atomic(dlopen_fn) g_real_dlopen;
 static _Atomic unsigned long long g_adds_seen;  // dlpi_adds of the last fruitless look for torch
 static _Thread_local unsigned t_checked_depth;   // nesting of dlopen_then_look_for_torch()
 
+// Note [The hook's thread block]
+// The hook keeps what its interceptors need per thread in one block (HookThread, Note [One
+// thread-local block] in interposer/hook/hook_work.h) and reads it on every intercepted call. The
+// hook is dlopen'd, so a thread_local of its own is dynamic TLS: every access is a call of
+// __tls_get_addr, which reads the thread's DTV and the loader's generation count, lines of memory
+// that are cold between a model's operator calls. This shim is preloaded, so its TLS is in every
+// thread's static TLS block, at one fixed offset from the thread pointer in every thread (the
+// initial-exec model says so to the compiler and the loader). It reserves this block for the
+// hook, zero-filled in every thread as all TLS starts, and kforge_shim_thread_block() tells the
+// hook its offset and size; the hook then reaches its block with one read of the thread pointer
+// and an add. The shim itself never touches the block. A hook loaded without the shim (tests that
+// dlopen it directly), or one whose HookThread outgrew the block, uses its own thread_local
+// instead. 4 KiB per thread of every process under the shim.
+#define KFORGE_THREAD_BLOCK_BYTES 4096
+static _Thread_local unsigned char t_hook_block[KFORGE_THREAD_BLOCK_BYTES]
+    __attribute__((tls_model("initial-exec"), aligned(64)));
+
+// The block's offset from the thread pointer (the same in every thread); its size and alignment
+// in *bytes and *align.
+KFORGE_EXPORT long kforge_shim_thread_block(size_t *bytes, size_t *align);
+KFORGE_EXPORT long kforge_shim_thread_block(size_t *bytes, size_t *align) {
+  *bytes = sizeof t_hook_block;
+  *align = 64;
+  return (long)((char *)t_hook_block - (char *)__builtin_thread_pointer());
+}
+
 static bool env_flag(const char *name) {
   const char *v = getenv(name);
   return v != NULL && v[0] != '\0' && strcmp(v, "0") != 0;

@@ -15,7 +15,10 @@
 //                                                counters unloaded_device_calls and
 //                                                capture_shadow_skips), reports, registrations,
 //                                                "gpus_in_use" (the UUIDs the last report round
-//                                                found), and "swap": the loader's cache and entries
+//                                                found), "thread_block" ("shim": the
+//                                                preload shim's static TLS block, else "own
+//                                                (why)": Note [The hook's thread block]), and
+//                                                "swap": the loader's cache and entries
 //   int kforge_hook_report_now(int timeout_ms);  asks the reporter for a report now and, with
 //                                                timeout_ms > 0, waits until it was built and
 //                                                offered; 1 if it was, else 0
@@ -38,6 +41,7 @@
 //   "estimated_ns"    calls x mean_ns: the signature's estimated total time in PyTorch's kernel
 //                     (null without mean_ns); calls are estimates unless KFORGE_OBSERVE_EVERY=1
 
+#include <dlfcn.h>
 #include <pthread.h>
 #include <unistd.h>
 
@@ -55,6 +59,7 @@
 #include "interposer/hook/config.h"
 #include "interposer/hook/cuda_devices.h"
 #include "interposer/hook/cuda_timer.h"
+#include "interposer/hook/hook_work.h"
 #include "interposer/hook/input_sampler.h"
 #include "interposer/hook/interceptor.h"
 #include "interposer/hook/log.h"
@@ -87,7 +92,27 @@ struct Hook {
   // at load so that the exit handler needs nothing but the hook's own data.
   std::string summary_dir;
   std::string argv0;
+  // Note [The hook's thread block] (interposer/preload_shim.c): "shim" or "own (<why>)".
+  std::string thread_block;
 };
+
+// Takes the preload shim's static TLS block as every thread's HookThread block when the shim is in
+// the process and its block fits (Note [The hook's thread block]); returns "shim", or "own (why)"
+// when the hook's own thread_local stays the block.
+std::string adopt_shim_thread_block() {
+  void* sym = ::dlsym(RTLD_DEFAULT, "kforge_shim_thread_block");
+  if (sym == nullptr) {
+    (void)::dlerror();   // a failed lookup must not show up in the program's next dlerror()
+    return "own (no preload shim in the process)";
+  }
+  long (*query)(size_t*, size_t*) = nullptr;
+  std::memcpy(&query, &sym, sizeof query);
+  size_t bytes = 0;
+  size_t align = 0;
+  const long offset = query(&bytes, &align);
+  const std::string why = use_thread_block(static_cast<intptr_t>(offset), bytes, align);
+  return why.empty() ? "shim" : "own (" + why + ")";
+}
 
 // Set once by the constructor; never freed (intercepted calls may come until the process ends).
 std::atomic<const Hook*> g_hook{nullptr};
@@ -150,6 +175,7 @@ std::vector<wire::DeviceInfo> devices(const Environment& cpu, ActiveGpus& gpus) 
 void start() noexcept {
   try {
     auto* hook = new Hook();
+    hook->thread_block = adopt_shim_thread_block();   // before any interceptor exists
     g_life_start_ns.store(steady_ns(), std::memory_order_relaxed);
     hook->config = parse_config(process_env());
     const HookConfig& config = hook->config;
@@ -255,6 +281,7 @@ std::string stats_json() {
   }
   j["interceptors"] = how;
   j["skipped"] = hook->registration.skipped;
+  j["thread_block"] = hook->thread_block;
   const RecorderStats st = hook->recorder->stats();
   const SwapStats swap = hook->swapper->stats();
   nlohmann::json sigs = nlohmann::json::array();

@@ -21,8 +21,10 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "runtime/op_catalog.h"
 
@@ -35,9 +37,11 @@ namespace kforge::hook {
 inline constexpr uint32_t kObserveSlots = static_cast<uint32_t>(
     std::max<size_t>(128, (2 * catalog::kOperatorCount + 63) / 64 * 64));   // more: always observed
 
+// All zero is the state of a thread that never called the operator (its first call is observed):
+// a thread's block starts zero-filled (Note [One thread-local block]).
 struct ObserveCountdown {
-  uint32_t left = 1;   // calls until the next observed one, this one included
-  uint32_t gap = 1;    // what `left` was set to after the last observed call
+  uint32_t left = 0;   // calls still to pass straight through before the next observed one
+  uint32_t gap = 0;    // what `left` was set to after the last observed call
 };
 
 // Note [One thread-local block]
@@ -45,7 +49,11 @@ struct ObserveCountdown {
 // thread-local lookup: the hook is dlopen'd, so each distinct thread_local variable costs a
 // __tls_get_addr call per function that reads it, and (between a model's other calls, when
 // nothing of the hook is in cache) each lookup's reads are misses of their own. The interceptor
-// takes hook_thread() once per call and passes the reference on.
+// takes hook_thread() once per call and passes the reference on. Where the hook was loaded by the
+// preload shim, the block is the one the shim reserves in static TLS (Note [The hook's thread
+// block] in interposer/preload_shim.c), reached from the thread pointer with no call at all;
+// otherwise it is the thread_local below. Either starts zero-filled in every thread, so every
+// field's zero is its initial state.
 struct HookThread {
   bool hook_work = false;        // Note [The hook's own tensor work]
   uint64_t observe_rng = 0;      // Note [Observed calls]: the gaps' generator (0: not seeded yet)
@@ -55,14 +63,47 @@ struct HookThread {
 namespace detail {
 // Constant-initialized: no guard or initialization wrapper on any access.
 inline thread_local constinit HookThread t_hook_thread;
+// The shim's block's offset from the thread pointer, or 0: none, t_hook_thread is the block (static
+// TLS is never at offset 0: below the thread pointer on x86-64, 16 bytes or more above it on
+// AArch64). Set once, by use_thread_block(), when the hook starts and before it registers any
+// interceptor; never changed after.
+inline constinit std::atomic<intptr_t> thread_block_offset{0};
 }  // namespace detail
 
+// This thread's block, given the offset (InterceptedOp keeps a copy in the line every call reads).
 // The empty asm hides where the pointer came from, so the compiler keeps it in a register for the
 // rest of the caller instead of recomputing it (a __tls_get_addr call) at every later use.
-[[gnu::always_inline]] inline HookThread& hook_thread() noexcept {
-  HookThread* t = &detail::t_hook_thread;
+[[gnu::always_inline]] inline HookThread& hook_thread_at(intptr_t offset) noexcept {
+  HookThread* t;
+  if (offset != 0) [[likely]] {
+    t = reinterpret_cast<HookThread*>(static_cast<char*>(__builtin_thread_pointer()) + offset);
+  } else {
+    t = &detail::t_hook_thread;
+  }
   asm("" : "+r"(t));
   return *t;
+}
+
+[[gnu::always_inline]] inline HookThread& hook_thread() noexcept {
+  return hook_thread_at(detail::thread_block_offset.load(std::memory_order_relaxed));
+}
+
+// Makes the block of `bytes` bytes aligned to `align` at `offset` from the thread pointer every
+// thread's HookThread block (Note [The hook's thread block] in interposer/preload_shim.c). Returns
+// "" if it is used, else why not (too small, misaligned, no offset). Call before any interceptor is
+// registered: a thread keeps no state across the switch.
+inline std::string use_thread_block(intptr_t offset, size_t bytes, size_t align) {
+  if (offset == 0) return "the shim gave no offset";
+  if (offset < INT32_MIN || offset > INT32_MAX) return "the shim's block is too far from the thread pointer";
+  if (bytes < sizeof(HookThread)) {
+    return "the shim's block has " + std::to_string(bytes) + " bytes, HookThread needs " +
+           std::to_string(sizeof(HookThread));
+  }
+  if (align < alignof(HookThread) || offset % static_cast<intptr_t>(alignof(HookThread)) != 0) {
+    return "the shim's block is not aligned for HookThread";
+  }
+  detail::thread_block_offset.store(offset, std::memory_order_relaxed);
+  return {};
 }
 
 class HookWorkScope {

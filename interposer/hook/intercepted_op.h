@@ -35,6 +35,9 @@ struct alignas(64) InterceptedOp {
   // HookConfig::observe_every. Set at registration.
   uint32_t observe_slot = kObserveSlots;
   uint32_t observe_every = 1;
+  // hook_thread_at()'s offset (hook_work.h): a copy of detail::thread_block_offset, set at
+  // registration, in this line so that a call reads no other line to find its thread's block.
+  int32_t thread_block_offset = 0;
   const c10::SafeKernelFunction original;  // PyTorch's kernel at this key, captured before ours
 
   // ---- read by observed calls and replacements

@@ -86,13 +86,16 @@ uint32_t next_gap(HookThread& t, uint32_t every) noexcept {
   const uint32_t slot = op.observe_slot;
   if (slot >= kObserveSlots) return 1;
   ObserveCountdown& c = t.observe[slot];
-  const uint32_t left = --c.left;
+  const uint32_t left = c.left;
   const bool sampling = !ReplacementTable::serving(slot);
-  if (left != 0 && sampling) [[likely]] return 0;
-  const uint32_t weight = c.gap - left;
+  if (left != 0 && sampling) [[likely]] {
+    c.left = left - 1;
+    return 0;
+  }
+  const uint32_t weight = c.gap + 1 - left;   // the calls since the last observed one, this one included
   const uint32_t gap = sampling && op.observe_every > 1 ? next_gap(t, op.observe_every) : 1;
-  c.left = gap;
-  c.gap = gap;
+  c.left = gap - 1;
+  c.gap = gap - 1;
   return weight;
 }
 
@@ -120,7 +123,7 @@ class Interceptor final : public c10::OperatorKernel {
 
   void operator()(const c10::OperatorHandle& handle, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
     InterceptedOp& op = *op_;
-    HookThread& t = hook_thread();
+    HookThread& t = hook_thread_at(op.thread_block_offset);
     const uint32_t n = op.identity.num_arguments;
     const uint32_t weight = stack->size() < n ? 0 : observe(op, t);
     HookWorkScope nested(t);   // Note [Nested catalog calls] in hook_work.h
@@ -230,7 +233,7 @@ struct TypedInterceptor<R(A...)> {
 
   // Note [Interceptor fast path]: the unobserved call, all of it.
   static R call(InterceptedOp& op, c10::DispatchKeySet keys, A... args) {
-    HookThread& t = hook_thread();
+    HookThread& t = hook_thread_at(op.thread_block_offset);
     const uint32_t weight = observe(op, t);
     if (weight == 0) [[likely]] {
       HookWorkScope nested(t);   // Note [Nested catalog calls] in hook_work.h
@@ -528,6 +531,8 @@ RegistrationSummary register_catalog(const HookConfig& config, Recorder& recorde
           op->timer = timer;
           op->observe_every = config.observe_every;
           op->observe_slot = ObserveSlots::instance().assign(cat.name, cat.overload, k.backend);
+          op->thread_block_offset =
+              static_cast<int32_t>(detail::thread_block_offset.load(std::memory_order_relaxed));
           std::string impl_name(cat.name.substr(cat.name.find("::") + 2));
           if (!cat.overload.empty()) impl_name += "." + std::string(cat.overload);
           std::string how = register_interceptor(*k.library, impl_name, cat, op);

@@ -94,6 +94,21 @@ def child_env(hook=None, observe_every=1, **extra):
     return env
 
 
+def loaded_by(how, hook, build_dir):
+    """Environment for a child whose hook is loaded by ctypes (its own thread-local block) or by the
+    preload shim, as in production (the shim's static TLS block: Note [The hook's thread block])."""
+    if how == "ctypes":
+        return {}
+    shim = build_dir / "interposer" / "libkforge_preload.so"
+    if not shim.exists():
+        pytest.fail(f"{shim} is missing: cmake --build {build_dir} --target kforge_preload")
+    return {"LD_PRELOAD": shim, "KFORGE_HOOK_DIR": hook.parent}
+
+
+def expected_thread_block(how):
+    return "shim" if how == "shim" else "own (no preload shim in the process)"
+
+
 def run_child(body, env, timeout=240):
     """Runs PRELUDE + body in a fresh interpreter; returns (result object, stderr, wall seconds)."""
     t0 = time.monotonic()
@@ -385,12 +400,16 @@ emit({"stats": stats()})
 """
 
 
-def test_by_default_about_one_call_in_16_is_observed_and_the_counts_still_add_up(hook_path):
+@pytest.mark.parametrize("how", ["ctypes", "shim"])
+def test_by_default_about_one_call_in_16_is_observed_and_the_counts_still_add_up(hook_path, build_dir, how):
     # The default: no replacement is loaded, so each thread observes about one call in 16 of each
     # operator (Note [Observed calls]); KFORGE_SAMPLE_RATE=1 times every observed call, so
-    # sampled_calls counts them.
-    result, _, _ = run_child(OBSERVED, child_env(hook_path, observe_every=None, KFORGE_SAMPLE_RATE=1))
+    # sampled_calls counts them. The countdowns live in the thread's block, the hook's own
+    # thread_local or the shim's static TLS.
+    result, _, _ = run_child(OBSERVED, child_env(hook_path, observe_every=None, KFORGE_SAMPLE_RATE=1,
+                                                 **loaded_by(how, hook_path, build_dir)))
     s = result["stats"]
+    assert s["thread_block"] == expected_thread_block(how)
     assert " observe_every=16 " in s["config"], s["config"]
     by_op = lambda op: [sig for sig in s["signatures"] if sig["op"] == op]  # noqa: E731
     assert [sig["calls"] for sig in by_op("aten::native_layer_norm")] == [1]
@@ -426,9 +445,11 @@ emit({"stats": stats()})
 """
 
 
-def test_counts_from_many_threads_add_up_after_the_threads_exit(hook_path):
-    result, _, _ = run_child(THREADS, child_env(hook_path))
+@pytest.mark.parametrize("how", ["ctypes", "shim"])
+def test_counts_from_many_threads_add_up_after_the_threads_exit(hook_path, build_dir, how):
+    result, _, _ = run_child(THREADS, child_env(hook_path, **loaded_by(how, hook_path, build_dir)))
     s = result["stats"]
+    assert s["thread_block"] == expected_thread_block(how)
     softmax = [sig for sig in s["signatures"] if sig["op"] == "aten::_softmax"]
     assert len(softmax) == 1
     assert softmax[0]["calls"] == 5000
@@ -806,6 +827,7 @@ def test_loaded_by_the_preload_shim_the_hook_observes_and_changes_nothing(hook_p
     assert_bitwise_equal(tmp_path / "plain.pt", tmp_path / "shim.pt")
     assert err.count("kforge: loaded hook ") == 1, err
     s = hooked["stats"]
+    assert s["thread_block"] == "shim"
     assert len(s["registered"]) == len(set(s["registered"])) == len(on(catalog_ops, "cpu")) + len(on(catalog_ops, "cuda"))
     # Per operator (an operator may still have several signatures, e.g. for different shapes).
     calls = {}

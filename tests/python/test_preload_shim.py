@@ -162,7 +162,64 @@ def test_the_shim_links_nothing_but_libc_and_exports_only_its_interpositions(shi
     exported = subprocess.run(["nm", "-D", "--defined-only", str(shim)], capture_output=True,
                               text=True, check=True).stdout.split()
     assert sorted(s for s in exported if not re.fullmatch(r"[0-9a-f]+|[A-Za-z]", s)) == [
-        "__libc_start_main", "dlopen"]
+        "__libc_start_main", "dlopen", "kforge_shim_thread_block"]
+
+
+THREAD_BLOCK_C = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+typedef long (*query_fn)(size_t *, size_t *);
+static query_fn query;
+static long offsets[3];
+static int zero[3], own[3];
+
+static unsigned char *block(long offset) { return (unsigned char *)__builtin_thread_pointer() + offset; }
+
+static void *look(void *arg) {
+  long i = (long)arg;
+  size_t bytes = 0, align = 0;
+  offsets[i] = query(&bytes, &align);
+  unsigned char *b = block(offsets[i]);
+  zero[i] = 1;
+  for (size_t k = 0; k < bytes; ++k) zero[i] &= b[k] == 0;   /* every thread's block starts zeroed */
+  memset(b, (int)i + 1, bytes);                                /* and is its own */
+  own[i] = b[0] == i + 1 && b[bytes - 1] == i + 1 && ((unsigned long)b % align) == 0;
+  return NULL;
+}
+
+int main(void) {
+  query = (query_fn)dlsym(RTLD_DEFAULT, "kforge_shim_thread_block");
+  if (query == NULL) { printf("none\n"); return 0; }
+  size_t bytes = 0, align = 0;
+  query(&bytes, &align);
+  look((void *)0);
+  pthread_t t[2];
+  for (long i = 1; i < 3; ++i) pthread_create(&t[i - 1], NULL, look, (void *)i);
+  for (int i = 0; i < 2; ++i) pthread_join(t[i], NULL);
+  int kept = block(offsets[0])[0] == 1;                        /* the other threads did not touch it */
+  printf("bytes=%zu align=%zu same_offset=%d zero=%d%d%d own=%d%d%d kept=%d\n", bytes, align,
+         offsets[0] == offsets[1] && offsets[1] == offsets[2] && offsets[0] != 0, zero[0], zero[1],
+         zero[2], own[0], own[1], own[2], kept);
+  return 0;
+}
+"""
+
+
+def test_the_shim_reserves_a_zeroed_thread_block_at_one_offset_in_every_thread(shim, tmp_path):
+    # Note [The hook's thread block] in preload_shim.c: the hook reaches its per-thread block at
+    # the thread pointer plus one offset, the same in every thread, including threads started
+    # after the process did; each thread's block starts zero-filled and is its own.
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler")
+    program = compile_c(tmp_path, "thread_block", THREAD_BLOCK_C, "-pthread", "-ldl")
+    assert run([program]).stdout == "none\n"          # without the shim there is no block
+    proc = run([program], shim=shim)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "bytes=4096 align=64 same_offset=1 zero=111 own=111 kept=1\n"
 
 
 @pytest.mark.parametrize("args", [

@@ -50,6 +50,9 @@ struct alignas(64) InterceptedOp {
   const bool returns_tensors;              // every return is a Tensor (what replacements can make)
   InputSampler* sampler = nullptr;         // set at registration, before the interceptor exists
   CudaTimer* timer = nullptr;              // likewise; null: CUDA calls are not timed
+  // An out variant's interceptor (Note [Out variants] in swap_call.cc): the functional operator's
+  // InterceptedOp at the same key, whose identity (this one's too), kernel and entries serve it.
+  const InterceptedOp* functional = nullptr;
 
   void disable(std::string_view why) noexcept {
     if (enabled.exchange(false, std::memory_order_relaxed)) {

@@ -10,6 +10,7 @@
 // #include <ATen/ops/<base>_ops.h> for every KFORGE_CATALOG_OPERATORS line (interposer/hook/CMakeLists.txt).
 #include "interposer/hook/catalog_ops_includes.h"
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -20,6 +21,7 @@
 #include <string_view>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 
 #include "interposer/hook/cuda_timer.h"
 #include "interposer/hook/hook_work.h"
@@ -305,6 +307,140 @@ struct TypedInterceptor<R(A...)> {
   }
 };
 
+// How many of a C++ signature's last arguments are `Tensor&`: an out variant's out tensors (its
+// inputs are `const Tensor&`).
+template <class... A>
+constexpr size_t trailing_out_tensors() {
+  constexpr bool is_out[] = {std::is_same_v<A, at::Tensor&>..., false};
+  size_t k = 0;
+  for (size_t i = sizeof...(A); i > 0 && is_out[i - 1]; --i) ++k;
+  return k;
+}
+
+template <class Sig>
+struct TypedOutInterceptor;
+
+// Note [Out variants] in swap_call.cc: the interceptor of an out variant (aten::add.out). Its first
+// N arguments are the functional operator's, its last K the out tensors; op.identity is the
+// functional operator's (N arguments), so the signature, the counts and the entries are the
+// functional signature's. The unobserved call is the typed interceptor's fast path.
+template <class R, class... A>
+struct TypedOutInterceptor<R(A...)> {
+  static constexpr size_t K = trailing_out_tensors<A...>();
+  static constexpr size_t N = sizeof...(A) - K;
+  static_assert(K >= 1, "an out variant writes at least one tensor");
+
+  using Args = std::tuple<A&...>;   // references to call()'s own parameters
+  using FunctionalArgs = std::tuple<const std::remove_cv_t<std::remove_reference_t<A>>&...>;
+
+  struct Pending {
+    const InterceptedOp* op;
+    const Args* args;
+  };
+
+  template <size_t... I>
+  static torch::jit::Stack box_functional(const Args& args, std::index_sequence<I...>) {
+    using Tuple = std::tuple<std::remove_cvref_t<A>...>;
+    return c10::impl::boxArgs<const std::tuple_element_t<I, Tuple>&...>(std::get<I>(args)...);
+  }
+
+  static std::unique_ptr<OpSignature> make_signature(void* context) {
+    auto* p = static_cast<Pending*>(context);
+    const torch::jit::Stack boxed = box_functional(*p->args, std::make_index_sequence<N>());
+    if (boxed.size() != p->op->identity.num_arguments) return nullptr;
+    std::unique_ptr<OpSignature> sig = build_stack_signature(p->op->identity, boxed.data(), *p->op->arch);
+    if (sig && p->op->sampler != nullptr) p->op->sampler->sample(sig->id(), boxed.data(), p->op->identity.num_arguments);
+    return sig;
+  }
+
+  template <size_t... I>
+  static bool write_signature(const InterceptedOp& op, SignatureWriter& writer, int& cuda_index, const Args& args,
+                              std::index_sequence<I...>) {
+    return write_typed_signature(op.identity, *op.arch, writer, cuda_index, std::get<I>(args)...);
+  }
+
+  // The out tensors, as the schema returns them (Tensor&, or a tuple of them).
+  template <size_t... I>
+  static R results(const Args& args, std::index_sequence<I...>) {
+    if constexpr (K == 1) {
+      return std::get<N>(args);
+    } else {
+      return R(std::get<N + I>(args)...);
+    }
+  }
+
+  template <size_t... I>
+  static std::array<at::Tensor, K> out_tensors(const Args& args, std::index_sequence<I...>) {
+    return {std::get<N + I>(args)...};
+  }
+
+  static R call(InterceptedOp& op, c10::DispatchKeySet keys, A... args) {
+    HookThread& t = hook_thread_at(op.thread_block_offset);
+    const uint32_t weight = observe(op, t);
+    if (weight == 0) [[likely]] {
+      HookWorkScope nested(t);   // Note [Nested catalog calls] in hook_work.h
+      return unboxed_original(op).call<R, A...>(op.handle, keys, std::forward<A>(args)...);
+    }
+    return observed_call(op, t, weight, keys, std::forward<A>(args)...);
+  }
+
+  [[gnu::noinline]] static R observed_call(InterceptedOp& op, HookThread& t, uint32_t weight, c10::DispatchKeySet keys,
+                                           A... args) {
+    const c10::KernelFunction& original = unboxed_original(op);
+    HookWorkScope nested(t);   // Note [Nested catalog calls] in hook_work.h
+    const Args all(args...);
+    SignatureWriter writer;
+    int cuda_index = -1;
+    if (!write_signature(op, writer, cuda_index, all, std::make_index_sequence<N>())) {
+      op.recorder->on_unknown_call(weight);
+      return original.call<R, A...>(op.handle, keys, std::forward<A>(args)...);
+    }
+    const SignatureId id = writer.id();
+    const Replacement* r = ReplacementTable::current()->find(id);
+    Pending pending{&op, &all};
+    const bool cuda = op.identity.backend == Backend::kCuda;
+    const Recorder::Call call =
+        op.recorder->on_call(id, &make_signature, &pending, !cuda || (op.timer != nullptr && cuda_index >= 0), weight);
+    if (call.id_mismatch) [[unlikely]] op.disable("signature encoders disagree");
+
+    if (r != nullptr && !call.id_mismatch && op.functional != nullptr) [[unlikely]] {
+      std::optional<torch::jit::Stack> stack;
+      std::array<at::Tensor, K> outs;
+      try {
+        stack.emplace(box_functional(all, std::make_index_sequence<N>()));
+        outs = out_tensors(all, std::make_index_sequence<K>());
+      } catch (...) {
+        stack.reset();   // out of memory boxing: PyTorch's kernel
+      }
+      if (stack && run_out_replacement(*op.functional, *r, keys, *stack, outs)) {
+        return results(all, std::make_index_sequence<K>());
+      }
+      return original.call<R, A...>(op.handle, keys, std::forward<A>(args)...);
+    }
+
+    if (call.sample && cuda) {
+      const CudaTimer::Mark mark = op.timer->begin(cuda_index);
+      R result = original.call<R, A...>(op.handle, keys, std::forward<A>(args)...);
+      op.timer->end(mark, id);
+      return result;
+    }
+    if (call.sample) {
+      const auto t0 = std::chrono::steady_clock::now();
+      R result = original.call<R, A...>(op.handle, keys, std::forward<A>(args)...);
+      const auto t1 = std::chrono::steady_clock::now();
+      Recorder::add_sample(call.slot, static_cast<uint64_t>(
+                                          std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count()));
+      return result;
+    }
+    return original.call<R, A...>(op.handle, keys, std::forward<A>(args)...);
+  }
+
+  static torch::CppFunction function(InterceptedOp* op) {
+    return torch::CppFunction(
+        [op](c10::DispatchKeySet keys, A... args) -> R { return call(*op, keys, std::forward<A>(args)...); });
+  }
+};
+
 struct TypedFactory {
   std::string_view name;
   std::string_view overload;
@@ -325,6 +461,55 @@ constexpr TypedFactory kTypedFactories[] = {KFORGE_CATALOG_OPERATORS(KFORGE_TYPE
 #undef KFORGE_TYPED_OP
 #undef KFORGE_TYPED_OP_OVERLOAD
 static_assert(std::size(kTypedFactories) == catalog::kOperatorCount);
+
+// Note [Out variants] in swap_call.cc: the out variants the catalog names (OpEntry::out_variant),
+// each with its typed interceptor. aten::_to_copy.out is not here: its arguments are not
+// _to_copy's (no dtype, layout, device), so no functional signature describes its calls.
+template <class Op>
+torch::CppFunction make_typed_out(InterceptedOp* op) {
+  return TypedOutInterceptor<typename Op::schema>::function(op);
+}
+#define KFORGE_OUT(base, overload) {"aten::" #base, #overload, &make_typed_out<at::_ops::base##_##overload>},
+constexpr TypedFactory kOutFactories[] = {
+    KFORGE_OUT(_softmax, out) KFORGE_OUT(_log_softmax, out) KFORGE_OUT(native_layer_norm, out)
+    KFORGE_OUT(native_group_norm, out) KFORGE_OUT(native_batch_norm, out) KFORGE_OUT(gelu, out)
+    KFORGE_OUT(silu, out) KFORGE_OUT(relu, out) KFORGE_OUT(sigmoid, out) KFORGE_OUT(tanh, out)
+    KFORGE_OUT(hardswish, out) KFORGE_OUT(neg, out) KFORGE_OUT(rsqrt, out) KFORGE_OUT(exp, out)
+    KFORGE_OUT(clamp_min, out) KFORGE_OUT(pow, Tensor_Scalar_out) KFORGE_OUT(add, out) KFORGE_OUT(sub, out)
+    KFORGE_OUT(mul, out) KFORGE_OUT(mul, Scalar_out) KFORGE_OUT(div, out) KFORGE_OUT(sum, IntList_out)
+    KFORGE_OUT(mean, out) KFORGE_OUT(amax, out) KFORGE_OUT(argmax, out) KFORGE_OUT(cumsum, out)
+    KFORGE_OUT(cat, out) KFORGE_OUT(clone, out) KFORGE_OUT(upsample_nearest2d, out)
+    KFORGE_OUT(upsample_bilinear2d, out) KFORGE_OUT(max_pool2d_with_indices, out) KFORGE_OUT(avg_pool2d, out)
+    KFORGE_OUT(_adaptive_avg_pool2d, out)};
+#undef KFORGE_OUT
+
+const TypedFactory* find_out(std::string_view qualified) {
+  for (const TypedFactory& f : kOutFactories) {
+    if (qualified.size() == f.name.size() + 1 + f.overload.size() && qualified.starts_with(f.name) &&
+        qualified[f.name.size()] == '.' && qualified.ends_with(f.overload)) {
+      return &f;
+    }
+  }
+  return nullptr;
+}
+
+// Empty when `out`'s arguments are `functional`'s (names and types) followed by as many out
+// tensors as `functional` returns; else why not.
+std::string out_schema_mismatch(const c10::FunctionSchema& functional, const c10::FunctionSchema& out) {
+  const auto& fa = functional.arguments();
+  const auto& oa = out.arguments();
+  const size_t n = fa.size();
+  if (oa.size() != n + functional.returns().size()) return "it does not take one out tensor per result";
+  for (size_t i = 0; i < n; ++i) {
+    if (oa[i].name() != fa[i].name() || *oa[i].type() != *fa[i].type()) {
+      return "its argument " + std::to_string(i) + " is not the functional operator's";
+    }
+  }
+  for (size_t i = n; i < oa.size(); ++i) {
+    if (!oa[i].is_out() || oa[i].type()->kind() != c10::TypeKind::TensorType) return "its last arguments are not out tensors";
+  }
+  return {};
+}
 
 const TypedFactory* find_typed(const catalog::OpEntry& cat) {
   for (const TypedFactory& f : kTypedFactories) {
@@ -418,6 +603,7 @@ struct BenchToggle {
     std::string impl_name;
     const catalog::OpEntry* cat;
     InterceptedOp* op;
+    const TypedFactory* out = nullptr;   // an out variant's interceptor (Note [Out variants])
   };
   std::mutex mu;
   bool registered = true;
@@ -449,7 +635,11 @@ std::string set_interceptors_registered(bool on) noexcept {
       toggle->libraries[i] = new torch::Library(torch::Library::IMPL, "aten", toggle->keys[i], kLibrarySource, __LINE__);
     }
     for (const BenchToggle::Registration& r : toggle->registrations) {
-      register_interceptor(*toggle->libraries[r.key], r.impl_name, *r.cat, r.op);
+      if (r.out != nullptr) {
+        toggle->libraries[r.key]->impl(r.impl_name.c_str(), r.out->make(r.op));
+      } else {
+        register_interceptor(*toggle->libraries[r.key], r.impl_name, *r.cat, r.op);
+      }
     }
     return "";
   } catch (const std::exception& e) {
@@ -485,6 +675,54 @@ RegistrationSummary register_catalog(const HookConfig& config, Recorder& recorde
                                   ": cannot open a library: " + e.what());
       }
     }
+
+    // Note [Out variants] (swap_call.cc): cat's out variant at `key`, after its functional
+    // operator's interceptor `functional` there. Never throws: a failure is a skipped line.
+    auto register_out_variant = [&](const catalog::OpEntry& cat, const c10::OperatorHandle& functional_handle,
+                                    InterceptedOp* functional, c10::DispatchKey key, torch::Library& library,
+                                    std::ptrdiff_t key_index) {
+      const std::string label = std::string(cat.out_variant) + "@" + key_name(key);
+      try {
+        const TypedFactory* factory = find_out(cat.out_variant);
+        if (factory == nullptr) {
+          summary.skipped.push_back(label + ": no out-variant interceptor (its arguments are not " + cat.qualified() +
+                                    "'s followed by out tensors)");
+          return;
+        }
+        const std::optional<c10::OperatorHandle> handle = c10::Dispatcher::singleton().findSchema(
+            c10::OperatorName(std::string(factory->name), std::string(factory->overload)));
+        if (!handle) {
+          summary.skipped.push_back(label + ": not an operator of this torch");
+          return;
+        }
+        if (!handle->hasKernelForDispatchKey(key) &&
+            !handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd)) {
+          summary.skipped.push_back(label + ": no kernel at this key");
+          return;
+        }
+        if (std::string why = out_schema_mismatch(functional_handle.schema(), handle->schema()); !why.empty()) {
+          summary.skipped.push_back(label + ": " + why);
+          return;
+        }
+        auto* op = new InterceptedOp(functional->identity, label, *handle, handle->getComputedKernelForDispatchKey(key),
+                                     &recorder, &arch, functional->num_returns, functional->returns_tensors);
+        op->sampler = sampler;
+        op->timer = timer;
+        op->observe_every = config.observe_every;
+        // A slot of the functional operator's key: an entry for it makes both observed on every call.
+        op->observe_slot = ObserveSlots::instance().assign(cat.name, cat.overload, functional->identity.backend);
+        op->thread_block_offset = functional->thread_block_offset;
+        op->functional = functional;
+        const std::string impl_name = std::string(factory->name.substr(factory->name.find("::") + 2)) + "." +
+                                      std::string(factory->overload);
+        library.impl(impl_name.c_str(), factory->make(op));
+        summary.registered.push_back(label);
+        summary.how.push_back("typed");
+        if (toggle != nullptr) toggle->registrations.push_back({key_index, impl_name, &cat, op, factory});
+      } catch (const std::exception& e) {
+        summary.skipped.push_back(label + ": registration failed: " + first_line(e.what()));
+      }
+    };
 
     for (const catalog::OpEntry& cat : catalog::operators()) {
       const std::string qualified = cat.qualified();
@@ -539,6 +777,7 @@ RegistrationSummary register_catalog(const HookConfig& config, Recorder& recorde
           summary.registered.push_back(label);
           summary.how.push_back(how);
           if (toggle != nullptr) toggle->registrations.push_back({&k - keys, impl_name, &cat, op});
+          if (!cat.out_variant.empty()) register_out_variant(cat, *handle, op, k.key, *k.library, &k - keys);
         } catch (const std::exception& e) {
           summary.skipped.push_back(label + ": registration failed: " + e.what());
         }

@@ -108,11 +108,16 @@ const at::Tensor* in_place_arg(const InterceptedOp& op, const c10::IValue* args,
 }
 
 // Appends the plan's output `o` to `outs`: the argument it is written into (Note [In-place
-// calls]), or a fresh tensor of its dtype, sizes and strides from torch's allocator on `device`.
-// Empty: appended; else why not. May throw (allocation).
+// calls]), the caller's tensor for it (`given`, an out= call's: Note [Out variants]; checked by
+// out_mismatch), or a fresh tensor of its dtype, sizes and strides from torch's allocator on
+// `device`. Empty: appended; else why not. May throw (allocation).
 std::string add_output(const InterceptedOp& op, const c10::IValue* args, const ResolvedOutput& o,
-                       const at::TensorOptions& device, std::vector<at::Tensor>& outs) {
+                       const at::TensorOptions& device, std::vector<at::Tensor>& outs, const at::Tensor* given) {
   if (o.in_place_of < 0) {
+    if (given != nullptr) {
+      outs.push_back(given[outs.size()]);
+      return {};
+    }
     outs.push_back(at::empty_strided(o.sizes, o.strides, device.dtype(scalar_type_of(o.dtype))));
     return {};
   }
@@ -266,7 +271,7 @@ void log_cuda_passthrough(const Replacement& r, const std::string& why) noexcept
 // Runs a CUDA entry (Note [CUDA calls]) on `args` into fresh outputs on call.device, on call.stream.
 // Empty: launched. May throw (torch allocation): callers catch.
 std::string run_candidate_cuda(const InterceptedOp& op, const Replacement& r, const c10::IValue* args,
-                               const CudaCall& call, std::vector<at::Tensor>& outs) {
+                               const CudaCall& call, std::vector<at::Tensor>& outs, const at::Tensor* given) {
   const ResolvedLaunchPlan& plan = *r.plan;
   if (std::string why = check_outputs(op, plan); !why.empty()) return why;
   // Reused per thread: a hit allocates nothing of its own once its thread has made one.
@@ -304,7 +309,7 @@ std::string run_candidate_cuda(const InterceptedOp& op, const Replacement& r, co
   outs.clear();
   outs.reserve(plan.outputs.size());
   for (const ResolvedOutput& o : plan.outputs) {
-    if (std::string why = add_output(op, args, o, on_device, outs); !why.empty()) return why;
+    if (std::string why = add_output(op, args, o, on_device, outs, given); !why.empty()) return why;
     io.outputs.push_back(reinterpret_cast<CUdeviceptr>(outs.back().mutable_data_ptr()));
   }
   c10::SmallVector<at::Tensor, 4> scratch;
@@ -322,13 +327,14 @@ std::string run_candidate_cuda(const InterceptedOp& op, const Replacement& r, co
 }
 
 // Runs the replacement on the arguments `args` (the op's inputs, still owned by the caller) into
-// fresh outputs allocated through torch with the plan's dtype, sizes and strides. Returns an empty
+// fresh outputs allocated through torch with the plan's dtype, sizes and strides, or into `given`
+// (one per plan output: an out= call's tensors, Note [Out variants]). Returns an empty
 // string on success, else why it failed. May throw (torch allocation): callers catch.
 std::string run_candidate(const InterceptedOp& op, const Replacement& r, const c10::IValue* args,
-                          std::vector<at::Tensor>& outs, const CudaCall* cuda) {
+                          std::vector<at::Tensor>& outs, const CudaCall* cuda, const at::Tensor* given = nullptr) {
   if (r.backend == Backend::kCuda) {
     if (cuda == nullptr) return "internal error: a CUDA entry without a CUDA call";
-    return run_candidate_cuda(op, r, args, *cuda, outs);
+    return run_candidate_cuda(op, r, args, *cuda, outs, given);
   }
   const ResolvedLaunchPlan& plan = *r.plan;
   if (std::string why = check_outputs(op, plan); !why.empty()) return why;
@@ -351,7 +357,9 @@ std::string run_candidate(const InterceptedOp& op, const Replacement& r, const c
   outs.clear();
   outs.reserve(plan.outputs.size());
   for (const ResolvedOutput& o : plan.outputs) {
-    if (std::string why = add_output(op, args, o, at::TensorOptions().device(at::kCPU), outs); !why.empty()) return why;
+    if (std::string why = add_output(op, args, o, at::TensorOptions().device(at::kCPU), outs, given); !why.empty()) {
+      return why;
+    }
     io.outputs.push_back(outs.back().data_ptr());
   }
   CpuRunOptions run_options;
@@ -681,13 +689,13 @@ static void run_shadow(const InterceptedOp& op, const Replacement& r, const c10:
 // the original's would. Any failure: this call falls back to PyTorch's kernel and the entry is
 // disabled (and quarantined by the loader).
 static void run_active(const InterceptedOp& op, const Replacement& r, const c10::OperatorHandle& handle,
-                c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+                c10::DispatchKeySet keys, torch::jit::Stack* stack, const at::Tensor* given) {
   const uint32_t n = op.identity.num_arguments;
   std::vector<at::Tensor> outs;
   std::string why;
   try {
     HookWorkScope scope;
-    why = run_candidate(op, r, stack->data() + (stack->size() - n), outs, nullptr);
+    why = run_candidate(op, r, stack->data() + (stack->size() - n), outs, nullptr, given);
   } catch (const std::exception& e) {
     why = std::string("threw: ") + error_text(e);
   } catch (...) {
@@ -705,7 +713,7 @@ static void run_active(const InterceptedOp& op, const Replacement& r, const c10:
 // run (no module on the device, inputs on no or several devices, a driver error before the
 // launch) without counting it against the entry.
 static void run_cuda(const InterceptedOp& op, const Replacement& r, const c10::OperatorHandle& handle,
-                     c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+                     c10::DispatchKeySet keys, torch::jit::Stack* stack, const at::Tensor* given) {
   const uint32_t n = op.identity.num_arguments;
   const bool active = r.state == SwapState::kActive;
   const CudaDriver& cu = *r.cuda->driver;
@@ -743,7 +751,7 @@ static void run_cuda(const InterceptedOp& op, const Replacement& r, const c10::O
       } else if (call.capture != CU_STREAM_CAPTURE_STATUS_NONE && call.capture != CU_STREAM_CAPTURE_STATUS_ACTIVE) {
         pytorch = true;   // an invalidated capture: PyTorch's kernel reports it, as without kforge
       } else {
-        why = run_candidate(op, r, stack->data() + (stack->size() - n), outs, &call);
+        why = run_candidate(op, r, stack->data() + (stack->size() - n), outs, &call, given);
       }
     } catch (const std::exception& e) {
       why = std::string("threw: ") + error_text(e);
@@ -839,7 +847,7 @@ static void run_cuda(const InterceptedOp& op, const Replacement& r, const c10::O
 }
 
 void run_replacement(const InterceptedOp& op, const Replacement& r, const c10::OperatorHandle& handle,
-                     c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+                     c10::DispatchKeySet keys, torch::jit::Stack* stack, const at::Tensor* given) {
   if (writes_in_place(*r.plan)) {
     // Note [In-place calls]: partial overlap is PyTorch's to refuse; exact aliasing is not shadowed.
     InPlaceAliasing aliasing = InPlaceAliasing::kPartial;
@@ -857,12 +865,110 @@ void run_replacement(const InterceptedOp& op, const Replacement& r, const c10::O
     }
   }
   if (r.backend == Backend::kCuda) {
-    run_cuda(op, r, handle, keys, stack);
+    run_cuda(op, r, handle, keys, stack, r.state == SwapState::kActive ? given : nullptr);
   } else if (r.state == SwapState::kActive) {
-    run_active(op, r, handle, keys, stack);
+    run_active(op, r, handle, keys, stack, given);
   } else {
     run_shadow(op, r, handle, keys, stack);
   }
+}
+
+// Note [Out variants]
+// An out= call (aten::add.out: the functional operator's arguments, then the tensors to write) is
+// the functional call's computation written into tensors the caller gave, so the functional
+// signature's entry serves it. The out variant's interceptor (interceptor.cc) writes the
+// signature of the functional arguments, so the call is counted, timed and reported as that
+// signature, and on a hit calls run_out_replacement. The entry writes the caller's tensors only
+// where each is exactly what the plan would allocate (out_mismatch): defined, of the plan
+// output's dtype, sizes and strides, on the inputs' device, its data aligned as torch's
+// allocators align (64 bytes on the CPU, 256 on CUDA: a kernel may store in vectors), and sharing
+// no memory with any input or with another out tensor. Otherwise (an out tensor PyTorch would
+// resize, a strided or offset view, an out tensor that is also an input, which some operators
+// allow) PyTorch's out kernel runs, as without kforge. In active state the entry writes the out
+// tensors directly (run_replacement's `given`). In shadow state the call is the functional
+// operator's shadow call (PyTorch's functional kernel, whose result the caller gets, and the
+// entry compared with it; Note [Shadow comparison]) and PyTorch's result is copied into the out
+// tensors: PyTorch's functional and out kernels of these operators are one implementation, and a
+// shadow call costs several kernels anyway. An active call the entry cannot serve (it failed, or
+// a driver error) gets PyTorch's functional result copied likewise.
+namespace {
+
+// The 64 bytes of c10's CPU allocator, the 256 bytes (and more) of torch's CUDA caching allocator.
+constexpr uintptr_t kCpuOutputAlignment = 64;
+constexpr uintptr_t kCudaOutputAlignment = 256;
+
+// Empty when the entry may write `outs` (Note [Out variants]); else why not.
+std::string out_mismatch(const InterceptedOp& functional, const Replacement& r, const c10::IValue* args,
+                         c10::ArrayRef<at::Tensor> outs) {
+  const ResolvedLaunchPlan& plan = *r.plan;
+  if (plan.outputs.size() != outs.size() || functional.num_returns != outs.size()) {
+    return "the plan makes " + std::to_string(plan.outputs.size()) + " outputs, the call gives " +
+           std::to_string(outs.size());
+  }
+  // The inputs, tensor-list elements included, and their device.
+  std::vector<const at::Tensor*> inputs;
+  for (uint32_t i = 0; i < functional.identity.num_arguments; ++i) {
+    if (args[i].isTensor()) {
+      if (args[i].toTensor().defined()) inputs.push_back(&args[i].toTensor());
+    } else if (args[i].isTensorList()) {
+      for (const at::Tensor& t : args[i].toTensorList()) {
+        if (t.defined()) inputs.push_back(&t);
+      }
+    }
+  }
+  if (inputs.empty()) return "no tensor input";
+  const c10::Device device = inputs.front()->device();
+  const bool cuda = r.backend == Backend::kCuda;
+  if (cuda ? !device.is_cuda() : !device.is_cpu()) return "the inputs are not on the entry's backend";
+  for (size_t k = 0; k < outs.size(); ++k) {
+    const ResolvedOutput& o = plan.outputs[k];
+    const at::Tensor& t = outs[k];
+    const std::string which = "out tensor " + std::to_string(k);
+    if (o.in_place_of >= 0) return "the plan writes an input in place";
+    if (!t.defined()) return which + " is undefined";
+    if (t.device() != device) return which + " is not on the inputs' device";
+    if (t.scalar_type() != scalar_type_of(o.dtype) || t.sizes() != at::IntArrayRef(o.sizes) ||
+        t.strides() != at::IntArrayRef(o.strides)) {
+      return which + " is not the tensor the plan makes (dtype, sizes or strides)";
+    }
+    const auto address = reinterpret_cast<uintptr_t>(t.const_data_ptr());
+    if (t.numel() > 0 && address % (cuda ? kCudaOutputAlignment : kCpuOutputAlignment) != 0) {
+      return which + " is not aligned as torch's allocator aligns";
+    }
+    for (const at::Tensor* in : inputs) {
+      if (at::get_overlap_status(t, *in) != at::MemOverlapStatus::No) return which + " shares memory with an input";
+    }
+    for (size_t j = 0; j < k; ++j) {
+      if (at::get_overlap_status(t, outs[j]) != at::MemOverlapStatus::No) {
+        return which + " shares memory with out tensor " + std::to_string(j);
+      }
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
+bool run_out_replacement(const InterceptedOp& functional, const Replacement& r, c10::DispatchKeySet keys,
+                         torch::jit::Stack& stack, c10::ArrayRef<at::Tensor> outs) {
+  const uint32_t n = functional.identity.num_arguments;
+  try {
+    HookWorkScope scope;
+    if (stack.size() != n || !out_mismatch(functional, r, stack.data(), outs).empty()) return false;
+  } catch (...) {
+    return false;
+  }
+  run_replacement(functional, r, functional.handle, keys, &stack, outs.data());
+  // The stack holds the functional operator's results: the out tensors themselves where the entry
+  // wrote them, else PyTorch's, copied in. An exception from that copy reaches the caller, as one
+  // from PyTorch's out kernel would.
+  HookWorkScope scope;
+  const size_t k = outs.size();
+  for (size_t i = 0; i < k; ++i) {
+    const at::Tensor& result = stack[stack.size() - k + i].toTensor();
+    if (!result.is_same(outs[i])) const_cast<at::Tensor&>(outs[i]).copy_(result);
+  }
+  return true;
 }
 
 }  // namespace kforge::hook

@@ -27,7 +27,16 @@ namespace kforge::hook {
 // `stack` holds the op's arguments on top, as the dispatcher passed them; on return it holds the
 // op's outputs, as the original kernel would leave them. An exception from PyTorch's own kernel in
 // shadow state reaches the caller, as without kforge; kforge's own failures never do.
+// `given`: where the plan's outputs go in active state instead of fresh tensors, one per plan
+// output (an out= call's tensors, already checked by run_out_replacement); null: fresh tensors.
 void run_replacement(const InterceptedOp& op, const Replacement& r, const c10::OperatorHandle& handle,
-                     c10::DispatchKeySet keys, torch::jit::Stack* stack);
+                     c10::DispatchKeySet keys, torch::jit::Stack* stack, const at::Tensor* given = nullptr);
+
+// An out= call of `functional`'s operator (Note [Out variants] in swap_call.cc) that hit entry r
+// for its functional signature. `stack` holds the functional arguments (boxed by the caller),
+// `outs` the caller's out tensors. Returns false where the entry cannot write `outs` (the caller
+// then runs PyTorch's out kernel, as without kforge); true when `outs` hold the call's result.
+bool run_out_replacement(const InterceptedOp& functional, const Replacement& r, c10::DispatchKeySet keys,
+                         torch::jit::Stack& stack, c10::ArrayRef<at::Tensor> outs);
 
 }  // namespace kforge::hook

@@ -43,6 +43,25 @@ def on(catalog_ops, dev):
     both but the CUDA-only ones (cudnn_batch_norm: PyTorch has no CPU kernel for it)."""
     return {op for op, backends in catalog_ops.items() if dev in backends}
 
+
+# Out variants the catalog names that get no interceptor, and why (Note [Out variants] in
+# interposer/hook/swap_call.cc): _to_copy.out does not take _to_copy's arguments.
+UNSERVED_OUT_VARIANTS = {"aten::_to_copy.out"}
+
+
+@pytest.fixture(scope="session")
+def out_variants(build_dir):
+    """{functional operator: its out variant} for every catalog operator that names one."""
+    r = subprocess.run([str(build_dir / "tools" / "kforge"), "ops", "--json"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return {o["operator"]: o["out_variant"] for o in json.loads(r.stdout) if o["out_variant"]}
+
+
+def intercepted(catalog_ops, out_variants, dev):
+    """What the hook registers at `dev`: the catalog operators and their out variants."""
+    ops = on(catalog_ops, dev)
+    return ops | {v for op, v in out_variants.items() if op in ops and v not in UNSERVED_OUT_VARIANTS}
+
 # Imported by every child: loads the hook when KFORGE_TEST_HOOK names it, and reads its stats.
 PRELUDE = textwrap.dedent(
     """
@@ -233,12 +252,15 @@ def device_signatures(s, dev):
     return [sig for sig in s["signatures"] if sig["signature"].rsplit(" ", 1)[-1].startswith(dev + ":")]
 
 
-def test_hook_registers_every_catalog_operator_at_cpu(model_runs, catalog_ops):
+def test_hook_registers_every_catalog_operator_at_cpu(model_runs, catalog_ops, out_variants):
     s = model_runs["stats"]
     assert s["started"] and s["mode"] == "observe"
-    assert {r.split("@")[0] for r in s["registered"] if r.endswith("@CPU")} == on(catalog_ops, "cpu")
+    assert {r.split("@")[0] for r in s["registered"] if r.endswith("@CPU")} == intercepted(catalog_ops, out_variants, "cpu")
     # This torch is a CUDA build: its CUDA kernels exist even on a host without a GPU.
-    assert {r.split("@")[0] for r in s["registered"] if r.endswith("@CUDA")} == on(catalog_ops, "cuda")
+    assert {r.split("@")[0] for r in s["registered"] if r.endswith("@CUDA")} == intercepted(catalog_ops, out_variants,
+                                                                                              "cuda")
+    for v in UNSERVED_OUT_VARIANTS:
+        assert any(x.startswith(v + "@CPU: no out-variant interceptor") for x in s["skipped"]), s["skipped"]
     # Every catalog operator gets the typed (unboxed) interceptor, the one without boxing costs
     # (Note [Typed interceptors] in interceptor.cc); "boxed" would name why here.
     assert s["interceptors"] == {r: "typed" for r in s["registered"]}
@@ -813,7 +835,8 @@ def test_an_absent_daemon_changes_nothing(hook_path, tmp_path):
     assert hooked_wall < 2 * plain_wall + 10.0, (plain_wall, hooked_wall)
 
 
-def test_loaded_by_the_preload_shim_the_hook_observes_and_changes_nothing(hook_path, build_dir, tmp_path, catalog_ops):
+def test_loaded_by_the_preload_shim_the_hook_observes_and_changes_nothing(hook_path, build_dir, tmp_path, catalog_ops,
+                                                                         out_variants):
     # The way it runs in production: LD_PRELOAD=libkforge_preload.so, which loads the hook from
     # KFORGE_HOOK_DIR as soon as torch is in the process. (The child's ctypes.CDLL of the same path
     # then returns the already loaded hook, to read its stats.)
@@ -828,7 +851,8 @@ def test_loaded_by_the_preload_shim_the_hook_observes_and_changes_nothing(hook_p
     assert err.count("kforge: loaded hook ") == 1, err
     s = hooked["stats"]
     assert s["thread_block"] == "shim"
-    assert len(s["registered"]) == len(set(s["registered"])) == len(on(catalog_ops, "cpu")) + len(on(catalog_ops, "cuda"))
+    assert len(s["registered"]) == len(set(s["registered"])) == (len(intercepted(catalog_ops, out_variants, "cpu")) +
+                                                                 len(intercepted(catalog_ops, out_variants, "cuda")))
     # Per operator (an operator may still have several signatures, e.g. for different shapes).
     calls = {}
     for sig in s["signatures"]:
@@ -849,8 +873,10 @@ def calls():
     return out
 torch.manual_seed(0)
 x, y = torch.randn(64, 32), torch.randn(64, 32)
+buf = torch.empty(64, 32)
 def work():
-    return [torch.add(x, y), torch.softmax(x, -1), F.layer_norm(x, (32,)), F.gelu(x)]
+    return [torch.add(x, y), torch.softmax(x, -1), F.layer_norm(x, (32,)), F.gelu(x),
+            torch.mul(x, y, out=buf)]   # an out variant's interceptor: counted as mul.Tensor
 rows = []
 with torch.no_grad():
     for on in [1, 0, 0, 1, 0, 1, 1]:
@@ -861,14 +887,14 @@ emit({"rows": rows, "registered": len(stats()["registered"])})
 """
 
 
-def test_the_bench_toggle_takes_the_interceptors_out_and_puts_them_back(hook_path, catalog_ops):
+def test_the_bench_toggle_takes_the_interceptors_out_and_puts_them_back(hook_path, catalog_ops, out_variants):
     # KFORGE_BENCH_TOGGLE=1 (Note [Bench toggle]): off, calls reach PyTorch's kernels without
     # passing through kforge (nothing is counted); on again, every interceptor is back (counted
     # again), however often it flips. The outputs are the same throughout.
     result, _, _ = run_child(TOGGLE, child_env(hook_path, KFORGE_BENCH_TOGGLE=1))
     rows = result["rows"]
     assert all(r["said"] == "" for r in rows), [r["said"] for r in rows]
-    ops = {"aten::add.Tensor", "aten::_softmax", "aten::native_layer_norm", "aten::gelu"}
+    ops = {"aten::add.Tensor", "aten::_softmax", "aten::native_layer_norm", "aten::gelu", "aten::mul.Tensor"}
     previous = {}
     for r in rows:
         for op in ops:
@@ -876,7 +902,8 @@ def test_the_bench_toggle_takes_the_interceptors_out_and_puts_them_back(hook_pat
             assert added == (1 if r["on"] else 0), (r["on"], op, r["calls"], previous)
         previous = r["calls"]
         assert r["outs"] == rows[0]["outs"]
-    assert result["registered"] == len(on(catalog_ops, "cpu")) + len(on(catalog_ops, "cuda"))
+    assert result["registered"] == (len(intercepted(catalog_ops, out_variants, "cpu")) +
+                                    len(intercepted(catalog_ops, out_variants, "cuda")))
 
     # Without the variable the call is refused and changes nothing.
     result, _, _ = run_child(TOGGLE, child_env(hook_path))

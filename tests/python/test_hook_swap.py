@@ -702,3 +702,71 @@ def test_an_in_place_entry_writes_self_through_its_views_and_returns_it(hook_pat
     z0, z = data["aliased"]
     assert torch.equal(z, z0 + z0)
     assert "single memory location" in data["partial"], data["partial"]
+
+
+OUT_MODEL = """
+torch.manual_seed(0)
+xs = [torch.randn(64, 1000) * (1 + i % 3) for i in range(41)]
+ys = []
+for x in xs:                               # out= calls only: first sight, trial and active use
+    y = torch.empty(64, 1000)
+    r = torch._softmax(x, -1, False, out=y)
+    assert r is y
+    ys.append(y)
+    if len(ys) == 1:
+        lib.kforge_hook_report_now(20000)
+served = stats()
+x = xs[1]
+odd = {}
+base = torch.empty(64 * 1000 + 1)
+view = base[1:].view(64, 1000)             # storage offset 4 bytes: not aligned as torch allocates
+odd["misaligned"] = torch._softmax(x, -1, False, out=view).clone()
+small = torch.empty(0)                     # PyTorch resizes it
+odd["resized"] = torch._softmax(x, -1, False, out=small).clone()
+alias = x.clone()                          # out is the input
+odd["aliased"] = torch._softmax(alias, -1, False, out=alias).clone()
+half = torch.empty(64, 1000, dtype=torch.float64)   # another dtype: PyTorch's rules
+try:
+    torch._softmax(x, -1, False, out=half)
+    odd["dtype"] = half.clone()
+except RuntimeError as e:
+    odd["dtype"] = str(e).splitlines()[0]
+torch.save({"xs": xs, "ys": ys, "odd": odd}, os.environ["KFORGE_TEST_OUT"])
+emit({"served": served, "stats": stats()})
+"""
+
+
+def test_an_entry_serves_out_calls_into_the_callers_tensor(hook_path, tools, softmax_signature, tmp_path):
+    # Note [Out variants] in interposer/hook/swap_call.cc: _softmax.out is counted as the functional
+    # signature, goes through the same trial (shadow calls copy PyTorch's result into out), and once
+    # active the entry writes the caller's tensor, which the call returns. Out tensors the entry
+    # cannot write as they are (misaligned, to be resized, the input itself, another dtype) get
+    # PyTorch's out kernel.
+    cache, key = make_cache(tmp_path, tools, softmax_signature, "good")
+    out = tmp_path / "out.pt"
+    res, err = run_child(OUT_MODEL, child_env(hook_path, KFORGE_CACHE_DIR=cache, KFORGE_TEST_OUT=out,
+                                              KFORGE_MODE="active", KFORGE_CONFIRM_WIN=0))
+    assert "aten::_softmax.out@CPU" in res["stats"]["registered"]
+    (sig,) = softmax_sig(res["served"])
+    assert sig["state"] == "active" and sig["entry"] == key, (sig, err)
+    assert sig["calls"] == 41 and sig["shadow_calls"] == sig["clean_shadow_calls"] == 20, sig
+    assert sig["active_calls"] == 20 and sig["fallbacks"] == 0, sig
+    data = torch.load(out)
+    for i, (x, y) in enumerate(zip(data["xs"], data["ys"])):
+        if i <= 20:                                     # first sight and the shadow calls: PyTorch's
+            assert torch.equal(y, torch.softmax(x, -1)), i
+        assert criterion_ok(x, y), i
+    # The active calls wrote the entry's result (double accumulation: not bitwise PyTorch's).
+    assert any(not torch.equal(y, torch.softmax(x, -1)) for x, y in zip(data["xs"][21:], data["ys"][21:]))
+    x = data["xs"][1]
+    odd = data["odd"]
+    for name in ("misaligned", "resized", "aliased"):
+        assert torch.equal(odd[name], torch.softmax(x, -1)), name
+    plain = torch.empty(64, 1000, dtype=torch.float64)
+    try:
+        torch._softmax(x, -1, False, out=plain)
+        assert torch.equal(odd["dtype"], plain)
+    except RuntimeError as e:
+        assert odd["dtype"] == str(e).splitlines()[0]
+    (after,) = softmax_sig(res["stats"])
+    assert after["active_calls"] == 20 and after["state"] == "active", after

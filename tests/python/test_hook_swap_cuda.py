@@ -623,3 +623,54 @@ def test_live_upgrade_then_disable_in_the_cache(hook_path, build_dir, tools, sof
     err = proc.stderr.read()
     assert proc.returncode == 0, err
     assert "disabled in the cache: PyTorch's kernel runs" in err, err
+
+
+OUT_MODEL = """
+torch.manual_seed(0)
+xs = [(torch.randn(64, 1000) * (1 + i % 3)).to(DEVICE) for i in range(CALLS + 1)]
+ys = []
+for x in xs:                               # out= calls only: first sight, trial and active use
+    y = torch.empty(64, 1000, device=DEVICE)
+    assert torch._softmax(x, -1, False, out=y) is y
+    ys.append(y)
+    if len(ys) == 1:
+        torch.cuda.synchronize()
+        loader_round()
+torch.cuda.synchronize()
+served = stats()
+x = xs[1]
+base = torch.empty(64 * 1000 + 4, device=DEVICE)
+odd = {"misaligned": torch._softmax(x, -1, False, out=base[4:].view(64, 1000)).cpu(),   # 16 bytes in
+       "resized": torch._softmax(x, -1, False, out=torch.empty(0, device=DEVICE)).cpu()}
+alias = x.clone()
+odd["aliased"] = torch._softmax(alias, -1, False, out=alias).cpu()
+torch.cuda.synchronize()
+torch.save({"xs": [x.cpu() for x in xs], "ys": [y.cpu() for y in ys], "odd": odd}, os.environ["KFORGE_TEST_OUT"])
+emit({"served": served, "stats": stats()})
+"""
+
+
+def test_an_entry_serves_out_calls_into_the_callers_tensor(hook_path, tools, softmax_signature, tmp_path):
+    # Note [Out variants] in interposer/hook/swap_call.cc, on CUDA: _softmax.out goes through the
+    # functional signature's trial and then the entry writes the caller's tensor on torch's
+    # stream; out tensors it cannot write as they are get PyTorch's out kernel.
+    cache, key = make_cache(tmp_path, tools, softmax_signature, "good")
+    calls = 2 * SHADOW_CALLS
+    out = tmp_path / "out.pt"
+    res, err = run_child(OUT_MODEL.replace("CALLS", str(calls)),
+                         child_env(hook_path, KFORGE_CACHE_DIR=cache, KFORGE_TEST_OUT=out, KFORGE_MODE="active",
+                                   KFORGE_CONFIRM_WIN=0, KFORGE_SHADOW_CALLS=SHADOW_CALLS))
+    assert "aten::_softmax.out@CUDA" in res["stats"]["registered"]
+    sig = entry(res["served"])
+    assert sig["state"] == "active" and sig["entry"] == key, (sig, err)
+    assert sig["calls"] == calls + 1 and sig["shadow_calls"] == sig["clean_shadow_calls"] == SHADOW_CALLS, sig
+    assert sig["active_calls"] == calls - SHADOW_CALLS and sig["fallbacks"] == 0, sig
+    data = torch.load(out)
+    for i, (x, y) in enumerate(zip(data["xs"], data["ys"])):
+        if i <= SHADOW_CALLS:
+            assert torch.equal(y, plain(x)), i
+        assert criterion_error(x, y) == "", (i, criterion_error(x, y))
+    assert any(not torch.equal(y, plain(x)) for x, y in zip(data["xs"][SHADOW_CALLS + 1:], data["ys"][SHADOW_CALLS + 1:]))
+    for name, y in data["odd"].items():
+        assert torch.equal(y, plain(data["xs"][1])), name
+    assert entry(res["stats"])["active_calls"] == calls - SHADOW_CALLS

@@ -679,6 +679,14 @@ const OpEntry* find(std::string_view name, std::string_view overload) noexcept {
 
 const OpEntry* find(const OpSignature& sig) noexcept { return find(sig.op, sig.overload); }
 
+bool out_variant_intercepted(std::string_view out_variant) noexcept {
+#define KFORGE_CATALOG_OUT(base, overload) \
+  if (out_variant == "aten::" #base "." #overload) return true;
+  KFORGE_CATALOG_OUT_VARIANTS(KFORGE_CATALOG_OUT)
+#undef KFORGE_CATALOG_OUT
+  return false;
+}
+
 size_t index_of(const OpEntry& e) noexcept {
   for (size_t i = 0; i < kEntries.size(); ++i) {
     if (&kEntries[i] == &e) return i;

@@ -78,6 +78,20 @@
   OP(_adaptive_avg_pool2d)                        \
   OP(upsample_bilinear2d)
 
+// The out variants the hook intercepts (Note [Out variants] in interposer/hook/swap_call.cc), as
+// torch's C++ API names them (at::_ops::<base>_<overload>): each is an OpEntry::out_variant, and
+// every OpEntry::out_variant is here but aten::_to_copy.out (kOutVariantNotIntercepted), whose
+// arguments are not _to_copy's (no dtype, layout or device), so no functional signature describes
+// its calls. The hook instantiates a typed interceptor from each; `kforge ops` shows them.
+#define KFORGE_CATALOG_OUT_VARIANTS(OUT)                                                                  \
+  OUT(_softmax, out) OUT(_log_softmax, out) OUT(native_layer_norm, out) OUT(native_group_norm, out)        \
+  OUT(gelu, out) OUT(silu, out) OUT(add, out) OUT(relu, out) OUT(sigmoid, out) OUT(tanh, out)              \
+  OUT(hardswish, out) OUT(sub, out) OUT(mul, out) OUT(div, out) OUT(native_batch_norm, out)                \
+  OUT(sum, IntList_out) OUT(mean, out) OUT(amax, out) OUT(neg, out) OUT(rsqrt, out) OUT(exp, out)          \
+  OUT(pow, Tensor_Scalar_out) OUT(mul, Scalar_out) OUT(cat, out) OUT(clone, out) OUT(argmax, out)          \
+  OUT(clamp_min, out) OUT(upsample_nearest2d, out) OUT(max_pool2d_with_indices, out) OUT(cumsum, out)      \
+  OUT(avg_pool2d, out) OUT(_adaptive_avg_pool2d, out) OUT(upsample_bilinear2d, out)
+
 namespace kforge::catalog {
 
 namespace detail {
@@ -189,6 +203,13 @@ struct OpEntry {
   // "aten::add.Tensor": the dispatcher's spelling.
   std::string qualified() const;
 };
+
+// The one catalog out variant KFORGE_CATALOG_OUT_VARIANTS leaves out, and why.
+inline constexpr std::string_view kOutVariantNotIntercepted = "aten::_to_copy.out";
+inline constexpr std::string_view kOutVariantNotInterceptedWhy =
+    "its arguments are not aten::_to_copy's followed by out tensors";
+// Whether the hook intercepts `out_variant` ("aten::add.out"): it is in KFORGE_CATALOG_OUT_VARIANTS.
+bool out_variant_intercepted(std::string_view out_variant) noexcept;
 
 // Every catalog operator, in KFORGE_CATALOG_OPERATORS order.
 std::span<const OpEntry> operators() noexcept;

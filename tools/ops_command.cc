@@ -50,6 +50,16 @@ std::string interceptor_of(const catalog::OpEntry& e) {
   return found.empty() ? "boxed" : "typed (" + found + ")";
 }
 
+// The out variant's interceptor (Note [Out variants] in interposer/hook/swap_call.cc).
+std::string out_interceptor_of(const catalog::OpEntry& e) {
+  if (e.out_variant.empty()) return "";
+  if (catalog::out_variant_intercepted(e.out_variant)) return "typed, served by this operator's entries";
+  if (e.out_variant == catalog::kOutVariantNotIntercepted) {
+    return "not intercepted: " + std::string(catalog::kOutVariantNotInterceptedWhy);
+  }
+  return "not intercepted";
+}
+
 json entry_json(const catalog::OpEntry& e) {
   json families = json::array();
   json backends = json::array();
@@ -78,6 +88,7 @@ json entry_json(const catalog::OpEntry& e) {
               {"llm_semantics", !e.semantics.empty()},
               {"inplace", e.inplace},
               {"out_variant", e.out_variant},
+              {"out_interceptor", out_interceptor_of(e)},
               {"flops_per_element", e.flops_per_element},
               {"args", args},
               {"outputs", outputs},
@@ -125,6 +136,19 @@ int run_ops_command(const std::vector<std::string>& args, std::ostream& out, std
     out << line;
     if (!j["complete"].get<bool>()) out << "      incomplete: " << j["incomplete"].get<std::string>() << "\n";
   }
+  size_t outs = 0, served = 0;
+  std::string unserved;
+  for (const catalog::OpEntry& e : catalog::operators()) {
+    if (e.out_variant.empty()) continue;
+    ++outs;
+    if (catalog::out_variant_intercepted(e.out_variant)) {
+      ++served;
+    } else {
+      unserved += (unserved.empty() ? "" : ", ") + std::string(e.out_variant) + " (" + out_interceptor_of(e) + ")";
+    }
+  }
+  out << "out= variants intercepted and served by their operator's entries: " << served << " of " << outs
+      << (unserved.empty() ? std::string() : "; " + unserved) << "\n";
   out << "(kforge ops --json: schemas, in-place and out= variants, the cost model, each argument's role and input range)\n";
   return 0;
 }

@@ -462,25 +462,14 @@ constexpr TypedFactory kTypedFactories[] = {KFORGE_CATALOG_OPERATORS(KFORGE_TYPE
 #undef KFORGE_TYPED_OP_OVERLOAD
 static_assert(std::size(kTypedFactories) == catalog::kOperatorCount);
 
-// Note [Out variants] in swap_call.cc: the out variants the catalog names (OpEntry::out_variant),
-// each with its typed interceptor. aten::_to_copy.out is not here: its arguments are not
-// _to_copy's (no dtype, layout, device), so no functional signature describes its calls.
+// Note [Out variants] in swap_call.cc: a typed interceptor for each out variant the catalog's
+// KFORGE_CATALOG_OUT_VARIANTS lists (all of OpEntry::out_variant but aten::_to_copy.out).
 template <class Op>
 torch::CppFunction make_typed_out(InterceptedOp* op) {
   return TypedOutInterceptor<typename Op::schema>::function(op);
 }
 #define KFORGE_OUT(base, overload) {"aten::" #base, #overload, &make_typed_out<at::_ops::base##_##overload>},
-constexpr TypedFactory kOutFactories[] = {
-    KFORGE_OUT(_softmax, out) KFORGE_OUT(_log_softmax, out) KFORGE_OUT(native_layer_norm, out)
-    KFORGE_OUT(native_group_norm, out) KFORGE_OUT(native_batch_norm, out) KFORGE_OUT(gelu, out)
-    KFORGE_OUT(silu, out) KFORGE_OUT(relu, out) KFORGE_OUT(sigmoid, out) KFORGE_OUT(tanh, out)
-    KFORGE_OUT(hardswish, out) KFORGE_OUT(neg, out) KFORGE_OUT(rsqrt, out) KFORGE_OUT(exp, out)
-    KFORGE_OUT(clamp_min, out) KFORGE_OUT(pow, Tensor_Scalar_out) KFORGE_OUT(add, out) KFORGE_OUT(sub, out)
-    KFORGE_OUT(mul, out) KFORGE_OUT(mul, Scalar_out) KFORGE_OUT(div, out) KFORGE_OUT(sum, IntList_out)
-    KFORGE_OUT(mean, out) KFORGE_OUT(amax, out) KFORGE_OUT(argmax, out) KFORGE_OUT(cumsum, out)
-    KFORGE_OUT(cat, out) KFORGE_OUT(clone, out) KFORGE_OUT(upsample_nearest2d, out)
-    KFORGE_OUT(upsample_bilinear2d, out) KFORGE_OUT(max_pool2d_with_indices, out) KFORGE_OUT(avg_pool2d, out)
-    KFORGE_OUT(_adaptive_avg_pool2d, out)};
+constexpr TypedFactory kOutFactories[] = {KFORGE_CATALOG_OUT_VARIANTS(KFORGE_OUT)};
 #undef KFORGE_OUT
 
 const TypedFactory* find_out(std::string_view qualified) {
@@ -685,8 +674,11 @@ RegistrationSummary register_catalog(const HookConfig& config, Recorder& recorde
       try {
         const TypedFactory* factory = find_out(cat.out_variant);
         if (factory == nullptr) {
-          summary.skipped.push_back(label + ": no out-variant interceptor (its arguments are not " + cat.qualified() +
-                                    "'s followed by out tensors)");
+          summary.skipped.push_back(label + ": no out-variant interceptor (" +
+                                    std::string(cat.out_variant == catalog::kOutVariantNotIntercepted
+                                                    ? catalog::kOutVariantNotInterceptedWhy
+                                                    : "not in KFORGE_CATALOG_OUT_VARIANTS") +
+                                    ")");
           return;
         }
         const std::optional<c10::OperatorHandle> handle = c10::Dispatcher::singleton().findSchema(

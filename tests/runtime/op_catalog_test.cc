@@ -92,6 +92,28 @@ TEST_CASE("catalog: the arguments say what the float64 reference and the trial d
   CHECK(catalog::input_range_name(catalog::InputRange::kProbability) == "probability");
 }
 
+TEST_CASE("catalog: every out variant the hook intercepts is an entry's, and every entry's is intercepted but one") {
+  std::vector<std::string> listed;
+#define KFORGE_TEST_OUT(base, overload) listed.push_back("aten::" #base "." #overload);
+  KFORGE_CATALOG_OUT_VARIANTS(KFORGE_TEST_OUT)
+#undef KFORGE_TEST_OUT
+  for (const std::string& v : listed) {
+    CAPTURE(v);
+    CHECK(catalog::out_variant_intercepted(v));
+    size_t owners = 0;
+    for (const catalog::OpEntry& e : catalog::operators()) owners += e.out_variant == v ? 1 : 0;
+    CHECK(owners == 1);
+  }
+  size_t not_intercepted = 0;
+  for (const catalog::OpEntry& e : catalog::operators()) {
+    if (e.out_variant.empty() || catalog::out_variant_intercepted(e.out_variant)) continue;
+    CHECK(e.out_variant == catalog::kOutVariantNotIntercepted);
+    ++not_intercepted;
+  }
+  CHECK(not_intercepted == 1);
+  CHECK_FALSE(catalog::out_variant_intercepted("aten::add.Tensor"));
+}
+
 TEST_CASE("catalog: expected outputs follow each rule, and the cost model counts them") {
   // layer_norm over [4, 6, 8] with normalized_shape [8]: out [4, 6, 8], mean and rstd [4, 6, 1].
   const OpSignature ln{"aten::native_layer_norm", "",

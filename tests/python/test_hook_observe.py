@@ -205,7 +205,9 @@ class Small(torch.nn.Module):
                 "cumsum": h.cumsum(-1),
                 "avg_pool": F.avg_pool2d(h.unsqueeze(1), 3, 2, 1, count_include_pad=False),
                 "adaptive_avg_pool": F.adaptive_avg_pool2d(h.unsqueeze(1), (5, 7)),   # not 1x1: no mean
-                "bilinear": F.interpolate(h.unsqueeze(1), scale_factor=2.0, mode="bilinear")}
+                # The aten op itself: with deterministic algorithms on CUDA (above), F.interpolate's
+                # bilinear mode runs a Python decomposition instead of it.
+                "bilinear": torch.ops.aten.upsample_bilinear2d.vec(h.unsqueeze(1), None, False, [2.0, 2.0])}
 
 torch.manual_seed(0)
 out = {}

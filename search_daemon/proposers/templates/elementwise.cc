@@ -624,11 +624,23 @@ OutputShape output_shape(const OpSignature& sig, Pointwise op, bool in_place) {
 }
 
 // Whether vectors of `vec` elements suit the signature: aligned inputs, and for the broadcasting
-// kernel a vector that stays within a row of the innermost dimension.
+// kernel a vector that stays within a row of the innermost dimension and, for an input read in
+// vectors (innermost stride 1), starts at an aligned element: each of its outer strides a multiple
+// of `vec`. A view with gapped rows (a row stride of 11 elements) is read one element at a time
+// (vec 1); its vector loads faulted on an H100 (CUDA_ERROR_MISALIGNED_ADDRESS, the CUDA property
+// sweep of 61f8b86), where the CPU's unaligned loads had passed.
 bool vec_fits(const OpSignature& sig, Pointwise op, int64_t vec) {
   if (!vector_fits(sig, vec)) return false;
   if (!broadcasting(sig, op)) return true;
-  return broadcast_plan(*tensor_arg(sig, 0), *tensor_arg(sig, 1))->dims[0] % vec == 0;
+  const BroadcastPlan p = *broadcast_plan(*tensor_arg(sig, 0), *tensor_arg(sig, 1));
+  if (p.dims[0] % vec != 0) return false;
+  for (const std::vector<int64_t>* strides : {&p.sa, &p.sb}) {
+    if ((*strides)[0] != 1) continue;
+    for (size_t d = 1; d < strides->size(); ++d) {
+      if ((*strides)[d] % vec != 0) return false;
+    }
+  }
+  return true;
 }
 
 // The formulas' source for a backend.

@@ -6,8 +6,17 @@
 // step reads one coalesced row of the [len, inner] slice; for the last dimension each thread walks
 // its own row) or per CPU inner loop, the running sum in kf_acc (double for float32, float for
 // 16-bit data) and each prefix rounded to the dtype on its own: never a sum of rounded prefixes.
-// PyTorch's CPU kernel accumulates float32 in double too; its CUDA kernel scans in float, so these
-// prefixes are at least as close to the float64 reference as PyTorch's.
+// PyTorch's CPU kernel accumulates float32 in double too, so these prefixes are at least as close
+// to the float64 reference as PyTorch's.
+//
+// Note [float16 cumsum on CUDA]
+// PyTorch's CUDA scan keeps partial sums in the data type, so float16 partial sums of large
+// values overflow to inf where the prefix itself is finite: on an H100, cumsum of float16 [7, 1001]
+// from the worker's "large" trial, PyTorch gave inf at [0, 603] where the float64 prefix (and
+// this kernel's float one) is 6.39e4 (bundle 61f8b86, the CUDA template run). The worker requires
+// PyTorch's Inf positions, and where those come from depends on PyTorch's scan order, so the CUDA
+// family refuses float16 (bfloat16's range does not overflow so; float32 partial sums are kept in
+// float32 by PyTorch).
 #include <algorithm>
 
 #include "search_daemon/proposers/templates/template_family.h"
@@ -72,7 +81,10 @@ class CumsumCuda final : public FamilyBase {
  public:
   CumsumCuda() : FamilyBase("cumsum", Backend::kCuda, {Knob{"block", {32, 64, 128, 256, 512}, {}}}) {}
 
-  bool applies(const OpSignature& sig) const override { return cumsum_dim(sig, Backend::kCuda) >= 0; }
+  bool applies(const OpSignature& sig) const override {
+    // Note [float16 cumsum on CUDA]
+    return cumsum_dim(sig, Backend::kCuda) >= 0 && tensor_arg(sig, 0)->dtype != DType::kFloat16;
+  }
 
   bool valid(const OpSignature& sig, std::span<const int64_t> v) const override {
     const TensorMeta& x = *tensor_arg(sig, 0);

@@ -211,6 +211,29 @@ First& first_argument(First& first, Rest&...) {
   return first;
 }
 
+// An observed call that no replacement serves: PyTorch's kernel, timed where the recorder asked
+// for a sample (CPU: a steady clock around it; CUDA: events on torch's current stream, read later
+// by the reporter thread, cuda_timer.h). A are the schema's C++ argument types, given explicitly.
+template <class R, class... A>
+R call_original(const InterceptedOp& op, const c10::KernelFunction& original, const Recorder::Call& call, bool cuda,
+                int cuda_index, SignatureId id, c10::DispatchKeySet keys, A... args) {
+  if (call.sample && cuda) {
+    const CudaTimer::Mark mark = op.timer->begin(cuda_index);
+    R result = original.call<R, A...>(op.handle, keys, std::forward<A>(args)...);
+    op.timer->end(mark, id);
+    return result;
+  }
+  if (call.sample) {
+    const auto t0 = std::chrono::steady_clock::now();
+    R result = original.call<R, A...>(op.handle, keys, std::forward<A>(args)...);
+    const auto t1 = std::chrono::steady_clock::now();
+    Recorder::add_sample(call.slot, static_cast<uint64_t>(
+                                        std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count()));
+    return result;
+  }
+  return original.call<R, A...>(op.handle, keys, std::forward<A>(args)...);
+}
+
 template <class Sig>
 struct TypedInterceptor;
 
@@ -283,22 +306,7 @@ struct TypedInterceptor<R(A...)> {
       }
     }
 
-    if (call.sample && cuda) {
-      // Device time, from CUDA events read later by the reporter thread (cuda_timer.h).
-      const CudaTimer::Mark mark = op.timer->begin(cuda_index);
-      R result = original.call<R, A...>(op.handle, keys, std::forward<A>(args)...);
-      op.timer->end(mark, id);
-      return result;
-    }
-    if (call.sample) {
-      const auto t0 = std::chrono::steady_clock::now();
-      R result = original.call<R, A...>(op.handle, keys, std::forward<A>(args)...);
-      const auto t1 = std::chrono::steady_clock::now();
-      Recorder::add_sample(call.slot, static_cast<uint64_t>(
-                                          std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count()));
-      return result;
-    }
-    return original.call<R, A...>(op.handle, keys, std::forward<A>(args)...);
+    return call_original<R, A...>(op, original, call, cuda, cuda_index, id, keys, std::forward<A>(args)...);
   }
 
   static torch::CppFunction function(InterceptedOp* op) {
@@ -418,21 +426,7 @@ struct TypedOutInterceptor<R(A...)> {
       return original.call<R, A...>(op.handle, keys, std::forward<A>(args)...);
     }
 
-    if (call.sample && cuda) {
-      const CudaTimer::Mark mark = op.timer->begin(cuda_index);
-      R result = original.call<R, A...>(op.handle, keys, std::forward<A>(args)...);
-      op.timer->end(mark, id);
-      return result;
-    }
-    if (call.sample) {
-      const auto t0 = std::chrono::steady_clock::now();
-      R result = original.call<R, A...>(op.handle, keys, std::forward<A>(args)...);
-      const auto t1 = std::chrono::steady_clock::now();
-      Recorder::add_sample(call.slot, static_cast<uint64_t>(
-                                          std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count()));
-      return result;
-    }
-    return original.call<R, A...>(op.handle, keys, std::forward<A>(args)...);
+    return call_original<R, A...>(op, original, call, cuda, cuda_index, id, keys, std::forward<A>(args)...);
   }
 
   static torch::CppFunction function(InterceptedOp* op) {

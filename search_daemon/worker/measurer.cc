@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <exception>
 #include <utility>
@@ -56,6 +57,12 @@ void run_candidate(EvalDevice& device, const LoadedCandidate& c, const ResolvedL
 }  // namespace
 
 MeasureRun measure(EvalDevice& device, const LoadedCandidate& candidate, const MeasureRequest& r) {
+  // Note [Measuring within the budget]: the share of the phase's budget spent so far.
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point began = Clock::now();
+  auto share_at = [&](Clock::time_point when) {
+    return r.budget_ms == 0 ? 0.0 : std::chrono::duration<double, std::milli>(when - began).count() / r.budget_ms;
+  };
   MeasureRun m;
   const c10::DispatchKey key = r.signature->target.backend == Backend::kCuda ? c10::DispatchKey::CUDA
                                                                               : c10::DispatchKey::CPU;
@@ -138,6 +145,7 @@ MeasureRun measure(EvalDevice& device, const LoadedCandidate& candidate, const M
     t.expected_baseline_ns = expected_op_ns(cost.bytes, t.bandwidth_ceiling_bytes_per_s, t.call_floor_ns);
     // Note [Plausible timing]: a run that cannot be believed is made again, a few times at most.
     for (uint32_t attempt = 1; attempt <= kMaxTimingAttempts; ++attempt) {
+      const Clock::time_point attempt_began = Clock::now();
       const uint32_t runs = std::max(r.policy.measure_runs, kMinMeasureRuns);
       std::vector<TimedPair> pairs;
       pairs.reserve(runs);
@@ -153,7 +161,7 @@ MeasureRun measure(EvalDevice& device, const LoadedCandidate& candidate, const M
             p.candidate_ns = time_candidate(set);
             p.baseline_ns = time_baseline(set);
           }
-          if (!preempted) break;
+          if (!preempted || share_at(Clock::now()) > 0.5) break;
         }
         pairs.push_back(p);
       }
@@ -183,6 +191,8 @@ MeasureRun measure(EvalDevice& device, const LoadedCandidate& candidate, const M
                                            t.bandwidth_ceiling_bytes_per_s, t.call_floor_ns,
                                            r.policy.max_baseline_model_ratio);
       if (t.implausible.empty()) break;
+      const Clock::time_point now = Clock::now();
+      if (share_at(now + (now - attempt_began)) > 0.8) break;   // another attempt would not end in time
     }
     const double seconds = t.candidate_median_ns * 1e-9;
     t.achieved_bytes_per_s = seconds > 0 ? cost.bytes / seconds : 0;

@@ -51,6 +51,16 @@
 // times; a round that cannot be timed undisturbed is kept (on a host that busy the paired median,
 // its confidence interval and the plausibility checks above are what remains). The check runs on
 // CUDA workers too: a preempted launch thread leaves the GPU idle inside an event-timed interval.
+//
+// Note [Measuring within the budget]
+// The supervisor kills a worker whose measure phase outlives its budget (workers.run_budget_ms), and
+// the evaluation is lost. Retries are what can make an honest measurement that long: on a busy host
+// nearly every round is preempted, and a slow baseline is measured again whole (a planted 20 ms
+// sleep in PyTorch's kernel on a 2-core host took over 30 s in three attempts of 30 rounds, each
+// round timed up to 5 times). So the retries spend what the budget leaves: past half of it no round
+// is timed again, and another attempt starts only where one more as long as the last would end
+// within 80% of it. A timing cut short this way is the last attempt's, with its implausibility
+// still on it: the daemon publishes nothing it could not believe, it just gets the verdict in time.
 #pragma once
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -70,6 +80,7 @@ struct MeasureRequest {
   const ResolvedLaunchPlan* plan = nullptr;
   c10::OperatorHandle op;
   InputPolicy policy;
+  uint32_t budget_ms = 0;   // the phase's watchdog (Note [Measuring within the budget]); 0: none
 };
 
 inline constexpr uint32_t kMaxTimingAttempts = 3;

@@ -43,8 +43,11 @@ MODEL = textwrap.dedent("""
                 return s
         return None
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 3),
-                                torch.nn.Softmax(dim=-1)).eval()
+    if os.environ.get("KFORGE_TEST_GELU", "1") == "1":
+        model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 3),
+                                    torch.nn.Softmax(dim=-1)).eval()
+    else:   # the softmax is the only operator a search takes (the linear layers are matmuls)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 3), torch.nn.Softmax(dim=-1)).eval()
     deadline = time.monotonic() + float(os.environ["KFORGE_TEST_SECONDS"])
     mode = os.environ["KFORGE_TEST_MODE"]
     ticks = open(os.environ["KFORGE_TEST_TICKS"], "w") if "KFORGE_TEST_TICKS" in os.environ else None
@@ -63,7 +66,7 @@ MODEL = textwrap.dedent("""
                 s = softmax_state()
                 if s and s["state"] == "active" and s["active_calls"] >= 40:
                     # What the replacement computes now, for the parent to check against PyTorch.
-                    logits = [model[:3](torch.randn(4096, 64)) for _ in range(8)]
+                    logits = [model[:-1](torch.randn(4096, 64)) for _ in range(8)]
                     saved = [(z, torch.softmax(z, -1)) for z in logits]
                     break
     out = {"iterations": i, "stats": stats()}
@@ -112,7 +115,12 @@ class Daemon:
 
         self.log = open(self.log_path, "a")
         self.proc = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT, env=env)
-        self.wait_for(lambda s: all(slot["state"] != "starting" for slot in s["slots"]), 120, "its worker to start")
+        try:
+            self.wait_for(lambda s: all(slot["state"] != "starting" for slot in s["slots"]), 120, "its worker to start")
+        except BaseException:
+            self.proc.kill()   # a daemon that did not come up must not outlive its test
+            self.proc.wait(timeout=60)
+            raise
         return self
 
     def status(self):
@@ -144,6 +152,7 @@ class Daemon:
 
 
 def start_model(bins, hook_path, daemon, tmp_path, seconds, mode, **extra):
+    """The model above under the hook; KFORGE_TEST_GELU=0 in extra leaves out its GELU (and the search of it)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("KFORGE_") and k != "LD_PRELOAD"}
     env.update({"LD_PRELOAD": str(bins["shim"]), "KFORGE_HOOK_DIR": str(hook_path.parent), "KFORGE_MODE": "active",
                 "KFORGE_DAEMON_ENDPOINT": daemon.endpoint, "KFORGE_CACHE_DIR": str(daemon.root / "cache"),
@@ -213,17 +222,19 @@ read_journals.messages = {}
 
 def test_a_running_model_gets_a_searched_kernel_swapped_in(daemon_bin, hook_path, tmp_path):
     root = private_root(tmp_path)
-    d = Daemon(daemon_bin, root, "--max-evaluations", "4", "--set", "search.concurrent_searches=1").start()
+    # A budget of 8: on a busy host this softmax's win on CPU (1.3x-1.7x) can take a few candidates to
+    # show beyond the noise. The model stops at the first swap; the search goes on to its budget.
+    d = Daemon(daemon_bin, root, "--max-evaluations", "8", "--set", "search.concurrent_searches=1").start()
     try:
-        model = start_model(daemon_bin, hook_path, d, tmp_path, 420, "until_active")
+        model = start_model(daemon_bin, hook_path, d, tmp_path, 420, "until_active", KFORGE_TEST_GELU=0)
         res, err = model_result(model, timeout=480)
         sm = next(s for s in res["stats"]["signatures"] if s["op"] == "aten::_softmax")
-        assert sm["state"] == "active", (sm, err, d.log_text())
+        assert sm["state"] == "active", f"{sm}\n{err}\n{d.log_text()}"
         assert sm["fallbacks"] == 0 and sm["shadow_calls"] >= 20, sm
         saved = torch.load(tmp_path / "out.pt")
         assert len(saved) == 8 and all(criterion_ok(x, y) for x, y in saved)
         # The daemon's side: published, announced, and the entry in the cache is the one in use.
-        st = d.wait_for(lambda s: (softmax_record(s) or {}).get("state") == "published", 60, "the softmax search published")
+        st = d.wait_for(lambda s: (softmax_record(s) or {}).get("state") == "published", 300, "the softmax search published")
         rec = softmax_record(st)
         assert rec["best_speedup"] > 1 and rec["entry"] == sm["entry"], (rec, sm)
         assert st["counters"].get("kernel_ready_sent", 0) >= 1 and st["counters"].get("kernels_published", 0) >= 1
@@ -253,7 +264,7 @@ def test_a_daemon_killed_mid_search_changes_nothing_for_the_model_and_resumes_fr
     budget = 6
     d = Daemon(daemon_bin, root, "--max-evaluations", str(budget), "--set", "search.concurrent_searches=1").start()
     ticks = tmp_path / "ticks.txt"
-    model = start_model(daemon_bin, hook_path, d, tmp_path, 150, "steady", KFORGE_TEST_TICKS=ticks)
+    model = start_model(daemon_bin, hook_path, d, tmp_path, 150, "steady", KFORGE_TEST_TICKS=ticks, KFORGE_TEST_GELU=0)
     try:
         st = d.wait_for(lambda s: any(x.get("search", {}).get("evaluated", 0) >= 2 for x in s["signatures"]), 240,
                         "two evaluations of a search")

@@ -16,6 +16,7 @@ dimension, which a 3-wide row defeats; a row-per-iteration template is several t
 thread (workers.cpu_threads = 1 keeps the timing meaningful on a shared 2-core machine).
 """
 import json
+import re
 import os
 import signal
 import struct
@@ -222,8 +223,8 @@ read_journals.messages = {}
 
 def test_a_running_model_gets_a_searched_kernel_swapped_in(daemon_bin, hook_path, tmp_path):
     root = private_root(tmp_path)
-    # A budget of 8: on a busy host this softmax's win on CPU (1.3x-1.7x) can take a few candidates to
-    # show beyond the noise. The model stops at the first swap; the search goes on to its budget.
+    # A budget of 8: on a busy host this softmax's win on CPU (1.3x-2.9x) can take a few candidates to
+    # show beyond the noise. The model stops at the first swap, the test at the first publish.
     d = Daemon(daemon_bin, root, "--max-evaluations", "8", "--set", "search.concurrent_searches=1").start()
     try:
         model = start_model(daemon_bin, hook_path, d, tmp_path, 420, "until_active", KFORGE_TEST_GELU=0)
@@ -233,8 +234,10 @@ def test_a_running_model_gets_a_searched_kernel_swapped_in(daemon_bin, hook_path
         assert sm["fallbacks"] == 0 and sm["shadow_calls"] >= 20, sm
         saved = torch.load(tmp_path / "out.pt")
         assert len(saved) == 8 and all(criterion_ok(x, y) for x, y in saved)
-        # The daemon's side: published, announced, and the entry in the cache is the one in use.
-        st = d.wait_for(lambda s: (softmax_record(s) or {}).get("state") == "published", 300, "the softmax search published")
+        # The daemon's side: published, announced, and the entry in the cache is the one in use (the
+        # search may still be spending its budget: a better kernel would replace the entry's).
+        st = d.wait_for(lambda s: (softmax_record(s) or {}).get("entry") and s["counters"].get("kernels_published", 0) >= 1,
+                        120, "the softmax search published")
         rec = softmax_record(st)
         assert rec["best_speedup"] > 1 and rec["entry"] == sm["entry"], (rec, sm)
         assert st["counters"].get("kernel_ready_sent", 0) >= 1 and st["counters"].get("kernels_published", 0) >= 1
@@ -249,7 +252,7 @@ def test_a_running_model_gets_a_searched_kernel_swapped_in(daemon_bin, hook_path
         assert entry["provenance"]["proposer"].startswith("template:cpu.softmax"), entry["provenance"]
         assert entry["state"] == "active" and entry["verification"]["passed"]
         table = subprocess.run([str(daemon_bin["kforge"]), "status", "--endpoint", d.endpoint], capture_output=True, text=True)
-        assert table.returncode == 0 and "published" in table.stdout and "aten::_softmax(float32[4096,3]" in table.stdout
+        assert table.returncode == 0 and re.search(r"\d+\.\d\dx\s+aten::_softmax\(float32\[4096,3\]", table.stdout), table.stdout
         # The cache a hooked process used (its trial/ folder included) verifies clean.
         assert (root / "cache" / "trial").is_dir()
         verify = subprocess.run([str(daemon_bin["kforge"]), "--cache-dir", str(root / "cache"), "cache", "verify"],
@@ -523,7 +526,9 @@ def test_templates_and_an_llm_propose_in_one_search_and_the_llm_kernel_is_verifi
     root = private_root(tmp_path)
     os.environ["TEST_LLM_API_KEY"] = secret
     try:
-        d = Daemon(daemon_bin, root, "--strategy", "greedy", "--max-evaluations", "8", "--set", "search.concurrent_searches=1",
+        # Budget 6: greedy takes the softmax's LLM node second and the GELU's fifth (priors 0.5
+        # against the templates' 0.2-0.77); the GELU's space is 6 in all.
+        d = Daemon(daemon_bin, root, "--strategy", "greedy", "--max-evaluations", "6", "--set", "search.concurrent_searches=1",
                    "--llm", "on", "--set", f"llm.base_url=http://127.0.0.1:{server.server_address[1]}",
                    "--set", "llm.model=test", "--set", "llm.api_key_env=TEST_LLM_API_KEY", "--log-format", "json")
         d.start()

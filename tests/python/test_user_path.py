@@ -168,9 +168,9 @@ def test_run_starts_a_daemon_and_reports(build_dir, env, tmp_path):
 
 
 def test_demo_runs_on_the_cpu(build_dir, env, tmp_path):
-    """`kforge demo` end to end on the CPU backend, with a one-minute search: it prints a measured
+    """`kforge demo` end to end on the CPU backend, with a 30-second search: it prints a measured
     before/after and the output check, and exits 0 only with the output within the criterion."""
-    r = kforge(build_dir, env, "demo", "--device", "cpu", "--minutes", "1", "--json", timeout=600)
+    r = kforge(build_dir, env, "demo", "--device", "cpu", "--minutes", "0.5", "--json", timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     res = json.loads(r.stdout[r.stdout.index("\n{") + 1:])
     assert res["check"]["passed"] and res["before_median_ms"] > 0 and res["after_median_ms"] > 0

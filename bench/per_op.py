@@ -1,0 +1,470 @@
+"""The per-operator report (issue 23): catalog operators on shapes taken from real models, PyTorch's
+eager kernel against the kernel kforge's own search found, and against torch.compile's kernel for the
+same single operator, all timed in one process.
+
+    .venv/bin/python bench/per_op.py --device cpu --minutes 20 --threads 1,2        # this host
+    python3 bench/per_op.py --device cuda --bundle-root <bundle> --minutes 20       # a GPU host
+    .venv/bin/python bench/per_op.py --device cpu --only softmax,layer_norm --minutes 3 --no-compile
+
+1. warm: `kforge warm --no-e2e` runs this file as a workload (--child steps) that calls every row's
+   operator in turn, with a daemon, cache and state of its own (a temporary directory), until the
+   budget is spent or the daemon has nothing left to search. Every row's signature is reported by
+   the hook and searched; what wins its search and its trial in the workload's process is active
+   in the cache.
+2. time: `kforge run --no-daemon` runs this file again (--child time, KFORGE_BENCH_TOGGLE=1) on
+   that cache alone. It first measures the copy bandwidth (a large clone), then per row: blocks of
+   calls with kforge's interceptors out of the dispatcher (PyTorch eager) and in (kforge's kernel
+   where one is active, else PyTorch's own through the hook), alternated, medians per call; then
+   torch.compile of the same single operator, with the interceptors out. On CUDA, rows that move
+   under 16 MB are launch-bound: they are also timed as CUDA graphs of the same calls, where launch
+   latency does not hide the kernel (graph_* columns). The hook's statistics say which rows a
+   kforge kernel served: a row without one keeps PyTorch's kernel, and says so (kernel column).
+3. writes <out>/<date>-<device>-per-op.csv with the columns
+   op,dtype,shape,torch_us,compile_us,kforge_us,speedup,speedup_vs_compile,pct_copy_bw
+   (then threads, kernel, graph_torch_us, graph_kforge_us, graph_speedup, bytes), and a markdown
+   table beside it. pct_copy_bw is the row's bytes (inputs read, outputs written) over its best
+   time (kforge's where it serves, else PyTorch's), as a share of the copy bandwidth measured in the
+   same run.
+
+Standard library and torch only (the GPU host has no pip). Not run in CI: a full run is a bench.
+"""
+
+import argparse
+import ctypes
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+COLUMNS = ["op", "dtype", "shape", "torch_us", "compile_us", "kforge_us", "speedup", "speedup_vs_compile", "pct_copy_bw",
+           "threads", "kernel", "graph_torch_us", "graph_kforge_us", "graph_speedup", "bytes"]
+
+
+# ---- the rows ------------------------------------------------------------------------------------
+
+def rows(device):
+    """(op, dtype, shape text, make) where make(device) -> (fn, args): fn(*args) calls the operator.
+    CUDA: the shapes of issue 23 and of the operators issue's models (GPT-2 and Llama prefill and
+    decode, a 262k vocabulary, ViT, ResNet, a diffusion UNet). CPU: float32 at sizes a 2-core host
+    times in seconds, and the short rows where PyTorch's CPU kernels vectorize poorly."""
+    import torch
+    import torch.nn.functional as F
+    bf, f16, f32 = torch.bfloat16, torch.float16, torch.float32
+
+    def t(shape, dtype, dev, channels_last=False, low=None):
+        x = torch.randn(shape, dtype=torch.float32, device=dev)
+        if low is not None:
+            x = x.abs() + low
+        x = x.to(dtype)
+        return x.contiguous(memory_format=torch.channels_last) if channels_last else x
+
+    def r(op, dtype, shape, make):
+        return (op, str(dtype).replace("torch.", ""), shape, make)
+
+    out = []
+    if device == "cuda":
+        out += [
+            r("softmax", bf, "[4096,50257] dim=-1", lambda d: (lambda x: torch.softmax(x, -1), (t((4096, 50257), bf, d),))),
+            r("softmax", bf, "[8,262144] dim=-1", lambda d: (lambda x: torch.softmax(x, -1), (t((8, 262144), bf, d),))),
+            r("softmax", bf, "[64,4096,512] dim=1", lambda d: (lambda x: torch.softmax(x, 1), (t((64, 4096, 512), bf, d),))),
+            r("softmax", f16, "[4096,4096] dim=-1", lambda d: (lambda x: torch.softmax(x, -1), (t((4096, 4096), f16, d),))),
+            r("log_softmax", f32, "[4096,50257] dim=-1", lambda d: (lambda x: torch.log_softmax(x, -1), (t((4096, 50257), f32, d),))),
+            r("layer_norm", bf, "[8192,768]", lambda d: (lambda x, w, b: F.layer_norm(x, (768,), w, b),
+                                                         (t((8192, 768), bf, d), t((768,), bf, d), t((768,), bf, d)))),
+            r("layer_norm", bf, "[1,768] decode", lambda d: (lambda x, w, b: F.layer_norm(x, (768,), w, b),
+                                                             (t((1, 768), bf, d), t((768,), bf, d), t((768,), bf, d)))),
+            r("layer_norm", f16, "[8192,1024]", lambda d: (lambda x, w, b: F.layer_norm(x, (1024,), w, b),
+                                                           (t((8192, 1024), f16, d), t((1024,), f16, d), t((1024,), f16, d)))),
+            r("group_norm", bf, "[16,320,64,64] G=32", lambda d: (lambda x, w, b: F.group_norm(x, 32, w, b),
+                                                                  (t((16, 320, 64, 64), bf, d), t((320,), bf, d), t((320,), bf, d)))),
+            r("group_norm", bf, "[16,320,64,64] G=32 channels_last",
+              lambda d: (lambda x, w, b: F.group_norm(x, 32, w, b),
+                         (t((16, 320, 64, 64), bf, d, True), t((320,), bf, d), t((320,), bf, d)))),
+            r("batch_norm", bf, "[64,256,56,56] eval", lambda d: (lambda x, m, v, w, b: F.batch_norm(x, m, v, w, b),
+                                                                  (t((64, 256, 56, 56), bf, d), t((256,), bf, d), t((256,), bf, d, low=0.5),
+                                                                   t((256,), bf, d), t((256,), bf, d)))),
+            r("gelu", bf, "[8192,3072]", lambda d: (F.gelu, (t((8192, 3072), bf, d),))),
+            r("gelu", bf, "[8192,3072] tanh", lambda d: (lambda x: F.gelu(x, approximate="tanh"), (t((8192, 3072), bf, d),))),
+            r("silu", bf, "[8192,11008]", lambda d: (F.silu, (t((8192, 11008), bf, d),))),
+            r("silu", bf, "[1,11008] decode", lambda d: (F.silu, (t((1, 11008), bf, d),))),
+            r("add", bf, "[8192,768]", lambda d: (torch.add, (t((8192, 768), bf, d), t((8192, 768), bf, d)))),
+            r("mul", bf, "[8192,11008]", lambda d: (torch.mul, (t((8192, 11008), bf, d), t((8192, 11008), bf, d)))),
+            r("relu", bf, "[64,256,56,56]", lambda d: (torch.relu, (t((64, 256, 56, 56), bf, d),))),
+            r("sigmoid", bf, "[64,256,56,56]", lambda d: (torch.sigmoid, (t((64, 256, 56, 56), bf, d),))),
+            r("rsqrt", f32, "[8192,4096]", lambda d: (torch.rsqrt, (t((8192, 4096), f32, d, low=0.1),))),
+            r("pow", f32, "[8192,4096] ^2", lambda d: (lambda x: x.pow(2), (t((8192, 4096), f32, d),))),
+            r("mean", f32, "[8192,4096] dim=-1", lambda d: (lambda x: x.mean(-1, keepdim=True), (t((8192, 4096), f32, d),))),
+            r("amax", bf, "[4096,50257] dim=-1", lambda d: (lambda x: x.amax(-1), (t((4096, 50257), bf, d),))),
+            r("argmax", bf, "[64,50257] dim=-1", lambda d: (lambda x: x.argmax(-1), (t((64, 50257), bf, d),))),
+            r("cumsum", bf, "[64,4096,512] dim=1", lambda d: (lambda x: x.cumsum(1), (t((64, 4096, 512), bf, d),))),
+            r("embedding", bf, "[50257,768] ids [8,1024]",
+              lambda d: (F.embedding, (torch.randint(0, 50257, (8, 1024), device=d), t((50257, 768), bf, d)))),
+            r("cat", bf, "[8,12,1024,64]+[8,12,1,64] dim=2",
+              lambda d: (lambda a, b: torch.cat([a, b], 2), (t((8, 12, 1024, 64), bf, d), t((8, 12, 1, 64), bf, d)))),
+            r("clone", bf, "[8,1024,12,64] transposed", lambda d: (lambda x: x.transpose(1, 2).contiguous(),
+                                                                   (t((8, 1024, 12, 64), bf, d),))),
+            r("to_copy", bf, "[8192,4096] to float32", lambda d: (lambda x: x.float(), (t((8192, 4096), bf, d),))),
+            r("max_pool2d", bf, "[64,64,112,112] 3x3 s2", lambda d: (lambda x: F.max_pool2d(x, 3, 2, 1), (t((64, 64, 112, 112), bf, d),))),
+            r("avg_pool2d", bf, "[64,256,56,56] 2x2", lambda d: (lambda x: F.avg_pool2d(x, 2), (t((64, 256, 56, 56), bf, d),))),
+            r("adaptive_avg_pool2d", bf, "[256,2048,7,7] to 1x1",
+              lambda d: (lambda x: F.adaptive_avg_pool2d(x, 1), (t((256, 2048, 7, 7), bf, d),))),
+            r("upsample_nearest2d", bf, "[16,320,64,64] x2",
+              lambda d: (lambda x: F.interpolate(x, scale_factor=2.0, mode="nearest"), (t((16, 320, 64, 64), bf, d),))),
+            r("clamp_min", f32, "[8192,4096]", lambda d: (lambda x: x.clamp_min(1e-6), (t((8192, 4096), f32, d),))),
+        ]
+    else:
+        out += [
+            r("softmax", f32, "[16384,3] dim=-1", lambda d: (lambda x: torch.softmax(x, -1), (t((16384, 3), f32, d),))),
+            r("log_softmax", f32, "[16384,5] dim=-1", lambda d: (lambda x: torch.log_softmax(x, -1), (t((16384, 5), f32, d),))),
+            r("softmax", f32, "[256,1024] dim=-1", lambda d: (lambda x: torch.softmax(x, -1), (t((256, 1024), f32, d),))),
+            r("layer_norm", f32, "[16384,8]", lambda d: (lambda x, w, b: F.layer_norm(x, (8,), w, b),
+                                                         (t((16384, 8), f32, d), t((8,), f32, d), t((8,), f32, d)))),
+            r("layer_norm", f32, "[512,768]", lambda d: (lambda x, w, b: F.layer_norm(x, (768,), w, b),
+                                                         (t((512, 768), f32, d), t((768,), f32, d), t((768,), f32, d)))),
+            r("group_norm", f32, "[2,64,32,32] G=32", lambda d: (lambda x, w, b: F.group_norm(x, 32, w, b),
+                                                                 (t((2, 64, 32, 32), f32, d), t((64,), f32, d), t((64,), f32, d)))),
+            r("batch_norm", f32, "[8,64,28,28] eval", lambda d: (lambda x, m, v, w, b: F.batch_norm(x, m, v, w, b),
+                                                                 (t((8, 64, 28, 28), f32, d), t((64,), f32, d), t((64,), f32, d, low=0.5),
+                                                                  t((64,), f32, d), t((64,), f32, d)))),
+            r("gelu", f32, "[512,3072]", lambda d: (F.gelu, (t((512, 3072), f32, d),))),
+            r("silu", f32, "[512,2048]", lambda d: (F.silu, (t((512, 2048), f32, d),))),
+            r("add", f32, "[512,768]", lambda d: (torch.add, (t((512, 768), f32, d), t((512, 768), f32, d)))),
+            r("mul", f32, "[512,2048]", lambda d: (torch.mul, (t((512, 2048), f32, d), t((512, 2048), f32, d)))),
+            r("relu", f32, "[8,64,56,56]", lambda d: (torch.relu, (t((8, 64, 56, 56), f32, d),))),
+            r("sigmoid", f32, "[8,64,56,56]", lambda d: (torch.sigmoid, (t((8, 64, 56, 56), f32, d),))),
+            r("rsqrt", f32, "[512,1024]", lambda d: (torch.rsqrt, (t((512, 1024), f32, d, low=0.1),))),
+            r("mean", f32, "[512,1024] dim=-1", lambda d: (lambda x: x.mean(-1, keepdim=True), (t((512, 1024), f32, d),))),
+            r("argmax", f32, "[16,50257] dim=-1", lambda d: (lambda x: x.argmax(-1), (t((16, 50257), f32, d),))),
+            r("cumsum", f32, "[8,1024,64] dim=1", lambda d: (lambda x: x.cumsum(1), (t((8, 1024, 64), f32, d),))),
+            r("embedding", f32, "[50257,768] ids [1,128]",
+              lambda d: (F.embedding, (torch.randint(0, 50257, (1, 128), device=d), t((50257, 768), f32, d)))),
+            r("cat", f32, "[1,12,128,64]+[1,12,1,64] dim=2",
+              lambda d: (lambda a, b: torch.cat([a, b], 2), (t((1, 12, 128, 64), f32, d), t((1, 12, 1, 64), f32, d)))),
+            r("clone", f32, "[1,128,12,64] transposed", lambda d: (lambda x: x.transpose(1, 2).contiguous(),
+                                                                   (t((1, 128, 12, 64), f32, d),))),
+            r("max_pool2d", f32, "[8,64,56,56] 3x3 s2", lambda d: (lambda x: F.max_pool2d(x, 3, 2, 1), (t((8, 64, 56, 56), f32, d),))),
+            r("adaptive_avg_pool2d", f32, "[8,512,7,7] to 1x1",
+              lambda d: (lambda x: F.adaptive_avg_pool2d(x, 1), (t((8, 512, 7, 7), f32, d),))),
+            r("upsample_nearest2d", f32, "[2,64,32,32] x2",
+              lambda d: (lambda x: F.interpolate(x, scale_factor=2.0, mode="nearest"), (t((2, 64, 32, 32), f32, d),))),
+        ]
+    return out
+
+
+def selected_rows(device, only):
+    keep = set(only.split(",")) if only else None
+    return [row for row in rows(device) if keep is None or row[0] in keep]
+
+
+def nbytes(obj):
+    import torch
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, (list, tuple)):
+        return sum(nbytes(o) for o in obj)
+    return 0
+
+
+# ---- the child: the workload and the timing ---------------------------------------------------------
+
+def hook():
+    """The hook's C entry points in this process (loaded by the preload shim)."""
+    import torch
+    mm = ".".join(torch.__version__.split("+")[0].split(".")[:2])
+    lib = ctypes.CDLL(os.path.join(os.environ["KFORGE_HOOK_DIR"], f"libkforge_hook-torch{mm}.so"))
+    lib.kforge_hook_stats_json.restype = ctypes.c_char_p
+    lib.kforge_hook_bench_set_interceptors.restype = ctypes.c_char_p
+    return lib
+
+
+def child_steps(args):
+    """The warm workload: every row's operator in turn, for --seconds."""
+    import torch
+    dev = "cuda" if args.device == "cuda" else "cpu"
+    torch.manual_seed(0)
+    work = [row[3](dev) for row in selected_rows(args.device, args.only)]
+    end = time.monotonic() + args.seconds
+    with torch.inference_mode():
+        while time.monotonic() < end:
+            for fn, a in work:
+                fn(*a)
+            if dev == "cuda":
+                torch.cuda.synchronize()
+
+
+def child_time(args):
+    import torch
+    dev = "cuda" if args.device == "cuda" else "cpu"
+    lib = hook()
+
+    def interceptors(on):
+        why = lib.kforge_hook_bench_set_interceptors(int(on)).decode()
+        if why:
+            sys.exit(f"per_op: cannot toggle kforge's interceptors: {why} (KFORGE_BENCH_TOGGLE=1?)")
+
+    def sync():
+        if dev == "cuda":
+            torch.cuda.synchronize()
+
+    def per_call_us(fn, a, n):
+        """The time of n calls, per call, in microseconds (CUDA: events on the current stream)."""
+        if dev == "cuda":
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            for _ in range(n):
+                fn(*a)
+            e1.record()
+            e1.synchronize()
+            return e0.elapsed_time(e1) * 1e3 / n
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn(*a)
+        return (time.perf_counter() - t0) * 1e6 / n
+
+    def calls_for(fn, a):
+        """Calls per block: about args.block_ms of them, at least 3."""
+        sync()
+        once = max(per_call_us(fn, a, 1), per_call_us(fn, a, 3), 0.5)
+        return max(3, int(args.block_ms * 1e3 / once))
+
+    def settle(fn, a):
+        """Calls fn until every kforge entry its calls reach has ended its trial in this process
+        (shadow calls against PyTorch's kernel; at most a minute): {signature: stats} of those."""
+        def sigs():
+            return {s["signature"]: s for s in json.loads(lib.kforge_hook_stats_json())["signatures"]}
+        before = sigs()
+        fn(*a)
+        sync()
+        touched = [k for k, v in sigs().items() if v.get("calls", 0) > before.get(k, {}).get("calls", 0)]
+        # The hook looks a new signature up in the cache at its reporter's next round (in the
+        # background, every KFORGE_REPORT_INTERVAL_MS): calls for 2 s first, then until no entry
+        # reached is still on trial.
+        start = time.monotonic()
+        while True:
+            now = sigs()
+            entries = {k: now[k] for k in touched if now[k].get("entry")}
+            settled = time.monotonic() - start > 2 and all(v["state"] != "shadow" for v in entries.values())
+            if settled or time.monotonic() - start > 60:
+                return entries
+            for _ in range(20):
+                fn(*a)
+            sync()
+
+    def graph_us(fn, a, n):
+        """n calls captured in one CUDA graph, replayed: per call, in microseconds."""
+        g = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            fn(*a)
+        torch.cuda.current_stream().wait_stream(s)
+        with torch.cuda.graph(g):
+            for _ in range(n):
+                fn(*a)
+        g.replay()
+        sync()
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        times = []
+        for _ in range(5):
+            e0.record()
+            g.replay()
+            e1.record()
+            e1.synchronize()
+            times.append(e0.elapsed_time(e1) * 1e3 / n)
+        return statistics.median(times)
+
+    torch.manual_seed(0)
+    out = {"device": args.device, "torch": torch.__version__, "rows": []}
+    if dev == "cuda":
+        out["gpu"] = torch.cuda.get_device_name()
+    with torch.inference_mode():
+        # The copy bandwidth, in this process: a large clone, bytes read + written per second.
+        interceptors(False)
+        big = torch.empty(((1 << 30) if dev == "cuda" else (64 << 20)) // 4, dtype=torch.float32, device=dev).fill_(1.0)
+        copy = lambda x: x.clone()   # noqa: E731
+        n = calls_for(copy, (big,))
+        out["copy_bytes_per_s"] = 2 * nbytes(big) / (statistics.median(per_call_us(copy, (big,), n) for _ in range(5)) * 1e-6)
+        del big
+        for threads in args.threads if dev == "cpu" else [0]:
+            if threads:
+                torch.set_num_threads(threads)
+            for op, dtype, shape, make in selected_rows(args.device, args.only):
+                fn, a = make(dev)
+                row = {"op": op, "dtype": dtype, "shape": shape, "threads": threads or "", "kernel": "pytorch (no kforge kernel)"}
+                try:
+                    interceptors(False)
+                    result = fn(*a)
+                    row["bytes"] = nbytes(a) + nbytes(result)
+                    del result
+                    interceptors(True)
+                    entries = settle(fn, a)
+                    active = sorted(k for k, v in entries.items() if v["state"] == "active")
+                    if active:
+                        row["kernel"] = "kforge: " + "; ".join(active)
+                    elif entries:
+                        row["kernel"] = "pytorch (kforge's entry: " + ", ".join(sorted({v["state"] for v in entries.values()})) + ")"
+                    n = calls_for(fn, a)
+                    eager, kf = [], []
+                    for p in range(args.pairs):
+                        for on in ((False, True) if p % 2 == 0 else (True, False)):
+                            interceptors(on)
+                            fn(*a)
+                            (kf if on else eager).append(per_call_us(fn, a, n))
+                    row["torch_us"], row["kforge_us"] = statistics.median(eager), statistics.median(kf)
+                    if dev == "cuda" and row["bytes"] < (16 << 20):
+                        try:
+                            gn = max(10, min(n, 200))
+                            interceptors(False)
+                            row["graph_torch_us"] = graph_us(fn, a, gn)
+                            interceptors(True)
+                            row["graph_kforge_us"] = graph_us(fn, a, gn)
+                        except Exception as e:   # a kernel that cannot be captured: say so, keep the row
+                            row["graph_error"] = f"{type(e).__name__}: {e}"[:200]
+                    if not args.no_compile:
+                        interceptors(False)
+                        try:
+                            cfn = torch.compile(fn, dynamic=False)
+                            for _ in range(3):
+                                cfn(*a)
+                            row["compile_us"] = statistics.median(per_call_us(cfn, a, n) for _ in range(args.pairs))
+                        except Exception as e:
+                            row["compile_error"] = f"{type(e).__name__}: {e}"[:200]
+                except Exception as e:
+                    row["error"] = f"{type(e).__name__}: {e}"[:300]
+                interceptors(True)
+                out["rows"].append(row)
+                print(json.dumps(row), file=sys.stderr, flush=True)
+    with open(args.result, "w") as f:
+        json.dump(out, f)
+
+
+# ---- the parent -----------------------------------------------------------------------------------
+
+def finish(row, copy_bw):
+    """The derived columns: speedups, and the best time's share of the copy bandwidth."""
+    t, k, c = row.get("torch_us"), row.get("kforge_us"), row.get("compile_us")
+    served = row.get("kernel", "").startswith("kforge")
+    if t and k:
+        row["speedup"] = t / k
+    if c and k:
+        row["speedup_vs_compile"] = c / k
+    best = k if served and k else t
+    if best and row.get("bytes"):
+        row["pct_copy_bw"] = 100.0 * row["bytes"] / (best * 1e-6) / copy_bw
+    if row.get("graph_torch_us") and row.get("graph_kforge_us"):
+        row["graph_speedup"] = row["graph_torch_us"] / row["graph_kforge_us"]
+    return row
+
+
+def cell(v):
+    if isinstance(v, float):
+        return f"{v:.3f}" if v < 100 else f"{v:.1f}"
+    return str(v).replace(",", ";") if v is not None else ""
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--bundle-root", help="an unpacked kforge bundle (bin/kforge); default: this tree's build/")
+    ap.add_argument("--kforge", help="the kforge CLI (overrides --bundle-root)")
+    ap.add_argument("--minutes", type=float, default=20, help="the warm budget (kforge warm --minutes)")
+    ap.add_argument("--max-evaluations", type=int, default=16, help="each signature's search budget (kforged --max-evaluations)")
+    ap.add_argument("--only", help="comma-separated op names (the op column)")
+    ap.add_argument("--threads", default=None, help="CPU: comma-separated torch thread counts (default: 1 and all)")
+    ap.add_argument("--pairs", type=int, default=10, help="eager/kforge block pairs per row")
+    ap.add_argument("--block-ms", type=float, default=20, help="about this long per timed block")
+    ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    ap.add_argument("--keep", action="store_true", help="keep the temporary directory (daemon log, cache)")
+    ap.add_argument("--cache-dir", help="use this kernel cache instead of a new one in the temporary directory")
+    ap.add_argument("--no-warm", action="store_true", help="skip the warm step: time what --cache-dir holds")
+    ap.add_argument("--child", choices=("steps", "time"), help=argparse.SUPPRESS)
+    ap.add_argument("--seconds", type=float, default=20, help=argparse.SUPPRESS)
+    ap.add_argument("--result", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    args.threads = [int(x) for x in args.threads.split(",")] if args.threads else sorted({1, os.cpu_count() or 1})
+    if args.child == "steps":
+        return child_steps(args)
+    if args.child == "time":
+        return child_time(args)
+    if not selected_rows(args.device, args.only):
+        sys.exit(f"per_op: no row has an op in {args.only!r}")
+
+    kforge = args.kforge or (str(pathlib.Path(args.bundle_root) / "bin" / "kforge") if args.bundle_root
+                             else str(ROOT / "build" / "tools" / "kforge"))
+    if not os.access(kforge, os.X_OK):
+        sys.exit(f"per_op: no kforge CLI at {kforge}: build kforge or pass --bundle-root")
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="kforge-per-op-"))
+    (tmp / "run").mkdir(mode=0o700)
+    env = dict(os.environ, KFORGE_DAEMON_ENDPOINT=f"ipc://{tmp}/run/daemon.sock", XDG_STATE_HOME=str(tmp / "state"))
+    env = {k: v for k, v in env.items() if k != "LD_PRELOAD"}
+    env["PATH"] = str(pathlib.Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    common = [sys.executable, str(pathlib.Path(__file__).resolve()), "--device", args.device]
+    if args.only:
+        common += ["--only", args.only]
+    if args.no_warm and not args.cache_dir:
+        sys.exit("per_op: --no-warm times what a cache holds: give it with --cache-dir")
+    cache = ["--cache-dir", str(pathlib.Path(args.cache_dir).resolve()) if args.cache_dir else str(tmp / "cache")]
+    devices = "cuda:0" if args.device == "cuda" else "cpu"
+    daemon_args = ["--daemon-arg=--devices", f"--daemon-arg={devices}",
+                   "--daemon-arg=--max-evaluations", f"--daemon-arg={args.max_evaluations}"]
+    t0 = time.monotonic()
+    warm = subprocess.CompletedProcess([], 0, "", "") if args.no_warm else subprocess.run([kforge, *cache, "warm", "--no-e2e", "--minutes", str(args.minutes), "--report", str(tmp / "warm"),
+                           *daemon_args, "--", *common, "--child", "steps", "--seconds", "20"],
+                          env=env, capture_output=True, text=True)
+    print(warm.stdout[-4000:], end="")
+    if warm.returncode != 0:
+        print(warm.stderr[-4000:], file=sys.stderr)
+        sys.exit(f"per_op: kforge warm failed with {warm.returncode} (temporary directory {tmp})")
+    warm_s = time.monotonic() - t0
+    result = tmp / "time.json"
+    timed = subprocess.run([kforge, *cache, "run", "--no-daemon", "--", *common, "--child", "time", "--result", str(result),
+                            "--pairs", str(args.pairs), "--block-ms", str(args.block_ms),
+                            "--threads", ",".join(map(str, args.threads))] + (["--no-compile"] if args.no_compile else []),
+                           env=dict(env, KFORGE_BENCH_TOGGLE="1", KFORGE_REPORT_INTERVAL_MS="200"), capture_output=True, text=True)
+    if timed.returncode != 0 or not result.exists():
+        print(timed.stderr[-6000:], file=sys.stderr)
+        sys.exit(f"per_op: the timing run failed with {timed.returncode} (temporary directory {tmp})")
+    res = json.loads(result.read_text())
+    copy_bw = res["copy_bytes_per_s"]
+    table = [finish(r, copy_bw) for r in res["rows"]]
+
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"{time.strftime('%Y-%m-%d', time.gmtime())}-{args.device}-per-op"
+    with open(f"{stem}.csv", "w") as f:
+        f.write(",".join(COLUMNS) + "\n")
+        for r in table:
+            f.write(",".join(cell(r.get(c)) for c in COLUMNS) + "\n")
+    where = res.get("gpu", f"{os.cpu_count()} CPUs")
+    served = sum(1 for r in table if r.get("kernel", "").startswith("kforge"))
+    with open(f"{stem}.md", "w") as f:
+        f.write(f"# Per-operator report, {args.device} ({where}), torch {res['torch']}\n\n")
+        shown = " ".join(a for a in sys.argv[1:] if "/" not in a)   # no machine paths in a results file
+        f.write(f"`bench/per_op.py {shown}`; "
+                f"{'no warm step (a given cache)' if args.no_warm else f'warm took {warm_s / 60:.1f} min'}. Copy bandwidth measured in the timing process: {copy_bw / 1e9:.1f} GB/s. "
+                f"{served} of {len(table)} rows served by a kforge kernel; the others keep PyTorch's (their kforge "
+                f"column is PyTorch's kernel called through the hook). A % copy bw over 100 is a shape that stays in "
+                f"the caches.\n\n")
+        f.write("| op | dtype | shape | threads | torch us | compile us | kforge us | speedup | vs compile | % copy bw | kernel |\n")
+        f.write("|---|---|---|---|---|---|---|---|---|---|---|\n")
+        for r in table:
+            note = r.get("error") or r.get("kernel", "")
+            f.write("| " + " | ".join(cell(r.get(c)) for c in ("op", "dtype", "shape", "threads", "torch_us", "compile_us",
+                                                                 "kforge_us", "speedup", "speedup_vs_compile", "pct_copy_bw"))
+                    + f" | {note[:120]} |\n")
+    print(pathlib.Path(f"{stem}.md").read_text())
+    print(f"wrote {stem}.csv and {stem}.md")
+    if not args.keep:
+        subprocess.run(["rm", "-rf", str(tmp)])
+    else:
+        print(f"kept {tmp}")
+
+
+if __name__ == "__main__":
+    main()

@@ -34,6 +34,7 @@ import ctypes
 import json
 import os
 import pathlib
+import shutil
 import statistics
 import subprocess
 import sys
@@ -461,7 +462,7 @@ def main():
     print(pathlib.Path(f"{stem}.md").read_text())
     print(f"wrote {stem}.csv and {stem}.md")
     if not args.keep:
-        subprocess.run(["rm", "-rf", str(tmp)])
+        shutil.rmtree(tmp, ignore_errors=True)
     else:
         print(f"kept {tmp}")
 

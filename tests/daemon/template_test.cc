@@ -981,6 +981,17 @@ std::vector<TemplateConfig> sample_of(const std::vector<TemplateConfig>& space, 
 
 }  // namespace
 
+namespace {
+
+// A sampling knob from the environment (KFORGE_NVRTC_EVERY, KFORGE_SWEEP_EVERY): n keeps one case
+// in n; unset, 1: every case.
+size_t every_from_env(const char* name) {
+  const char* text = std::getenv(name);
+  return text == nullptr || *text == '\0' ? 1 : std::max<size_t>(1, std::stoul(text));
+}
+
+}  // namespace
+
 TEST_CASE("templates: the CUDA families compile with NVRTC for sm_90 over their knob spaces", "[templates]") {
   StatusOr<const Nvrtc*> nvrtc = Nvrtc::load();
   if (!nvrtc.ok()) {
@@ -1068,8 +1079,7 @@ TEST_CASE("templates: the CUDA families compile with NVRTC for sm_90 over their 
   // KFORGE_NVRTC_EVERY=n compiles the first picked configuration of every signature and one in n
   // of the rest (the sanitizer run samples: NVRTC under ASan is slow, and it checks our code around
   // NVRTC, not NVRTC; the plain run compiles them all).
-  const char* every_text = std::getenv("KFORGE_NVRTC_EVERY");
-  const size_t every = every_text != nullptr && std::atoi(every_text) > 1 ? static_cast<size_t>(std::atoi(every_text)) : 1;
+  const size_t every = every_from_env("KFORGE_NVRTC_EVERY");
   size_t position = 0;
   std::set<std::string> built;   // the build cache key: each distinct source and options once
   size_t compiled = 0;
@@ -1369,8 +1379,7 @@ namespace {
 // Note [Property sweep] over signatures(backend) on `device`.
 void property_sweep(const std::string& device, Backend backend, const std::string& arch) {
   // KFORGE_SWEEP_EVERY=n keeps one case in n (CI samples; bench runs take 1: every case).
-  const std::string every_text = env_or_empty("KFORGE_SWEEP_EVERY");
-  const size_t every = every_text.empty() ? 1 : std::max<size_t>(1, std::stoul(every_text));
+  const size_t every = every_from_env("KFORGE_SWEEP_EVERY");
   std::vector<std::pair<OpSignature, std::vector<Move>>> work;
   std::map<std::string, std::pair<size_t, size_t>> by_mutation;   // served, refused
   size_t index = 0;

@@ -16,8 +16,8 @@ dimension, which a 3-wide row defeats; a row-per-iteration template is several t
 thread (workers.cpu_threads = 1 keeps the timing meaningful on a shared 2-core machine).
 """
 import json
-import re
 import os
+import re
 import signal
 import struct
 import subprocess

@@ -48,6 +48,8 @@ def test_e2e_overhead_runs_and_its_checks_pass(build_dir):
                     "--repeats", "1", "--calib-calls", "10")
     assert "decoded tokens: identical in every child" in out, out
     assert "analytic bound:" in out, out
+    # Every operator a decode step sends through the hook has its per-call cost in the bound.
+    assert "no tiny call to time" not in out, out
 
 
 def test_hook_identity_every_model_identical_under_the_hook(build_dir):

@@ -141,6 +141,7 @@ std::string HookConfig::to_string() const {
   s += " observe_every=" + std::to_string(observe_every);
   if (mode != HookMode::kObserve) s += " shadow_calls=" + std::to_string(shadow_calls);
   if (mode != HookMode::kObserve) s += std::string(" confirm_win=") + (confirm_win ? "on" : "off");
+  if (mode != HookMode::kObserve && confirm_win) s += " timing_pairs=" + std::to_string(timing_pairs);
   s += " report_interval_ms=" + std::to_string(report_interval_ms);
   if (ab_window_ms != 0) s += " ab_window_ms=" + std::to_string(ab_window_ms);
   s += " ops=" + (!ops_restricted ? std::string("(all)") : "[" + join(allow_ops) + "]");
@@ -207,6 +208,7 @@ HookConfig parse_config(const EnvLookup& env) {
   c.observe_every = read_uint(env, "KFORGE_OBSERVE_EVERY", 1, 4096, 16, w);
   c.shadow_calls = read_uint(env, "KFORGE_SHADOW_CALLS", 1, 1000000, 20, w);
   c.confirm_win = read_flag(env, "KFORGE_CONFIRM_WIN", true, w);
+  c.timing_pairs = read_uint(env, "KFORGE_TIMING_PAIRS", 0, 256, 20, w);   // SwapCounters::kTimedPairs
   c.report_interval_ms = read_uint(env, "KFORGE_REPORT_INTERVAL_MS", 10, 3600000, 1000, w);
   // Note [End-to-end A/B] (ab_driver.h): the windows are the reporter's rounds, and every call of
   // every window is observed alike.

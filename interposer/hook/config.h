@@ -85,6 +85,10 @@ struct HookConfig {
   uint32_t observe_every = 16;
   uint32_t shadow_calls = 20;
   bool confirm_win = true;               // KFORGE_CONFIRM_WIN
+  // KFORGE_TIMING_PAIRS: a CPU entry's trial ends with this many pairs of calls served alternately
+  // by PyTorch's kernel and the entry, each timed alone (Note [Timing phase] in swapper.h); 0: the
+  // win is judged on the shadow calls' times instead.
+  uint32_t timing_pairs = 20;
   uint32_t report_interval_ms = 1000;
   uint32_t ab_window_ms = 0;              // KFORGE_AB_WINDOW_MS (kforge warm's last run); 0: off
   // KFORGE_OPS named catalog operators: only allow_ops are intercepted.

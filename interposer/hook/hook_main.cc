@@ -207,6 +207,7 @@ void start() noexcept {
     swap.mode = config.mode;
     swap.shadow_calls = config.shadow_calls;
     swap.confirm_win = config.confirm_win;
+    swap.timing_pairs = config.timing_pairs;
     swap.log = config.log;
     swap.host_env = cpu;
     if (cache.ok()) {
@@ -320,6 +321,7 @@ std::string stats_json() {
       j_sig["shadow_calls"] = e.shadow_calls;
       j_sig["clean_shadow_calls"] = e.clean_shadow_calls;
       j_sig["active_calls"] = e.active_calls;
+      j_sig["timing_calls"] = e.timing_calls;
       j_sig["fallbacks"] = e.fallbacks;
       j_sig["backend"] = std::string(backend_name(e.backend));
       j_sig["devices"] = e.devices;
@@ -343,6 +345,7 @@ std::string stats_json() {
                        {"shadow_calls", e.shadow_calls},
                        {"clean_shadow_calls", e.clean_shadow_calls},
                        {"active_calls", e.active_calls},
+                       {"timing_calls", e.timing_calls},
                        {"fallbacks", e.fallbacks},
                        {"backend", std::string(backend_name(e.backend))},
                        {"devices", e.devices},

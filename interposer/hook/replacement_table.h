@@ -39,8 +39,10 @@ namespace kforge::hook {
 
 class Swapper;
 
-// Where an entry is in its life in this process (Note [Swap states] in swapper.h).
-enum class SwapState : uint8_t { kShadow = 0, kActive = 1 };
+// Where an entry is in its life in this process (Note [Swap states] in swapper.h). kTiming: the
+// end of a CPU entry's trial, calls served alternately by PyTorch's kernel and the entry (Note
+// [Timing phase]); the stats still say "shadow" (on trial).
+enum class SwapState : uint8_t { kShadow = 0, kActive = 1, kTiming = 2 };
 
 // Counters of one loaded entry, shared by every Replacement made for it (shadow, then active).
 // Bumped by calling threads with relaxed read-modify-writes: only hits pay for them.
@@ -60,10 +62,16 @@ struct SwapCounters {
   // thread takes a slot with timed_pairs, stores both times, then counts its clean call with an
   // acq_rel increment of clean_shadow_calls, so the thread whose call ends the trial sees every
   // earlier pair.
+  // With a timing phase (Note [Timing phase] in swapper.h) the shadow calls leave the ring alone
+  // and the phase's pair p writes slot p (p < the phase's pairs <= kTimedPairs): a calling thread
+  // takes its call's number with timing_calls, stores its time in its pair's slot, then counts it
+  // with an acq_rel increment of timing_done (the call that completes the phase judges it).
   static constexpr uint32_t kTimedPairs = 256;
   std::atomic<uint32_t> timed_pairs{0};
   std::atomic<uint64_t> pytorch_ns[kTimedPairs] = {};
   std::atomic<uint64_t> entry_ns[kTimedPairs] = {};
+  std::atomic<uint64_t> timing_calls{0};   // calls taken in the timing phase (either kernel)
+  std::atomic<uint32_t> timing_done{0};    // of those, calls whose time is stored
 };
 
 // A CUDA entry's module on one device, loaded in that device's primary context (the context torch
@@ -107,6 +115,7 @@ struct Replacement {
   uint32_t shadow_target = 20;        // clean shadow calls that end the trial
   bool activate_after_shadow = true;  // KFORGE_MODE=active; shadow mode keeps shadowing
   bool confirm_win = true;            // KFORGE_CONFIRM_WIN: the trial must show a win here too
+  uint32_t timing_pairs = 0;          // KFORGE_TIMING_PAIRS where a timing phase applies, else 0
   const KernelSpec* spec = nullptr;
   const ResolvedLaunchPlan* plan = nullptr;
   const CpuModule* module = nullptr;  // Backend::kCpu

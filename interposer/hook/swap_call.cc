@@ -624,11 +624,12 @@ void active_failed(const InterceptedOp& op, const Replacement& r, const c10::Ope
 }
 
 // An active call the entry served: its outputs replace the arguments, as the original's would.
+// A timing-phase call counts in timing_calls, not here.
 void active_done(const InterceptedOp& op, const Replacement& r, torch::jit::Stack* stack,
                  std::vector<at::Tensor>& outs) {
   torch::jit::drop(*stack, op.identity.num_arguments);
   for (at::Tensor& t : outs) stack->emplace_back(std::move(t));
-  r.counters->active_calls.fetch_add(1, std::memory_order_relaxed);
+  if (r.state == SwapState::kActive) r.counters->active_calls.fetch_add(1, std::memory_order_relaxed);
 }
 
 }  // namespace
@@ -703,6 +704,34 @@ static void run_active(const InterceptedOp& op, const Replacement& r, const c10:
   }
   if (!why.empty()) return active_failed(op, r, handle, keys, stack, why);
   active_done(op, r, stack, outs);
+}
+
+// A hit in the timing phase (Note [Timing phase] in swapper.h): call k of the phase runs PyTorch's
+// kernel or the entry alone, as timing_turn_is_entry(k) says, exactly as an unhooked or an active
+// call would, timed with a steady clock around it. A failure of the entry is an active failure.
+static void run_timing(const InterceptedOp& op, const Replacement& r, const c10::OperatorHandle& handle,
+                       c10::DispatchKeySet keys, torch::jit::Stack* stack, const at::Tensor* given) {
+  const uint64_t k = r.counters->timing_calls.fetch_add(1, std::memory_order_relaxed);
+  const auto t0 = std::chrono::steady_clock::now();
+  if (!timing_turn_is_entry(k)) {
+    op.original.callBoxed(handle, keys, stack);   // its exception reaches the caller, untimed
+    r.owner->timing_call(r, k, elapsed_ns(t0));
+    return;
+  }
+  const uint32_t n = op.identity.num_arguments;
+  std::vector<at::Tensor> outs;
+  std::string why;
+  try {
+    HookWorkScope scope;
+    why = run_candidate(op, r, stack->data() + (stack->size() - n), outs, nullptr, given);
+  } catch (const std::exception& e) {
+    why = std::string("threw: ") + error_text(e);
+  } catch (...) {
+    why = "threw";
+  }
+  if (!why.empty()) return active_failed(op, r, handle, keys, stack, why);
+  active_done(op, r, stack, outs);
+  r.owner->timing_call(r, k, elapsed_ns(t0));
 }
 
 // A CUDA hit (Note [CUDA calls]). Shadow, unless the stream is capturing: PyTorch's kernel (its
@@ -859,7 +888,7 @@ void run_replacement(const InterceptedOp& op, const Replacement& r, const c10::O
     } catch (...) {
     }
     if (aliasing == InPlaceAliasing::kPartial ||
-        (aliasing == InPlaceAliasing::kExact && r.state != SwapState::kActive)) {
+        (aliasing == InPlaceAliasing::kExact && r.state == SwapState::kShadow)) {
       op.original.callBoxed(handle, keys, stack);
       return;
     }
@@ -868,6 +897,8 @@ void run_replacement(const InterceptedOp& op, const Replacement& r, const c10::O
     run_cuda(op, r, handle, keys, stack, r.state == SwapState::kActive ? given : nullptr);
   } else if (r.state == SwapState::kActive) {
     run_active(op, r, handle, keys, stack, given);
+  } else if (r.state == SwapState::kTiming) {
+    run_timing(op, r, handle, keys, stack, given);
   } else {
     run_shadow(op, r, handle, keys, stack);
   }

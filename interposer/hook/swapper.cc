@@ -72,9 +72,11 @@ uint64_t median_of(std::vector<uint64_t> v) {
   return lo + (hi - lo) / 2;
 }
 
-// The trial's timed pairs from the counters' ring (Note [In-process win]).
-WinVerdict judge_counters(const SwapCounters& c) {
-  const uint32_t n = std::min<uint32_t>(c.timed_pairs.load(std::memory_order_acquire), SwapCounters::kTimedPairs);
+// The trial's timed pairs from the counters' ring (Note [In-process win]): the shadow calls' pairs,
+// or with a timing phase its `timing_pairs` (Note [Timing phase]).
+WinVerdict judge_counters(const SwapCounters& c, uint32_t timing_pairs) {
+  const uint32_t n = timing_pairs > 0 ? std::min<uint32_t>(timing_pairs, SwapCounters::kTimedPairs)
+                                      : std::min<uint32_t>(c.timed_pairs.load(std::memory_order_acquire), SwapCounters::kTimedPairs);
   std::vector<uint64_t> pytorch, entry;
   pytorch.reserve(n);
   entry.reserve(n);
@@ -226,7 +228,8 @@ std::string Swapper::drop_current_locked(Record& rec, const std::string& state, 
 
 void Swapper::shadow_clean(const Replacement& r, uint64_t pytorch_ns, uint64_t entry_ns) noexcept {
   SwapCounters& c = *r.counters;
-  if (pytorch_ns > 0 && entry_ns > 0) {
+  const bool timing_phase = r.timing_pairs > 0 && r.activate_after_shadow;   // Note [Timing phase]
+  if (pytorch_ns > 0 && entry_ns > 0 && !timing_phase) {
     const uint32_t slot = c.timed_pairs.fetch_add(1, std::memory_order_relaxed) % SwapCounters::kTimedPairs;
     c.pytorch_ns[slot].store(pytorch_ns, std::memory_order_relaxed);
     c.entry_ns[slot].store(entry_ns, std::memory_order_relaxed);
@@ -234,8 +237,33 @@ void Swapper::shadow_clean(const Replacement& r, uint64_t pytorch_ns, uint64_t e
   // acq_rel: the call that reaches the target sees every earlier call's times (SwapCounters).
   const uint32_t n = c.clean_shadow_calls.fetch_add(1, std::memory_order_acq_rel) + 1;
   if (n != r.shadow_target) return;   // exactly one call reaches the target
+  if (!timing_phase) return end_trial(r, judge_counters(c, 0));
   try {
-    const WinVerdict verdict = judge_counters(c);
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = records_.find(r.id);
+    if (it == records_.end() || !is_current(it->second, r)) return;   // disabled meanwhile
+    auto* timing = new Replacement(r);   // never freed
+    timing->state = SwapState::kTiming;
+    it->second.current = timing;          // rec.state stays "shadow": still on trial
+    publish_locked();
+  } catch (...) {
+    // Out of memory: the entry stays in shadow, which is safe.
+  }
+}
+
+void Swapper::timing_call(const Replacement& r, uint64_t k, uint64_t ns) noexcept {
+  SwapCounters& c = *r.counters;
+  const uint64_t pair = k / 2;
+  if (pair >= r.timing_pairs || ns == 0) return;   // past the phase (a call from an older table)
+  (timing_turn_is_entry(k) ? c.entry_ns : c.pytorch_ns)[pair].store(ns, std::memory_order_relaxed);
+  // acq_rel: the call that completes the phase sees every earlier call's time.
+  const uint32_t n = c.timing_done.fetch_add(1, std::memory_order_acq_rel) + 1;
+  if (n != 2 * r.timing_pairs) return;   // exactly one call completes it
+  end_trial(r, judge_counters(c, r.timing_pairs));
+}
+
+void Swapper::end_trial(const Replacement& r, const WinVerdict& verdict) noexcept {
+  try {
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = records_.find(r.id);
@@ -325,6 +353,7 @@ SwapStats Swapper::stats() const {
     }
     e.shadow_calls = rec.counters->shadow_calls.load(std::memory_order_relaxed);
     e.active_calls = rec.counters->active_calls.load(std::memory_order_relaxed);
+    e.timing_calls = rec.counters->timing_calls.load(std::memory_order_relaxed);
     e.fallbacks = rec.counters->fallbacks.load(std::memory_order_relaxed);
     e.clean_shadow_calls = rec.counters->clean_shadow_calls.load(std::memory_order_relaxed);
     e.unloaded_device_calls = rec.counters->unloaded_device_calls.load(std::memory_order_relaxed);
@@ -670,6 +699,10 @@ bool Swapper::publish_new(const OpSignature& sig, const StoredEntry& entry, Repl
   r->shadow_target = options_.shadow_calls;
   r->activate_after_shadow = options_.mode == HookMode::kActive;
   r->confirm_win = options_.confirm_win;
+  // Note [Timing phase]: CPU entries; a CUDA entry's win is judged on its shadow calls' events.
+  r->timing_pairs = r->backend == Backend::kCpu && options_.confirm_win
+                        ? std::min<uint32_t>(options_.timing_pairs, SwapCounters::kTimedPairs)
+                        : 0;
   r->counters = new SwapCounters();
   r->owner = this;
   std::string aside;

@@ -6,6 +6,7 @@
 //   recorder_options.on_round = [s](const auto& fresh) { s->on_round(fresh); };
 //   // interceptor, on a hit (calling thread; no I/O):
 //   s->shadow_clean(*r, pytorch_ns, entry_ns);  // one more clean shadow comparison, and its times
+//   s->timing_call(*r, k, ns);                  // call k of the timing phase took ns alone
 //   s->fail(*r, "output 0: max abs error ...");  // disable now, quarantine in the background
 //
 // Note [Swap states]
@@ -42,11 +43,12 @@
 // The worker timed the entry against PyTorch's kernel on its own GPU or CPU, in its own process,
 // on synthetic inputs; the serving process may differ (other work on the machine, thread pool
 // size, caches warm with the model's data, another clock). So with KFORGE_CONFIRM_WIN on, the
-// trial also times both on the same inputs in every shadow call (swap_call.cc: a steady clock
-// around each on CPU; CUDA events on the call's stream around each launch, read after the
-// comparison has synchronized), alternating which runs first (odd calls: the entry) so that
-// caches warmed by the first do not favour the second. At the end of a clean trial the entry goes
-// active only if, over the trial's timed pairs (the last SwapCounters::kTimedPairs):
+// trial also times both in this process. CUDA entries: on the same inputs in every shadow call
+// (CUDA events on the call's stream around each launch, read after the comparison has
+// synchronized), alternating which runs first (odd calls: the entry) so that caches warmed by the
+// first do not favour the second. CPU entries: in a timing phase after the shadow calls (Note
+// [Timing phase]). At the end of a clean trial the entry goes active only if, over the trial's
+// timed pairs (the last SwapCounters::kTimedPairs, or the timing phase's pairs):
 //   median(entry) <= 0.97 x median(PyTorch)   a win of at least 3%: medians ignore the odd
 //                                             preempted or page-faulting call, and 3% is above
 //                                             the run-to-run drift of a median of 20 paired calls
@@ -62,6 +64,31 @@
 // the caller whichever runs first: every tensor input is copied before the entry runs and
 // compared after it, and an entry that wrote its inputs fails (and the inputs are put back
 // before PyTorch's kernel reads them).
+//
+// Note [Timing phase]
+// A shadow call is not the regime the entry will serve in: it copies the inputs first and runs
+// both kernels back to back, so each one starts with caches the other (or the copy) left. On the
+// 2-core CPU host, aten::mean.dim over the last two dimensions of [8,512,7,7] timed PyTorch
+// 42.4 us against the entry's 37.4 us in its shadow calls, and went active; the same calls in a
+// loop took 28 us with PyTorch's kernel and 33 us with the entry (0.85x): "never slower" was
+// broken by the trial's own measurement. So a CPU entry's trial (KFORGE_CONFIRM_WIN on,
+// KFORGE_MODE=active) ends with a timing phase: after its KFORGE_SHADOW_CALLS clean shadow calls
+// (which prove it correct here; their times are not kept) the table gets a Replacement in state
+// kTiming, and the next 2 x KFORGE_TIMING_PAIRS calls are served by one kernel alone each, exactly
+// as an unhooked call (PyTorch's) or an active one (the entry's) would be: no copies, no
+// comparison, the caller gets that kernel's result. Call k of the phase (SwapCounters::timing_calls)
+// belongs to pair k / 2; even pairs run PyTorch's kernel first, odd pairs the entry first
+// (timing_turn_is_entry), so neither is always the one that follows the other. Each call is timed
+// with a steady clock around the whole call, dispatch included, in the caller's own loop, with
+// the program's own data and neighbours, which is what the entry would save or cost there. The
+// call that completes the last pair judges the pairs as above. The entry serves half the calls
+// before it is judged: it is verified (worker, then the shadow calls), so that costs at most
+// TIMING_PAIRS calls' difference, once per process. An entry that fails or throws in the phase is
+// disabled as an active one would be. The stats say "shadow" until the verdict (the trial is
+// on); timing_calls counts the phase's calls, which are neither shadow nor active calls.
+// KFORGE_TIMING_PAIRS=0 judges CPU entries on their shadow calls' times, as CUDA entries are (a
+// CUDA timing phase would need the events read back on the reporter thread, as CudaTimer does:
+// not built yet). Shadow mode never uses an entry's results, so it has no timing phase.
 //
 // Threads: on_round runs on the recorder's reporter thread and does every piece of I/O (cache
 // open, manifest scans, blob reads, module loads, state changes, trial markers, log lines about
@@ -174,10 +201,15 @@ struct WinVerdict {
 };
 WinVerdict judge_in_process_win(std::span<const uint64_t> pytorch_ns, std::span<const uint64_t> entry_ns);
 
+// Note [Timing phase]: whether call k of the phase is the entry's (else PyTorch's kernel's). Pair
+// k / 2 runs PyTorch's kernel first when even, the entry first when odd.
+constexpr bool timing_turn_is_entry(uint64_t k) { return ((k & 1) != 0) == (((k / 2) & 1) == 0); }
+
 struct SwapperOptions {
   HookMode mode = HookMode::kObserve;
   uint32_t shadow_calls = 20;
   bool confirm_win = true;         // KFORGE_CONFIRM_WIN (Note [In-process win])
+  uint32_t timing_pairs = 20;      // KFORGE_TIMING_PAIRS (Note [Timing phase]); at most kTimedPairs
   bool log = false;                // KFORGE_LOG: also log loads and activations
   Environment host_env;            // cpu_host_environment(torch version); CUDA devices' environments
                                    // use its torch_version
@@ -198,7 +230,7 @@ struct SwapStats {
     double speedup = 0;            // the entry's Timings::speedup in the cache
     std::string previous_key;      // during an upgrade's trial: the entry kept aside, and its state
     std::string previous_state;
-    uint64_t shadow_calls = 0, active_calls = 0, fallbacks = 0, clean_shadow_calls = 0;
+    uint64_t shadow_calls = 0, active_calls = 0, fallbacks = 0, clean_shadow_calls = 0, timing_calls = 0;
     uint64_t unloaded_device_calls = 0, capture_shadow_skips = 0;   // CUDA only
     uint64_t memory_shadow_skips = 0;   // shadow calls not compared: out of memory (swap_call.cc)
     std::vector<int> devices;      // CUDA: the device ordinals the entry is loaded on
@@ -244,11 +276,17 @@ class Swapper {
   // Calling threads. Never throw, never do I/O. shadow_clean's times (0: not timed) are PyTorch's
   // kernel's and the entry's in that call (Note [In-process win]).
   void shadow_clean(const Replacement& r, uint64_t pytorch_ns, uint64_t entry_ns) noexcept;
+  // Call `k` (SwapCounters::timing_calls before it) of r's timing phase took `ns`, served by the
+  // kernel timing_turn_is_entry(k) names (Note [Timing phase]).
+  void timing_call(const Replacement& r, uint64_t k, uint64_t ns) noexcept;
   void fail(const Replacement& r, std::string reason) noexcept;
 
   SwapStats stats() const;
 
  private:
+  // Ends r's trial with `verdict` (active, or no_win where the win is required and not shown).
+  void end_trial(const Replacement& r, const WinVerdict& verdict) noexcept;
+
   struct Record {
     const Replacement* current = nullptr;   // null: disabled or no_win
     SwapCounters* counters = nullptr;       // the loaded entry's identity (Note [Swap states])

@@ -402,12 +402,14 @@ EntryKey publish_cpu_entry(const std::string& cache, const OpSignature& sig, con
 }
 
 // confirm_win off unless a case tests Note [In-process win]: the state machine's cases time nothing.
+// No timing phase unless a case tests Note [Timing phase]: the win is judged on the shadow calls.
 hook::Swapper* new_swapper(const std::string& cache, hook::HookMode mode, uint32_t shadow_calls,
-                           bool confirm_win = false) {
+                           bool confirm_win = false, uint32_t timing_pairs = 0) {
   hook::SwapperOptions options;
   options.mode = mode;
   options.shadow_calls = shadow_calls;
   options.confirm_win = confirm_win;
+  options.timing_pairs = timing_pairs;
   options.host_env = cpu_env();
   options.cache_root = cache;
   static auto* keep = new std::vector<hook::Swapper*>();   // never destroyed, as in the hook
@@ -674,6 +676,84 @@ TEST_CASE("Note [In-process win]: a clean but slower trial ends in no_win, out o
   s->on_daemon_message(wire::KernelReady{sig.id(), built_env().key(), key.hex(), 1.5});
   s->on_round({});
   CHECK(in_table(sig) == nullptr);
+}
+
+TEST_CASE("Note [Timing phase]: alternating turns, PyTorch's kernel first in even pairs") {
+  const bool want[] = {false, true, true, false, false, true, true, false};
+  for (uint64_t k = 0; k < 8; ++k) CHECK(hook::timing_turn_is_entry(k) == want[k]);
+}
+
+TEST_CASE("Note [Timing phase]: a CPU entry's win is judged on calls timed alone after its shadow calls") {
+  TempDir dir{"kforge-swapper-test"};
+  const std::string cache = (dir.path / "cache").string();
+  const OpSignature slow = cpu_softmax(109), fast = cpu_softmax(111);
+  const std::string so = empty_cpu_kernel_so(dir.path);
+  publish_cpu_entry(cache, slow, so);
+  publish_cpu_entry(cache, fast, so);
+  hook::Swapper* s = new_swapper(cache, hook::HookMode::kActive, 3, /*confirm_win=*/true, /*timing_pairs=*/4);
+  s->on_round({std::make_shared<const OpSignature>(slow), std::make_shared<const OpSignature>(fast)});
+  for (const OpSignature* sig : {&slow, &fast}) {
+    const hook::Replacement* r = in_table(*sig);
+    REQUIRE(r != nullptr);
+    CHECK(r->timing_pairs == 4);
+    // The shadow calls' times (the entry 10x faster) are not what is judged.
+    for (int i = 0; i < 3; ++i) s->shadow_clean(*r, 1000, 100);
+    const hook::Replacement* t = in_table(*sig);
+    REQUIRE(t != nullptr);
+    CHECK(t->state == hook::SwapState::kTiming);
+    CHECK(stats_of(*s, *sig)->state == "shadow");   // still on trial
+    CHECK(stats_of(*s, *sig)->timed_calls == 0);
+  }
+  // slow: PyTorch's turns 1000 ns, the entry's 1500 ns; fast: the entry's 800 ns.
+  for (const auto& [sig, entry_ns] : {std::pair{&slow, uint64_t{1500}}, std::pair{&fast, uint64_t{800}}}) {
+    const hook::Replacement* t = in_table(*sig);
+    for (uint64_t k = 0; k < 8; ++k) {
+      CHECK(in_table(*sig) == t);   // the phase lasts 2 x 4 calls
+      t->counters->timing_calls.fetch_add(1);
+      s->timing_call(*t, k, hook::timing_turn_is_entry(k) ? entry_ns : 1000);
+    }
+    REQUIRE(stats_of(*s, *sig).has_value());
+    CHECK(stats_of(*s, *sig)->pytorch_median_ns == 1000);
+    CHECK(stats_of(*s, *sig)->entry_median_ns == entry_ns);
+    CHECK(stats_of(*s, *sig)->timed_calls == 4);
+    CHECK(stats_of(*s, *sig)->timing_calls == 8);
+    // A late call from the phase's table changes nothing.
+    s->timing_call(*t, 8, 1);
+    CHECK(stats_of(*s, *sig)->entry_median_ns == entry_ns);
+  }
+  CHECK(stats_of(*s, slow)->state == "no_win");
+  CHECK(in_table(slow) == nullptr);
+  CHECK(stats_of(*s, fast)->state == "active");
+  REQUIRE(in_table(fast) != nullptr);
+  CHECK(in_table(fast)->state == hook::SwapState::kActive);
+  s->on_round({});
+}
+
+TEST_CASE("Note [Timing phase]: none for shadow mode, nor with confirm_win off") {
+  TempDir dir{"kforge-swapper-test"};
+  const std::string cache = (dir.path / "cache").string();
+  const OpSignature sig = cpu_softmax(113);
+  publish_cpu_entry(cache, sig, empty_cpu_kernel_so(dir.path));
+  SECTION("shadow mode keeps shadowing and judges the shadow calls") {
+    hook::Swapper* s = new_swapper(cache, hook::HookMode::kShadow, 2, /*confirm_win=*/true, /*timing_pairs=*/4);
+    s->on_round({std::make_shared<const OpSignature>(sig)});
+    const hook::Replacement* r = in_table(sig);
+    REQUIRE(r != nullptr);
+    for (int i = 0; i < 2; ++i) s->shadow_clean(*r, 1000, 500);
+    REQUIRE(in_table(sig) != nullptr);
+    CHECK(in_table(sig)->state == hook::SwapState::kShadow);
+    CHECK(stats_of(*s, sig)->entry_median_ns == 500);
+  }
+  SECTION("confirm_win off: active after the shadow calls") {
+    hook::Swapper* s = new_swapper(cache, hook::HookMode::kActive, 2, /*confirm_win=*/false, /*timing_pairs=*/4);
+    s->on_round({std::make_shared<const OpSignature>(sig)});
+    const hook::Replacement* r = in_table(sig);
+    REQUIRE(r != nullptr);
+    CHECK(r->timing_pairs == 0);
+    for (int i = 0; i < 2; ++i) s->shadow_clean(*r, 1000, 1500);
+    REQUIRE(in_table(sig) != nullptr);
+    CHECK(in_table(sig)->state == hook::SwapState::kActive);
+  }
 }
 
 namespace {

@@ -132,7 +132,8 @@ def test_a_correct_but_slow_entry_ends_in_no_win_and_pytorch_runs(hook_path, bui
                                                                  KFORGE_MODE="active"))
     (sig,) = add_sig(res["stats"])
     assert sig["state"] == "no_win", (sig, err)
-    assert sig["shadow_calls"] == 20 and sig["active_calls"] == 0, sig   # no shadow calls after the verdict
+    # 20 shadow calls, then 20 pairs timed alone (Note [Timing phase]); nothing after the verdict.
+    assert sig["shadow_calls"] == 20 and sig["timing_calls"] == 40 and sig["active_calls"] == 0, sig
     assert sig["entry_median_ns"] > sig["pytorch_median_ns"] > 0, sig
     assert sig["timed_calls"] == 20
     assert "no win in this process" in sig["reason"]
@@ -156,11 +157,13 @@ def test_a_fast_entry_goes_active_with_both_medians(hook_path, publish_tool, ker
     cache = tmp_path / "cache"
     cache.mkdir(mode=0o700)
     key = publish(publish_tool, kernels, cache, add_signature, "fast")
-    res, err = run_child(MODEL.replace("CALLS", "60"), child_env(hook_path, KFORGE_CACHE_DIR=cache,
-                                                                 KFORGE_MODE="active"))
+    res, err = run_child(MODEL.replace("CALLS", "100"), child_env(hook_path, KFORGE_CACHE_DIR=cache,
+                                                                  KFORGE_MODE="active"))
     (sig,) = add_sig(res["stats"])
     assert sig["state"] == "active" and sig["entry"] == key, (sig, err)
-    assert sig["shadow_calls"] == 20 and sig["active_calls"] == 40, sig
+    # Note [Timing phase]: 20 shadow calls, then 20 pairs of calls served by either kernel alone.
+    assert sig["shadow_calls"] == 20 and sig["timing_calls"] == 40 and sig["active_calls"] == 40, sig
+    assert sig["timed_calls"] == 20, sig
     assert 0 < sig["entry_median_ns"] <= 0.97 * sig["pytorch_median_ns"], sig
     assert all(res["exact"])
     assert not (cache / "nowin").exists() or not os.listdir(cache / "nowin")
@@ -188,7 +191,7 @@ def calls(n):
     return [bool(torch.equal(torch.add(x, y), want)) for _ in range(n)]
 torch.add(x, y)                      # first sight
 lib.kforge_hook_report_now(20000)    # loads entry A
-exact = calls(40)                    # A: 20 shadow calls, then active
+exact = calls(80)                    # A: 20 shadow calls, 20 timed pairs, then active
 emit({{"stats": stats(), "exact": exact}})
 while True:
     line = sys.stdin.readline().split()
@@ -200,7 +203,7 @@ while True:
             lib.kforge_hook_report_now(1000)
         lib.kforge_hook_report_now(20000)
         during = stats()
-        exact = calls(40)
+        exact = calls(80)
         lib.kforge_hook_report_now(20000)
         emit({{"during": during, "stats": stats(), "exact": exact}})
     elif line[0] == "watch":          # the entry was disabled in the cache just now: no report_now,
@@ -280,7 +283,8 @@ def test_live_upgrade_then_disable_in_the_cache(hook_path, build_dir, publish_to
         assert during["previous_entry"] == a and during["previous_state"] == "active", during
         (s,) = add_sig(r["stats"])
         assert s["entry"] == b and s["state"] == "active", s
-        assert s["previous_entry"] == "" and s["shadow_calls"] == 20 and s["active_calls"] == 20, s
+        assert s["previous_entry"] == "" and s["shadow_calls"] == 20 and s["timing_calls"] == 40, s
+        assert s["active_calls"] == 20, s
         assert r["stats"]["swap"]["upgrades"] == 1
         assert [e["entry"] for e in r["stats"]["swap"]["entries"]] == [b]   # A is gone
         assert all(r["exact"])

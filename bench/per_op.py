@@ -10,11 +10,13 @@ same single operator, all timed in one process.
    operator in turn, with a daemon, cache and state of its own (a temporary directory), until the
    budget is spent or the daemon has nothing left to search. Every row's signature is reported by
    the hook and searched; what wins its search and its trial in the workload's process is active
-   in the cache.
+   in the cache. The daemon warm started is then stopped (its searches would compete with the
+   timing run).
 2. time: `kforge run --no-daemon` runs this file again (--child time, KFORGE_BENCH_TOGGLE=1) on
    that cache alone. It first measures the copy bandwidth (a large clone), then per row: blocks of
    calls with kforge's interceptors out of the dispatcher (PyTorch eager) and in (kforge's kernel
-   where one is active, else PyTorch's own through the hook), alternated, medians per call; then
+   where one is active, else PyTorch's own through the hook), alternated, each after an untimed
+   block, medians per call; then
    torch.compile of the same single operator, with the interceptors out. On CUDA, rows that move
    under 16 MB are launch-bound: they are also timed as CUDA graphs of the same calls, where launch
    latency does not hide the kernel (graph_* columns). The hook's statistics say which rows a
@@ -34,7 +36,9 @@ import ctypes
 import json
 import os
 import pathlib
+import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -242,15 +246,15 @@ def child_time(args):
         fn(*a)
         sync()
         touched = [k for k, v in sigs().items() if v.get("calls", 0) > before.get(k, {}).get("calls", 0)]
-        # The hook looks a new signature up in the cache at its reporter's next round (in the
-        # background, every KFORGE_REPORT_INTERVAL_MS): calls for 2 s first, then until no entry
-        # reached is still on trial.
+        # The hook looks a new signature up in the cache in its reporter's rounds: one now, waited
+        # for, then calls until no entry reached is still on trial (its shadow calls, then its
+        # timing phase on CPU; the stats say "shadow" until the verdict).
+        lib.kforge_hook_report_now(20000)
         start = time.monotonic()
         while True:
             now = sigs()
             entries = {k: now[k] for k in touched if now[k].get("entry")}
-            settled = time.monotonic() - start > 2 and all(v["state"] != "shadow" for v in entries.values())
-            if settled or time.monotonic() - start > 60:
+            if all(v["state"] != "shadow" for v in entries.values()) or time.monotonic() - start > 60:
                 return entries
             for _ in range(20):
                 fn(*a)
@@ -314,7 +318,11 @@ def child_time(args):
                     for p in range(args.pairs):
                         for on in ((False, True) if p % 2 == 0 else (True, False)):
                             interceptors(on)
-                            fn(*a)
+                            # An untimed block first: the calls right after a switch are a transient
+                            # (CPU: glibc's heap trims and grows again around the large outputs,
+                            # page-faulting them, for several calls; a one-call warm-up measured
+                            # sigmoid [8,64,56,56] 5-7% slower through the hook, a block 0.7-1.4%).
+                            per_call_us(fn, a, n)
                             (kf if on else eager).append(per_call_us(fn, a, n))
                     row["torch_us"], row["kforge_us"] = statistics.median(eager), statistics.median(kf)
                     if dev == "cuda" and row["bytes"] < (16 << 20):
@@ -345,6 +353,26 @@ def child_time(args):
 
 
 # ---- the parent -----------------------------------------------------------------------------------
+
+def stop_daemon(tmp):
+    """Stops the daemon `kforge warm` started at this run's private endpoint (warm leaves it running,
+    as `kforge run` does): its searches would otherwise go on beside the timing run, and it would
+    outlive the temporary directory."""
+    report = tmp / "warm" / "report.md"
+    m = re.search(r"daemon: pid (\d+) at `([^`]*)`", report.read_text()) if report.exists() else None
+    if not m or m.group(2) != f"ipc://{tmp}/run/daemon.sock":
+        return
+    pid = int(m.group(1))
+    try:
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            os.kill(pid, 0)
+            time.sleep(0.1)
+        os.kill(pid, signal.SIGKILL)
+        print(f"per_op: the warm daemon (pid {pid}) did not stop within 30 s of SIGTERM: killed", file=sys.stderr)
+    except ProcessLookupError:
+        pass
 
 def finish(row, copy_bw):
     """The derived columns: speedups, and the best time's share of the copy bandwidth."""
@@ -419,6 +447,7 @@ def main():
                            *daemon_args, "--", *common, "--child", "steps", "--seconds", "20"],
                           env=env, capture_output=True, text=True)
     print(warm.stdout[-4000:], end="")
+    stop_daemon(tmp)
     if warm.returncode != 0:
         print(warm.stderr[-4000:], file=sys.stderr)
         sys.exit(f"per_op: kforge warm failed with {warm.returncode} (temporary directory {tmp})")

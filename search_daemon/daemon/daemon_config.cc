@@ -187,7 +187,7 @@ const std::vector<Key>& keys() {
       KEY_BOOL("proposers", "templates", templates, "the template library proposes candidates"),
       KEY_BOOL("llm", "enabled", llm.enabled, "a language model proposes candidates and repairs"),
       KEY_STRING("llm", "api", llm.api, "openai (chat completions: OpenAI, vLLM, llama.cpp, Ollama) or anthropic", api_error),
-      KEY_STRING("llm", "base_url", llm.base_url, "the API's base URL (\"https://api.openai.com\", \"http://127.0.0.1:8000\")", any_string),
+      KEY_STRING("llm", "base_url", llm.base_url, "the API's base URL, its root or the /v1 form (\"https://api.openai.com/v1\", \"http://127.0.0.1:8000\")", any_string),
       KEY_STRING("llm", "model", llm.model, "the model name the API expects", any_string),
       KEY_STRING("llm", "api_key_env", llm.api_key_env, "the NAME of the environment variable that holds the API key", env_name_error),
       KEY_UINT("llm", "max_tokens", llm.max_tokens, 64, 1000000, "tokens per answer"),

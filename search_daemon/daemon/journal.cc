@@ -125,6 +125,10 @@ Status apply_record(std::string_view payload, SearchJournal::Contents& c, size_t
     if (fields > 12) {
       KFORGE_ASSIGN_OR_RETURN(o.implausible, r.field(12, "implausible").str(1u << 16));
     }
+    if (fields > 14) {   // journals written before the spreads were kept have 13 fields
+      KFORGE_ASSIGN_OR_RETURN(o.baseline_spread, r.field(13, "baseline_spread").f64());
+      KFORGE_ASSIGN_OR_RETURN(o.candidate_spread, r.field(14, "candidate_spread").f64());
+    }
     c.tree.set_outcome(id, std::move(o));
     c.tree.node(id).virtual_loss = 0;
     return Status();
@@ -286,7 +290,7 @@ Status SearchJournal::append_submitted(uint64_t id) {
 Status SearchJournal::append_outcome(uint64_t id, const search::Outcome& o) {
   msgpack::sbuffer buf;
   Packer pk(buf);
-  pk.pack_array(13);
+  pk.pack_array(15);
   pk.pack_text("outcome");
   pk.pack_uint64(id);
   pk.pack_uint8(static_cast<uint8_t>(o.status));
@@ -302,6 +306,8 @@ Status SearchJournal::append_outcome(uint64_t id, const search::Outcome& o) {
   pk.pack_array(static_cast<uint32_t>(npids));
   for (size_t i = 0; i < npids; ++i) pk.pack_int32(o.shared_gpu_pids[i]);
   pk.pack_text(o.implausible.substr(0, 1u << 16));
+  pk.pack_f64(o.baseline_spread);
+  pk.pack_f64(o.candidate_spread);
   return append(std::string(buf.data(), buf.size()));
 }
 

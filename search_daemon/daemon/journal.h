@@ -15,10 +15,12 @@
 //   ["node", id, parent, proposer, label, prior, spec (bin: KernelSpec::encode())]
 //   ["submit", id]          the node was handed to a worker (in flight until its outcome)
 //   ["outcome", id, status, speedup, noise_band, significant, baseline_ns, candidate_ns,
-//    failed_check, message, build_log, shared_gpu_pids, implausible]
-//       shared_gpu_pids (Outcome::shared_gpu_pids, an array of pids) and implausible
-//       (Outcome::implausible) were appended later: an outcome of 11 or 12 fields, from an older
-//       daemon, has none; an older daemon ignores the fields it does not know.
+//    failed_check, message, build_log, shared_gpu_pids, implausible, baseline_spread,
+//    candidate_spread]
+//       shared_gpu_pids (Outcome::shared_gpu_pids, an array of pids), implausible
+//       (Outcome::implausible) and the two spreads were appended later: an outcome of 11, 12 or 13
+//       fields, from an older daemon, has none of those after its last; an older daemon ignores
+//       the fields it does not know.
 //   ["done", reason]
 // Only the last record can be torn (a write the kill cut short, or one not yet synced when the power
 // went): reading stops there, the file is truncated to the last whole record and appending goes

@@ -8,6 +8,7 @@
 #include "search_daemon/daemon/result_observers.h"
 #include "search_daemon/daemon/hot_signatures.h"
 #include "search_daemon/daemon/journal.h"
+#include "search_daemon/search/strategy_base.h"
 
 namespace kforge::daemon {
 
@@ -129,6 +130,9 @@ void SearchSession::run() {
     uint64_t in_flight = 0;
     std::string end_reason;
     bool stopped = false;   // by stop(): resumed from the journal next time, not done
+    // Consecutive rounds in which the strategy, not done, offered nothing to evaluate.
+    constexpr uint32_t kMaxEmptyRounds = 2 * search::kMaxRetriedProposals;
+    uint32_t empty_rounds = 0;
 
     for (;;) {
       const search::SearchTree& tree = strategy->tree();
@@ -198,9 +202,13 @@ void SearchSession::run() {
           });
         }
         if (in_flight == 0 && batch.empty() && end_reason.empty()) {
+          // Note [Retried proposals] (strategy_base.cc): a proposer may ask to be asked again; a
+          // few rounds, not forever.
+          if (!strategy->done() && ++empty_rounds <= kMaxEmptyRounds) continue;
           end_reason = strategy->done() ? "the search space is exhausted" : "the proposers have nothing to evaluate";
           continue;
         }
+        if (!batch.empty()) empty_rounds = 0;
       }
 
       if (in_flight == 0) continue;   // nothing to wait for: the loop's top decides what is next

@@ -47,6 +47,10 @@ struct ProposalRequest {
   size_t max_moves = 4;
   uint64_t seed = 0;
   Roofline roofline;
+  // Set to true by a proposer that offered fewer moves than it may offer to the same request later
+  // (a server error or timeout, answers it could not use): the node is not exhausted yet (Note
+  // [Retried proposals] in search/strategy_base.cc). May be null.
+  bool* retry_later = nullptr;
 };
 
 class Proposer {

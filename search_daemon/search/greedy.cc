@@ -37,7 +37,7 @@ std::optional<uint64_t> Greedy::select() {
     if (tree_.node(focus).exhausted) continue;
     std::vector<Move> moves = propose(focus, options_.moves_per_expansion);
     if (moves.empty()) {
-      tree_.node(focus).exhausted = true;
+      if (exhausted_after_empty_proposal(focus)) tree_.node(focus).exhausted = true;
       continue;
     }
     for (Move& m : moves) tree_.add(focus, std::move(m));

@@ -53,7 +53,7 @@ void Mcts::widen(uint64_t id) {
     if (reserve.empty()) {
       reserve = propose(id, options_.moves_per_expansion);
       if (reserve.empty()) {
-        tree_.node(id).exhausted = true;
+        if (exhausted_after_empty_proposal(id)) tree_.node(id).exhausted = true;
         break;
       }
     }

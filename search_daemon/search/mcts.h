@@ -57,7 +57,8 @@ namespace kforge::search {
 // parent = n, max_moves = moves_per_expansion each, seed = a function of the strategy's seed, n and
 // how many requests n has had). Moves whose spec is already in the tree, anywhere, are dropped
 // (the tree dedupes; a spec is evaluated at most once). A request that yields nothing new, with the
-// reserve empty, marks n exhausted: it is never asked again. The reserve is not journaled: after a
+// reserve empty, marks n exhausted: it is never asked again (unless a proposer asked to be asked
+// again: Note [Retried proposals] in strategy_base.cc). The reserve is not journaled: after a
 // restart its moves are asked for again.
 //
 // Parallelism: before any result only the root can be widened, and all its children are in flight,

@@ -27,6 +27,8 @@ Outcome outcome_of(const eval::EvalResult& r) {
   o.significant = r.timing.significant;
   o.baseline_ns = r.timing.baseline_median_ns;
   o.candidate_ns = r.timing.candidate_median_ns;
+  o.baseline_spread = r.timing.baseline_spread;
+  o.candidate_spread = r.timing.candidate_spread;
   o.failed_check = r.verify.failed_check;
   o.message = head(r.message, kMaxOutcomeLog);
   o.build_log = head(r.build_log, kMaxOutcomeLog);

@@ -50,6 +50,8 @@ struct Outcome {
   bool significant = false;
   double baseline_ns = 0;
   double candidate_ns = 0;
+  double baseline_spread = 0;  // (p90 - p10) / median of the timing runs (TimingOutcome)
+  double candidate_spread = 0;
   std::string failed_check;    // kVerifyFailed: which check
   std::string message;         // one line: why it failed (compile error, check detail, fault)
   std::string build_log;       // kCompileError: the compiler's log, at most kMaxOutcomeLog bytes

@@ -145,6 +145,8 @@ std::vector<Move> StrategyBase::propose(uint64_t parent, size_t max_moves) {
   req.max_moves = max_moves;
   req.seed = request_seed(parent);
   req.roofline = task_.roofline;
+  bool retry_later = false;
+  req.retry_later = &retry_later;
   std::set<KernelId> seen;
   for (Proposer* p : proposers_) {
     std::vector<Move> got;
@@ -163,7 +165,22 @@ std::vector<Move> StrategyBase::propose(uint64_t parent, size_t max_moves) {
     }
   }
   std::stable_sort(moves.begin(), moves.end(), [](const Move& a, const Move& b) { return a.prior > b.prior; });
+  last_retry_later_ = retry_later;
   return moves;
+}
+
+// Note [Retried proposals]
+// A node whose proposers offer nothing new is exhausted: never asked again, and a search whose
+// nodes are all exhausted is done. A language model's empty answer is not that: the server failed
+// or timed out, or its answers could not be used even after format repairs (Note [Format repairs]
+// in llm_proposer.cc). Then the proposer sets ProposalRequest::retry_later, and the node stays
+// open for kMaxRetriedProposals such requests: a search ended once "after 0 evaluations: done: the
+// search space is exhausted" on one malformed answer. The bound keeps a server that never answers
+// from holding a search open forever: each retry is one more request, and the session ends the
+// search after a few rounds with nothing to evaluate (search_session.cc).
+bool StrategyBase::exhausted_after_empty_proposal(uint64_t parent) {
+  if (!last_retry_later_) return true;
+  return ++retried_[parent] >= kMaxRetriedProposals;
 }
 
 }  // namespace kforge::search

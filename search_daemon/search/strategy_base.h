@@ -28,6 +28,10 @@
 
 namespace kforge::search {
 
+// Note [Retried proposals] in strategy_base.cc: empty requests from one node that a proposer asked
+// to retry before the node is exhausted.
+inline constexpr uint32_t kMaxRetriedProposals = 3;
+
 class StrategyBase : public SearchStrategy {
  public:
   StrategyBase(SearchTask task, std::vector<Proposer*> proposers, StrategyOptions options, SearchTree restored);
@@ -55,6 +59,11 @@ class StrategyBase : public SearchStrategy {
   // then stable-sorted by prior (highest first). Moves whose spec is in the tree, or repeated in
   // the answer, are dropped; priors are clamped into [kMinPrior, 1].
   std::vector<Move> propose(uint64_t parent, size_t max_moves);
+  // After propose(parent) gave nothing new: whether `parent` is exhausted. Not while a proposer said
+  // it may have moves later (ProposalRequest::retry_later: a server error, answers it could not
+  // use) and the node has had fewer than kMaxRetriedProposals such empty requests (Note [Retried
+  // proposals]).
+  bool exhausted_after_empty_proposal(uint64_t parent);
   // One request's seed: a function of the strategy's seed, the node, and how often it was asked.
   uint64_t request_seed(uint64_t node);
   // Whether the move may enter the tree: a valid spec for the signature's backend.
@@ -77,6 +86,8 @@ class StrategyBase : public SearchStrategy {
   std::set<uint64_t> in_flight_;
   std::deque<uint64_t> resume_;        // restored nodes without an outcome, handed out first
   std::map<uint64_t, uint32_t> requests_;   // per node: proposal requests made from it
+  std::map<uint64_t, uint32_t> retried_;    // per node: empty requests a proposer asked to retry
+  bool last_retry_later_ = false;           // the last propose() call's ProposalRequest::retry_later
 };
 
 // splitmix64's finalizer: a cheap, well-mixed, platform-independent hash of a 64-bit value.

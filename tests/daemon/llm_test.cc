@@ -416,7 +416,6 @@ TEST_CASE("llm config: validation names the bad field, and never quotes what may
       {"llm.base_url", [](LlmClientConfig& c) { c.base_url = "ftp://example.com"; }},
       {"llm.base_url", [](LlmClientConfig& c) { c.base_url = "https://user:secret@example.com"; }},
       {"llm.base_url", [](LlmClientConfig& c) { c.base_url = "https://example.com/?key=1"; }},
-      {"llm.base_url", [](LlmClientConfig& c) { c.base_url = "https://example.com/v1"; }},
       {"llm.model", [](LlmClientConfig& c) { c.model = ""; }},
       {"llm.api_key_env", [](LlmClientConfig& c) { c.api_key_env = "sk-live-0123456789abcdef"; }},
       {"llm.max_tokens", [](LlmClientConfig& c) { c.max_tokens = 0; }},
@@ -440,6 +439,22 @@ TEST_CASE("llm config: validation names the bad field, and never quotes what may
     CHECK(s.message().find("sk-live") == std::string::npos);
     LogCapture log;
     CHECK_FALSE(LlmClient::create(c, log.sink()).ok());
+  }
+  // The root or the /v1 form providers document: the same endpoint.
+  for (const auto& [api, base, want] : std::vector<std::tuple<ChatApi, std::string, std::string>>{
+           {ChatApi::kOpenAi, "https://example.com", "https://example.com/v1/chat/completions"},
+           {ChatApi::kOpenAi, "https://example.com/v1", "https://example.com/v1/chat/completions"},
+           {ChatApi::kOpenAi, "https://example.com/v1/", "https://example.com/v1/chat/completions"},
+           {ChatApi::kOpenAi, "https://example.com/api/v1", "https://example.com/api/v1/chat/completions"},
+           {ChatApi::kOpenAi, "http://127.0.0.1:8000/", "http://127.0.0.1:8000/v1/chat/completions"},
+           {ChatApi::kAnthropic, "https://example.com/v1", "https://example.com/v1/messages"}}) {
+    LlmClientConfig c = good;
+    c.api = api;
+    c.base_url = base;
+    LogCapture log;
+    StatusOr<std::unique_ptr<LlmClient>> client = LlmClient::create(c, log.sink());
+    REQUIRE(client.ok());
+    CHECK((*client)->endpoint() == want);
   }
   // kforged's defaults: a cost budget and no prices (a free local server). Accepted, and said.
   LlmClientConfig free_local = good;
@@ -631,6 +646,89 @@ TEST_CASE("llm proposer: a measured node is expanded with its results, and what 
   CHECK(prompt.find("- llm: 128 threads per row: not evaluated yet") != std::string::npos);
 }
 
+TEST_CASE("llm prompt: PyTorch's time is the worker's measurement once there is one, the hook's mean before") {
+  const OpSignature sig = cuda_softmax();
+  SearchTree tree;
+  ProposalRequest r = request_for(sig, tree, 0);
+  r.roofline.baseline_ns = 78860120;   // the hook's mean, cold first calls included
+  std::string u = build_prompt(r).chat.messages.at(0).content;
+  CHECK(u.find("saw PyTorch's kernel take 78860.12 us per call on average") != std::string::npos);
+  CHECK(u.find("the worker has not timed it yet") != std::string::npos);
+  // Three measured candidates: the worker timed PyTorch's kernel at 3.21, 3.30 and 3.25 ms.
+  const double baselines[] = {3210000, 3300000, 3250000};
+  for (double b : baselines) {
+    KernelSpec spec = expected_softmax_spec();
+    spec.source += "// " + std::to_string(b) + "\n";   // three kernels, not one
+    const uint64_t id = tree.add(0, Move{spec, "template", "template: rows " + std::to_string(b), 1});
+    Outcome o;
+    o.status = eval::EvalStatus::kMeasured;
+    o.speedup = 1.1;
+    o.baseline_ns = b;
+    o.candidate_ns = b / 1.1;
+    o.baseline_spread = 0.04;
+    o.candidate_spread = 0.02;
+    o.noise_band = 0.03;
+    o.significant = true;
+    tree.set_outcome(id, o);
+  }
+  u = build_prompt(request_for(sig, tree, 0)).chat.messages.at(0).content;
+  INFO(u);
+  CHECK(u.find("PyTorch's kernel takes 3250.00 us per call, as the worker measured it (median of 3 timings in this "
+               "search, from 3210.00 to 3300.00 us") != std::string::npos);
+  CHECK(u.find("78860") == std::string::npos);
+  // The floor is an estimate, against the measured time.
+  CHECK(u.find("takes about 0.13 us (about 25390.6x less than PyTorch's time)") != std::string::npos);
+  CHECK(u.find("an estimate, not a bound") != std::string::npos);
+  CHECK(u.find("no kernel can take less") == std::string::npos);
+}
+
+TEST_CASE("llm prompt: results carry their spread, and every prompt names the tree's best kernel") {
+  const OpSignature sig = cuda_softmax();
+  SearchTree tree;
+  KernelSpec best = expected_softmax_spec();
+  best.source = edited(best.source, "red[256]", "red[256] /* best */");
+  const uint64_t a = tree.add(0, Move{best, "llm", "llm: the best one", kLlmPrior});
+  const uint64_t b = tree.add(0, Move{expected_softmax_spec(), "template", "template: a slower one", 1});
+  for (const auto& [id, speedup] : {std::pair{a, 2.0}, std::pair{b, 1.2}}) {
+    Outcome o;
+    o.status = eval::EvalStatus::kMeasured;
+    o.speedup = speedup;
+    o.baseline_ns = 12000;
+    o.candidate_ns = 12000 / speedup;
+    o.baseline_spread = 0.05;
+    o.candidate_spread = 0.025;
+    o.noise_band = 0.03;
+    o.significant = true;
+    tree.set_outcome(id, o);
+  }
+  // A first candidate from the root: the best kernel's results, source and plan.
+  std::string u = build_prompt(request_for(sig, tree, 0)).chat.messages.at(0).content;
+  CHECK(u.find("## Best kernel found so far in this search\n\"llm: the best one\" (proposed by llm): speedup 2.000x "
+               "(PyTorch 12.00 us (runs spread 5.0%), this kernel 6.00 us (runs spread 2.5%))") != std::string::npos);
+  CHECK(u.find("red[256] /* best */") != std::string::npos);
+  // Improving the slower one: the best's results, not its code.
+  u = build_prompt(request_for(sig, tree, b)).chat.messages.at(0).content;
+  CHECK(u.find("\"llm: the best one\" (proposed by llm): speedup 2.000x") != std::string::npos);
+  CHECK(u.find("red[256] /* best */") == std::string::npos);
+  // Improving the best itself: no such section.
+  u = build_prompt(request_for(sig, tree, a)).chat.messages.at(0).content;
+  CHECK(u.find("## Best kernel found so far") == std::string::npos);
+}
+
+TEST_CASE("llm prompt: a compile error's message that is in its log appears once") {
+  const OpSignature sig = cuda_softmax();
+  SearchTree tree;
+  const uint64_t bad = tree.add(0, Move{expected_softmax_spec(), "llm", "llm: broken", kLlmPrior});
+  const std::string log = "kernel.cu(9): error: identifier \"blockDimx\" is undefined\n1 error detected";
+  Outcome o = compile_error(log);
+  o.message = "kernel.cu(9): error: identifier \"blockDimx\" is undefined";
+  tree.set_outcome(bad, o);
+  const std::string u = build_prompt(request_for(sig, tree, bad)).chat.messages.at(0).content;
+  size_t n = 0;
+  for (size_t at = u.find(o.message); at != std::string::npos; at = u.find(o.message, at + 1)) ++n;
+  CHECK(n == 1);
+}
+
 // ---- answers that must be rejected --------------------------------------------------------------
 
 TEST_CASE("llm proposer: malformed and truncated answers are rejected with the reason, never a crash") {
@@ -675,7 +773,7 @@ TEST_CASE("llm proposer: malformed and truncated answers are rejected with the r
   for (const Case& c : cases) {
     DYNAMIC_SECTION(c.what) {
       ScriptedLlmServer server;
-      server.push(Reply{200, openai_body(c.answer)});
+      for (int i = 0; i < 3; ++i) server.push(Reply{200, openai_body(c.answer)});   // the answer, then 2 repairs
       LogCapture log;
       LlmProposer proposer(make_client(config_for(server, ChatApi::kOpenAi), log), log.sink());
       const OpSignature sig = cuda_softmax();
@@ -683,11 +781,50 @@ TEST_CASE("llm proposer: malformed and truncated answers are rejected with the r
       const std::vector<Move> moves = proposer.propose(request_for(sig, tree, 0));
       INFO(log.all());
       CHECK(moves.empty());
-      CHECK(server.count() == 1);
+      REQUIRE(server.count() == 3);
       CHECK(log.all().find("llm: answer rejected for node 0") != std::string::npos);
       CHECK(log.all().find(c.reason) != std::string::npos);
+      CHECK(log.all().find("(format repair 2 of 2)") != std::string::npos);
+      // Each repair turn carried the answer and why it was rejected.
+      const json first = server.received()[0].json_body().at("messages");
+      const json last = server.received()[2].json_body().at("messages");
+      REQUIRE(last.size() == first.size() + 4);
+      CHECK(last[last.size() - 2].at("role") == "assistant");
+      CHECK(last.back().at("content").get<std::string>().find(c.reason) != std::string::npos);
     }
   }
+}
+
+TEST_CASE("llm proposer: a malformed answer gets a format-repair turn, and the repaired answer is the move") {
+  const ChatApi api = GENERATE(ChatApi::kOpenAi, ChatApi::kAnthropic);
+  ScriptedLlmServer server;
+  const std::string bad_plan = edited(kSoftmaxPlan, "\"size\": \"size0_1\",", "\"size\": \"size0_1\"");   // no comma
+  const std::string malformed = softmax_answer(kSoftmaxSource, bad_plan);
+  server.push(Reply{200, answer_body(api, malformed)});
+  server.push(Reply{200, answer_body(api, softmax_answer())});
+  LogCapture log;
+  LlmProposer proposer(make_client(config_for(server, api), log), log.sink());
+  const OpSignature sig = cuda_softmax();
+  SearchTree tree;
+
+  const std::vector<Move> moves = proposer.propose(request_for(sig, tree, 0));
+
+  INFO(log.all());
+  REQUIRE(moves.size() == 1);
+  CHECK(moves[0].spec == expected_softmax_spec());
+  REQUIRE(server.count() == 2);
+  const json first = server.received()[0].json_body().at("messages");
+  const json second = server.received()[1].json_body().at("messages");
+  // The same conversation, with the answer and the reason appended.
+  CHECK(second.size() == first.size() + 2);
+  CHECK(second[second.size() - 3] == first.back());
+  CHECK(second[second.size() - 2].at("role") == "assistant");
+  CHECK(second[second.size() - 2].at("content").get<std::string>() == malformed);
+  const std::string repair = second.back().at("content").get<std::string>();
+  CHECK(repair.find("Your answer could not be used: ") == 0);
+  CHECK(repair.find("syntax error at line 5") != std::string::npos);
+  CHECK(repair.find("exactly one ```cuda block") != std::string::npos);
+  CHECK(log.all().find("after 1 format repair)") != std::string::npos);
 }
 
 TEST_CASE("llm proposer: an answer cut off at max_tokens is rejected as such, over either API") {
@@ -1002,7 +1139,9 @@ TEST_CASE("llm client: a key the server echoes back never reaches a log line or 
   StatusOr<ChatResponse> echoed = client->complete(hello());
   REQUIRE(echoed.ok());
   CHECK(echoed->text == "your key is [redacted], keep it safe");
-  LlmProposer proposer(client, log.sink());
+  LlmProposerOptions no_repairs;   // one rejected answer is enough here
+  no_repairs.format_repairs = 0;
+  LlmProposer proposer(client, log.sink(), no_repairs);
   const OpSignature sig = cuda_softmax();
   SearchTree tree;
   CHECK(proposer.propose(request_for(sig, tree, 0)).empty());
@@ -1106,4 +1245,14 @@ TEST_CASE("prompts: every catalog operator is described with its schema and what
     CHECK(e.semantics.find("Output") != std::string_view::npos);
   }
   CHECK(catalog::find(OpSignature{"aten::add", "Scalar", {}, {}}) == nullptr);
+}
+
+TEST_CASE("kernel answer: a summary longer than a label's 120 bytes is cut on a character and says so") {
+  const OpSignature sig = cuda_softmax();
+  const std::string long_summary = std::string(118, 'x') + "\u00e9\u00e9 and more";   // é is 2 bytes: 118 + 2 = 120
+  const std::string plan = edited(kSoftmaxPlan, R"("summary": "one block per row, shared-memory max and sum\nthis second line is not part of the label")",
+                                   "\"summary\": \"" + long_summary + "\"");
+  StatusOr<KernelAnswer> a = parse_kernel_answer(softmax_answer(kSoftmaxSource, plan), sig);
+  REQUIRE(a.ok());
+  CHECK(a->summary == std::string(118, 'x') + "\u00e9 [summary cut]");
 }

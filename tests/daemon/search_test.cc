@@ -29,6 +29,7 @@
 #include "search_daemon/search/mcts.h"
 #include "search_daemon/search/search_strategy.h"
 #include "search_daemon/search/search_tree.h"
+#include "search_daemon/search/strategy_base.h"
 
 using namespace kforge;
 using namespace kforge::search;
@@ -1083,6 +1084,50 @@ TEST_CASE("Benchmark: strategies at equal budget on one and two basins", "[.][be
         line += " " + std::string(name) + " " + std::to_string(sum / 20);
       }
       WARN(line);
+    }
+  }
+}
+
+TEST_CASE("Note [Retried proposals]: a proposer that asks to be asked again keeps a node open, up to the bound",
+          "[search]") {
+  for (const char* strategy : {"mcts", "greedy"}) {
+    DYNAMIC_SECTION(strategy) {
+      // Empty and "retry later" twice (a server error, an answer it could not use), then a move.
+      ScriptedProposer flaky;
+      flaky.on_propose = [&flaky](const ProposalRequest& req) {
+        if (flaky.propose_calls <= 2) {
+          *req.retry_later = true;
+          return std::vector<Move>{};
+        }
+        return std::vector<Move>{knob_move({1, 1, 1, 1})};
+      };
+      auto s = make_strategy(strategy, softmax_task(), {&flaky}, StrategyOptions{});
+      std::vector<Candidate> got;
+      for (int round = 0; round < 5 && got.empty(); ++round) {
+        CHECK_FALSE(s->done());
+        got = s->next_candidates(1);
+      }
+      REQUIRE(got.size() == 1);
+      // 2 empty requests, then the move (MCTS asks once more to widen: nothing new, exhausted).
+      CHECK(flaky.propose_calls >= 3);
+
+      // Always "retry later": the node is exhausted after kMaxRetriedProposals requests.
+      ScriptedProposer never;
+      never.on_propose = [](const ProposalRequest& req) {
+        *req.retry_later = true;
+        return std::vector<Move>{};
+      };
+      auto t = make_strategy(strategy, softmax_task(), {&never}, StrategyOptions{});
+      for (int round = 0; round < 10 && !t->done(); ++round) CHECK(t->next_candidates(1).empty());
+      CHECK(t->done());
+      CHECK(never.propose_calls == static_cast<int>(kMaxRetriedProposals));
+
+      // Empty without asking: exhausted at once, as before.
+      ScriptedProposer empty;
+      auto u = make_strategy(strategy, softmax_task(), {&empty}, StrategyOptions{});
+      CHECK(u->next_candidates(1).empty());
+      CHECK(u->done());
+      CHECK(empty.propose_calls == 1);
     }
   }
 }

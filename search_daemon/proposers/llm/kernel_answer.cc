@@ -292,7 +292,13 @@ StatusOr<PlanBlock> read_plan(const json& j) {
   if (std::optional<Reader> s = r.member("summary")) {
     KFORGE_ASSIGN_OR_RETURN(std::string text, s->string());
     std::string_view first = trim(std::string_view(text).substr(0, text.find('\n')));
-    p.summary = std::string(first.substr(0, kMaxSummaryBytes));
+    if (first.size() <= kMaxSummaryBytes) {
+      p.summary = std::string(first);
+    } else {   // cut on a UTF-8 boundary, and said (the label and every prompt that lists it show it)
+      size_t n = kMaxSummaryBytes;
+      while (n > 0 && (static_cast<unsigned char>(first[n]) & 0xC0) == 0x80) --n;
+      p.summary = std::string(first.substr(0, n)) + " [summary cut]";
+    }
   }
   KFORGE_ASSIGN_OR_RETURN(Reader eps, r.required("entry_points"));
   KFORGE_ASSIGN_OR_RETURN(p.entry_points, eps.strings(kMaxEntryPoints));

@@ -75,6 +75,14 @@ std::string trim_trailing_slashes(std::string s) {
   return s;
 }
 
+// base_url without its trailing slashes and a final "/v1" (the form providers document: the client
+// adds "/v1/..." itself).
+std::string api_root(std::string base_url) {
+  std::string s = trim_trailing_slashes(std::move(base_url));
+  if (s.size() >= 3 && s.compare(s.size() - 3, 3, "/v1") == 0) s.resize(s.size() - 3);
+  return trim_trailing_slashes(std::move(s));
+}
+
 bool is_env_name(std::string_view s) {
   if (s.empty()) return false;
   auto alpha = [](char c) { return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || c == '_'; };
@@ -317,10 +325,6 @@ Status LlmClientConfig::validate() const {
       return invalid_argument(field("base_url") + ": a query or fragment is not allowed");
     }
     if (url_part(u.get(), CURLUPART_HOST).empty()) return invalid_argument(field("base_url") + ": no host");
-    const std::string path = trim_trailing_slashes(url_part(u.get(), CURLUPART_PATH));
-    if (path.size() >= 3 && path.substr(path.size() - 3) == "/v1") {
-      return invalid_argument(field("base_url") + ": ends in /v1; give the server's root, the client adds /v1/...");
-    }
   }
   if (model.empty()) return invalid_argument(field("model") + ": empty");
   if (!api_key_env.empty() && !is_env_name(api_key_env)) {
@@ -413,8 +417,7 @@ LlmClient::LlmClient(LlmClientConfig config, LogSink log, std::string key)
     : config_(std::move(config)),
       log_(std::move(log)),
       key_(std::move(key)),
-      endpoint_(trim_trailing_slashes(config_.base_url) +
-                (config_.api == ChatApi::kAnthropic ? "/v1/messages" : "/v1/chat/completions")),
+      endpoint_(api_root(config_.base_url) + (config_.api == ChatApi::kAnthropic ? "/v1/messages" : "/v1/chat/completions")),
       loopback_([&] {
         UrlHandle u(curl_url());
         if (!u || curl_url_set(u.get(), CURLUPART_URL, config_.base_url.c_str(), 0) != CURLUE_OK) return false;

@@ -60,8 +60,9 @@ StatusOr<ChatApi> chat_api_from_name(std::string_view name);
 
 struct LlmClientConfig {
   ChatApi api = ChatApi::kOpenAi;
-  // Scheme, host, optional port and path prefix, without the "/v1/..." endpoint:
-  // "http://127.0.0.1:8000", "https://api.anthropic.com". No credentials, query or fragment.
+  // Scheme, host, optional port and path prefix, with or without the "/v1" most providers document
+  // (the client adds "/v1/chat/completions" or "/v1/messages" to the root): "http://127.0.0.1:8000",
+  // "https://api.openai.com/v1", "https://api.anthropic.com". No credentials, query or fragment.
   std::string base_url;
   std::string model;
   // The NAME of the environment variable that holds the key ("OPENAI_API_KEY"); empty: no key.
@@ -141,6 +142,8 @@ class LlmClient {
   void cancel();
 
   const LlmClientConfig& config() const noexcept { return config_; }
+  // The URL requests go to (base_url's root + "/v1/chat/completions" or "/v1/messages").
+  const std::string& endpoint() const noexcept { return endpoint_; }
   // Whether a key was found in the environment (never the key).
   bool has_key() const noexcept { return !key_.empty(); }
   // `text` with the key, and every fragment of it of 8 bytes or more, replaced by "[redacted]"

@@ -1,8 +1,10 @@
 #include "search_daemon/proposers/llm/llm_prompt.h"
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <variant>
+#include <vector>
 
 #include "runtime/op_catalog.h"
 #include "search_daemon/proposers/llm/kernel_answer.h"
@@ -140,17 +142,58 @@ std::string describe_arg(const Arg& a) {
   return std::visit(Visit{}, a.value);
 }
 
-std::string describe_roofline(const search::Roofline& r) {
+// PyTorch's kernel as the worker measured it in this search: the median of the measured nodes'
+// baselines (each itself the median of a timing's runs), their range, and how many.
+struct MeasuredBaseline {
+  double median_ns = 0, min_ns = 0, max_ns = 0;
+  size_t n = 0;
+};
+
+MeasuredBaseline measured_baseline(const search::SearchTree& tree) {
+  std::vector<double> v;
+  for (uint64_t id = 1; id < tree.size(); ++id) {
+    const Node& n = tree.node(id);
+    if (n.outcome && n.outcome->measured() && n.outcome->baseline_ns > 0) v.push_back(n.outcome->baseline_ns);
+  }
+  MeasuredBaseline b;
+  if (v.empty()) return b;
+  std::sort(v.begin(), v.end());
+  b.n = v.size();
+  b.min_ns = v.front();
+  b.max_ns = v.back();
+  b.median_ns = v.size() % 2 == 1 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+  return b;
+}
+
+// Note [Prompt numbers]
+// A model reasons from the numbers it is given, so they must be the measured ones. PyTorch's time
+// is the worker's own measurement once there is one (the hook's mean over the serving process's
+// calls includes the first, cold calls: a prompt once said 78,860 us where the worker measured
+// 3,210 us); before that, the hook's mean, said to be one. The memory floor is an estimate (bytes
+// over the copy bandwidth the worker measured), never a bound: data that stays in caches beats it
+// (a model's kernel ran in 1,618 us under a "no kernel can take less than 2,829 us").
+std::string describe_roofline(const search::Roofline& r, const search::SearchTree& tree) {
   std::string s;
-  if (r.baseline_ns > 0) s += "PyTorch's kernel takes " + fmt("%.2f", r.baseline_ns / 1000) + " us per call. ";
+  const MeasuredBaseline m = measured_baseline(tree);
+  const double baseline_ns = m.n > 0 ? m.median_ns : r.baseline_ns;
+  if (m.n > 0) {
+    s += "PyTorch's kernel takes " + fmt("%.2f", m.median_ns / 1000) + " us per call, as the worker measured it (";
+    s += m.n == 1 ? std::string("one timing") : "median of " + std::to_string(m.n) + " timings in this search, from " +
+                                                    fmt("%.2f", m.min_ns / 1000) + " to " + fmt("%.2f", m.max_ns / 1000) + " us";
+    s += "; each timing interleaves PyTorch's kernel and the candidate on the same inputs). ";
+  } else if (r.baseline_ns > 0) {
+    s += "The serving process saw PyTorch's kernel take " + fmt("%.2f", r.baseline_ns / 1000) +
+         " us per call on average (a mean over its calls, first and cold ones included; the worker has not timed it yet). ";
+  }
   if (r.bytes > 0) s += "The call must move at least " + fmt("%.0f", r.bytes) + " bytes (inputs read once, outputs written once)";
   if (r.flops > 0) s += std::string(r.bytes > 0 ? " and" : "The call") + " does about " + fmt("%.0f", r.flops) + " floating-point operations";
   if (r.bytes > 0 || r.flops > 0) s += ". ";
   if (r.bandwidth_bytes_per_s > 0) {
-    s += "The device copies " + fmt("%.0f", r.bandwidth_bytes_per_s / 1e9) + " GB/s";
+    s += "The worker measured this device copying " + fmt("%.0f", r.bandwidth_bytes_per_s / 1e9) + " GB/s";
     if (r.floor_ns() > 0) {
-      s += ", so no kernel can take less than " + fmt("%.2f", r.floor_ns() / 1000) + " us";
-      if (r.baseline_ns > 0) s += " (at most " + fmt("%.1f", r.baseline_ns / r.floor_ns()) + "x faster than PyTorch)";
+      s += ": moving those bytes from and to memory at that rate takes about " + fmt("%.2f", r.floor_ns() / 1000) + " us";
+      if (baseline_ns > 0) s += " (about " + fmt("%.1f", baseline_ns / r.floor_ns()) + "x less than PyTorch's time)";
+      s += ". That is an estimate, not a bound: data that stays in the caches can be faster";
     }
     s += ". ";
   }
@@ -173,10 +216,19 @@ std::string_view status_words(EvalStatus s) {
   return "has an unknown status";
 }
 
+// A timing's median with its spread: "12.34 us (runs within 5.0%)", the spread being (p90 - p10) /
+// median of the timing's runs.
+std::string time_with_spread(double ns, double spread) {
+  std::string s = fmt("%.2f", ns / 1000) + " us";
+  if (spread > 0) s += " (runs spread " + fmt("%.1f", spread * 100) + "%)";
+  return s;
+}
+
 std::string describe_results(const Outcome& o) {
   std::string s = fmt("speedup %.3fx", o.speedup);
   if (o.baseline_ns > 0 || o.candidate_ns > 0) {
-    s += " (PyTorch " + fmt("%.2f", o.baseline_ns / 1000) + " us, this kernel " + fmt("%.2f", o.candidate_ns / 1000) + " us)";
+    s += " (PyTorch " + time_with_spread(o.baseline_ns, o.baseline_spread) + ", this kernel " +
+         time_with_spread(o.candidate_ns, o.candidate_spread) + ")";
   }
   s += o.significant ? "" : ", inside the noise band";
   if (o.noise_band > 0) s += " (noise band " + fmt("%.1f", o.noise_band * 100) + "%)";
@@ -239,7 +291,37 @@ std::string candidate_block(const Node& parent, Backend backend, const PromptLim
          "\n```\n";
 }
 
+// The best measured candidate of the whole tree, when it is not the parent: its results, and for a
+// first candidate (which sees no other code) its source and plan.
+std::string best_so_far(const search::SearchTree& tree, uint64_t parent, Backend backend, bool with_source,
+                        const PromptLimits& limits) {
+  uint64_t best = 0;
+  for (uint64_t id = 1; id < tree.size(); ++id) {
+    const Node& n = tree.node(id);
+    if (!n.outcome || !n.outcome->improves()) continue;
+    if (best == 0 || n.outcome->speedup > tree.node(best).outcome->speedup) best = id;
+  }
+  if (best == 0 || best == parent) return {};
+  const Node& b = tree.node(best);
+  std::string s = "\n## Best kernel found so far in this search\n\"" + b.move.label + "\" (proposed by " +
+                  b.move.proposer + "): " + describe_results(*b.outcome) + ".\n";
+  if (with_source) s += candidate_block(b, backend, limits) + "Beat it: a better idea, not a copy.\n";
+  return s;
+}
+
 }  // namespace
+
+std::string format_repair_message(std::string_view why, Backend backend) {
+  const std::string tag(source_fence_tag(backend));
+  std::string s = "Your answer could not be used: " + cut(why, 2048, "reason") + ".\n";
+  if (why.find("repeats") != std::string_view::npos) {
+    s += "That kernel was already tried: write a different one.\n";
+  }
+  s += "Answer again with the whole kernel: exactly one ```" + tag +
+       " block with the source and one ```json block with the plan, as the system message says, and keep any prose "
+       "outside them short.\n";
+  return s;
+}
 
 std::string_view prompt_kind_name(PromptKind k) noexcept {
   switch (k) {
@@ -270,7 +352,8 @@ Prompt build_prompt(const ProposalRequest& r, const PromptLimits& limits) {
   for (size_t i = 0; i < sig.args.size(); ++i) u += "- argument " + std::to_string(i) + ": " + describe_arg(sig.args[i]) + "\n";
   u += "Named sizes for the plan:";
   for (const auto& [name, value] : sig.named_sizes()) u += " " + name + "=" + std::to_string(value);
-  u += "\n\n## Roofline\n" + describe_roofline(r.roofline);
+  u += "\n\n## Roofline\n" + describe_roofline(r.roofline, *r.tree);
+  u += best_so_far(*r.tree, r.parent, sig.target.backend, p.kind == PromptKind::kFirst, limits);
 
   u += "\n## Task\n";
   switch (p.kind) {
@@ -297,7 +380,9 @@ Prompt build_prompt(const ProposalRequest& r, const PromptLimits& limits) {
       u += "This candidate (\"" + parent.move.label + "\") " + std::string(status_words(o.status)) + ":\n";
       u += candidate_block(parent, sig.target.backend, limits);
       if (!o.failed_check.empty()) u += "Failed check: " + o.failed_check + "\n";
-      if (!o.message.empty()) u += "What went wrong: " + cut(o.message, limits.max_log_bytes, "message") + "\n";
+      // A compile error's message is the head of its log: the log alone, once.
+      const bool message_in_log = !o.build_log.empty() && o.build_log.find(o.message) != std::string::npos;
+      if (!o.message.empty() && !message_in_log) u += "What went wrong: " + cut(o.message, limits.max_log_bytes, "message") + "\n";
       if (!o.build_log.empty()) {
         u += "Compiler output:\n```\n" + cut(o.build_log, limits.max_log_bytes, "log");
         if (u.back() != '\n') u += '\n';

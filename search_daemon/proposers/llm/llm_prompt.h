@@ -48,4 +48,8 @@ struct Prompt {
 // and request.parent is a node of the tree (LlmProposer checks them).
 Prompt build_prompt(const search::ProposalRequest& request, const PromptLimits& limits = {});
 
+// The user turn that sends a rejected answer back (Note [Format repairs] in llm_proposer.cc): why
+// it could not be used, and the answer format again.
+std::string format_repair_message(std::string_view why, Backend backend);
+
 }  // namespace kforge::llm

@@ -8,6 +8,7 @@
 
 #include "runtime/op_catalog.h"
 #include "search_daemon/proposers/llm/kernel_answer.h"
+#include "search_daemon/proposers/llm/llm_prompt.h"
 
 namespace kforge::llm {
 
@@ -25,6 +26,16 @@ using search::ProposalRequest;
 // rates highly, and it is fixed (not per prompt kind) because nothing measured yet says a repair
 // is more or less likely to pay than an improvement. bench/ measures search efficiency; change it
 // there, with numbers.
+
+// Note [Format repairs]
+// An answer that cannot become a candidate (no fenced blocks, a JSON syntax error, a plan that does
+// not resolve for the signature, the wrong number of outputs, cut off at max_tokens, a kernel
+// already in the tree) says nothing about whether the model's idea is good: it is a format
+// problem, which the model fixes when told. So the answer goes back into the same conversation
+// (its own text as the assistant's turn, then a user turn with the precise reason and the format:
+// format_repair_message), up to options.format_repairs times, before that answer is given up. A
+// real model's one JSON syntax error had ended a search: "ended after 0 evaluations: done: the
+// search space is exhausted". Each turn is one more request against the client's budgets.
 
 bool supported_dtype(DType d) {
   return d != DType::kComplex64 && d != DType::kComplex128 && d != DType::kFloat8E4M3FN && d != DType::kFloat8E5M2;
@@ -101,54 +112,68 @@ std::vector<Move> LlmProposer::propose_or_throw(const ProposalRequest& r) {
   const catalog::OpEntry* op = catalog::find(*r.signature);
   const Prompt prompt = build_prompt(r, options_.prompt);
   const size_t answers = std::min(r.max_moves, options_.answers_per_expansion);
-  for (size_t i = 0; i < answers; ++i) {
-    if (Status b = client_->budget_status(); !b.ok()) {
-      // Every later expansion meets the same spent budget: said once, not once per expansion.
-      if (!budget_logged_.exchange(true)) log("llm: no more proposals: " + b.message());
-      break;
+  const std::string kind(prompt_kind_name(prompt.kind));
+  // Why an answer cannot be used (empty: it can, and `out` is its move).
+  auto check = [&](const ChatResponse& answer, Move& out) -> std::string {
+    if (answer.truncated) {
+      return "the answer was cut off at max_tokens (" + std::to_string(client_->config().max_tokens) +
+             ", stop reason '" + answer.stop_reason + "')";
     }
-    StatusOr<ChatResponse> answer = client_->complete(prompt.chat);
-    if (!answer.ok()) {
-      log("llm: no proposal for " + short_node(r) + " (" + std::string(prompt_kind_name(prompt.kind)) +
-          "): " + answer.status().message());
-      break;   // the next answer would meet the same server
-    }
-    const std::string rejected = "llm: answer rejected for " + short_node(r) + " (" +
-                                 std::string(prompt_kind_name(prompt.kind)) + "): ";
-    if (answer->truncated) {
-      log(rejected + "the answer was cut off at max_tokens (" + std::to_string(client_->config().max_tokens) +
-          ", stop reason '" + answer->stop_reason + "')");
-      continue;
-    }
-    StatusOr<KernelAnswer> parsed = parse_kernel_answer(answer->text, *r.signature);
-    if (!parsed.ok()) {
-      log(rejected + parsed.status().message());
-      continue;
-    }
+    StatusOr<KernelAnswer> parsed = parse_kernel_answer(answer.text, *r.signature);
+    if (!parsed.ok()) return parsed.status().message();
     if (op != nullptr && parsed->spec.plan.outputs.size() != op->outputs.size()) {
-      log(rejected + "outputs: " + op->qualified() + " returns " + std::to_string(op->outputs.size()) +
-          (op->outputs.size() == 1 ? " tensor" : " tensors") + "; the plan allocates " +
-          std::to_string(parsed->spec.plan.outputs.size()));
-      continue;
+      return "outputs: " + op->qualified() + " returns " + std::to_string(op->outputs.size()) +
+             (op->outputs.size() == 1 ? " tensor" : " tensors") + "; the plan allocates " +
+             std::to_string(parsed->spec.plan.outputs.size());
     }
     const KernelId id = parsed->spec.id();
     const auto& nodes = r.tree->nodes();
     auto same = std::find_if(nodes.begin(), nodes.end(), [&](const Node& n) { return n.spec_id == id; });
     if (same != nodes.end() && !same->move.spec.source.empty()) {
-      log(rejected + "it repeats the kernel of node " + std::to_string(same->id));
-      continue;
+      return "it repeats the kernel of node " + std::to_string(same->id) + " (\"" + same->move.label + "\")";
     }
     if (std::any_of(moves.begin(), moves.end(), [&](const Move& m) { return m.spec.id() == id; })) {
-      log(rejected + "it repeats an answer of this expansion");
-      continue;
+      return "it repeats an answer of this expansion";
     }
-    Move m;
-    m.spec = std::move(parsed->spec);
-    m.proposer = "llm";
-    m.label = "llm: " + (parsed->summary.empty() ? std::string("(no summary)") : parsed->summary);
-    m.prior = options_.prior;
-    log("llm: proposed for " + short_node(r) + " (" + std::string(prompt_kind_name(prompt.kind)) + "): " + m.label);
-    moves.push_back(std::move(m));
+    out.spec = std::move(parsed->spec);
+    out.proposer = "llm";
+    out.label = "llm: " + (parsed->summary.empty() ? std::string("(no summary)") : parsed->summary);
+    out.prior = options_.prior;
+    return {};
+  };
+  for (size_t i = 0; i < answers; ++i) {
+    // Note [Format repairs]: one conversation per answer; a rejected answer is sent back with why.
+    ChatRequest chat = prompt.chat;
+    for (size_t turn = 0;; ++turn) {
+      if (Status b = client_->budget_status(); !b.ok()) {
+        // Every later expansion meets the same spent budget: said once, not once per expansion.
+        if (!budget_logged_.exchange(true)) log("llm: no more proposals: " + b.message());
+        return moves;
+      }
+      StatusOr<ChatResponse> answer = client_->complete(chat);
+      if (!answer.ok()) {
+        log("llm: no proposal for " + short_node(r) + " (" + kind + "): " + answer.status().message());
+        if (r.retry_later != nullptr && client_->budget_status().ok()) *r.retry_later = true;   // Note [Retried proposals]
+        return moves;   // the next answer would meet the same server
+      }
+      Move m;
+      const std::string why = check(*answer, m);
+      if (why.empty()) {
+        log("llm: proposed for " + short_node(r) + " (" + kind + (turn > 0 ? ", after " + std::to_string(turn) + " format repair" + (turn > 1 ? "s" : "") : std::string()) +
+            "): " + m.label);
+        moves.push_back(std::move(m));
+        break;
+      }
+      log("llm: answer rejected for " + short_node(r) + " (" + kind + "): " + why);
+      if (turn == options_.format_repairs) {
+        if (r.retry_later != nullptr) *r.retry_later = true;   // Note [Retried proposals]
+        break;
+      }
+      chat.messages.push_back(ChatMessage{ChatRole::kAssistant, answer->text});
+      chat.messages.push_back(ChatMessage{ChatRole::kUser, format_repair_message(why, r.signature->target.backend)});
+      log("llm: asking again for " + short_node(r) + " (format repair " + std::to_string(turn + 1) + " of " +
+          std::to_string(options_.format_repairs) + ")");
+    }
   }
   return moves;
 }

@@ -12,7 +12,9 @@
 //
 // Promises (beyond proposer.h's):
 // - One model answer per move; options.answers_per_expansion (at most max_moves) answers per
-//   propose() call, one after the other.
+//   propose() call, one after the other. An answer that cannot be used (below) is sent back to the
+//   model with the reason, in the same conversation, up to options.format_repairs times (Note
+//   [Format repairs]); only then does that answer yield no move.
 // - propose() returns no move, with one log line saying why, when: the request is incomplete, the
 //   operator is not in the catalog, the client's budget is spent (then no request is sent at all,
 //   and the line comes once per proposer, not once per expansion),
@@ -40,7 +42,9 @@ namespace kforge::llm {
 inline constexpr double kLlmPrior = 0.5;
 
 struct LlmProposerOptions {
-  size_t answers_per_expansion = 1;   // model calls per propose(), capped by max_moves
+  size_t answers_per_expansion = 1;   // answers per propose(), capped by max_moves
+  // Note [Format repairs] in llm_proposer.cc: turns that send a rejected answer back with why.
+  size_t format_repairs = 2;
   double prior = kLlmPrior;           // in (0, 1]
   PromptLimits prompt;
 };

@@ -220,6 +220,7 @@ void Daemon::Impl::start_session(SignatureRecord& r) {
   search::Roofline roof;
   roof.baseline_ns = r.mean_ns();
   roof.bandwidth_bytes_per_s = pool->bandwidth_for(r.signature);
+  roof.device_facts = pool->device_facts_for(r.signature);
   const catalog::OpCost cost = catalog::op_cost(r.signature);
   roof.bytes = cost.bytes;
   roof.flops = cost.flops;

@@ -125,9 +125,11 @@ Status apply_record(std::string_view payload, SearchJournal::Contents& c, size_t
     if (fields > 12) {
       KFORGE_ASSIGN_OR_RETURN(o.implausible, r.field(12, "implausible").str(1u << 16));
     }
-    if (fields > 14) {   // journals written before the spreads were kept have 13 fields
+    if (fields > 16) {   // journals written before these were kept have 13 fields
       KFORGE_ASSIGN_OR_RETURN(o.baseline_spread, r.field(13, "baseline_spread").f64());
       KFORGE_ASSIGN_OR_RETURN(o.candidate_spread, r.field(14, "candidate_spread").f64());
+      KFORGE_ASSIGN_OR_RETURN(o.torch_max_abs_error, r.field(15, "torch_max_abs_error").f64());
+      KFORGE_ASSIGN_OR_RETURN(o.torch_rel_error, r.field(16, "torch_rel_error").f64());
     }
     c.tree.set_outcome(id, std::move(o));
     c.tree.node(id).virtual_loss = 0;
@@ -290,7 +292,7 @@ Status SearchJournal::append_submitted(uint64_t id) {
 Status SearchJournal::append_outcome(uint64_t id, const search::Outcome& o) {
   msgpack::sbuffer buf;
   Packer pk(buf);
-  pk.pack_array(15);
+  pk.pack_array(17);
   pk.pack_text("outcome");
   pk.pack_uint64(id);
   pk.pack_uint8(static_cast<uint8_t>(o.status));
@@ -308,6 +310,8 @@ Status SearchJournal::append_outcome(uint64_t id, const search::Outcome& o) {
   pk.pack_text(o.implausible.substr(0, 1u << 16));
   pk.pack_f64(o.baseline_spread);
   pk.pack_f64(o.candidate_spread);
+  pk.pack_f64(o.torch_max_abs_error);
+  pk.pack_f64(o.torch_rel_error);
   return append(std::string(buf.data(), buf.size()));
 }
 

@@ -16,9 +16,9 @@
 //   ["submit", id]          the node was handed to a worker (in flight until its outcome)
 //   ["outcome", id, status, speedup, noise_band, significant, baseline_ns, candidate_ns,
 //    failed_check, message, build_log, shared_gpu_pids, implausible, baseline_spread,
-//    candidate_spread]
+//    candidate_spread, torch_max_abs_error, torch_rel_error]
 //       shared_gpu_pids (Outcome::shared_gpu_pids, an array of pids), implausible
-//       (Outcome::implausible) and the two spreads were appended later: an outcome of 11, 12 or 13
+//       (Outcome::implausible), the two spreads and PyTorch's two errors were appended later: an outcome of 11, 12 or 13
 //       fields, from an older daemon, has none of those after its last; an older daemon ignores
 //       the fields it does not know.
 //   ["done", reason]

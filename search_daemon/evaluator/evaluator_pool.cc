@@ -3,7 +3,13 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cctype>
+#include <filesystem>
+#include <fstream>
 #include <iterator>
+#include <sstream>
+#include <string>
+#include <vector>
 
 #include "runtime/cuda_driver.h"
 
@@ -133,6 +139,95 @@ size_t EvaluatorPool::idle_slots_for(const OpSignature& sig) const {
   size_t queued = 0;
   for (const auto& [job, done] : queue_) queued += job.signature.target == sig.target ? 1 : 0;
   return n > queued ? n - queued : 0;
+}
+
+namespace {
+
+std::string read_line(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::string s;
+  std::getline(in, s);
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+// sysfs's "48K" / "2048K" / "32M" as "48 KiB", "2 MiB", "32 MiB".
+std::string cache_size_text(const std::string& s) {
+  if (s.empty()) return {};
+  char unit = s.back();
+  uint64_t n = 0;
+  try {
+    n = std::stoull(std::isdigit(static_cast<unsigned char>(unit)) != 0 ? s : s.substr(0, s.size() - 1));
+  } catch (...) {
+    return s;
+  }
+  if (std::isdigit(static_cast<unsigned char>(unit)) != 0) unit = 'B';
+  if (unit == 'K' && n >= 1024 && n % 1024 == 0) return std::to_string(n / 1024) + " MiB";
+  if (unit == 'M' && n >= 1024 && n % 1024 == 0) return std::to_string(n / 1024) + " GiB";
+  return std::to_string(n) + (unit == 'K' ? " KiB" : unit == 'M' ? " MiB" : unit == 'G' ? " GiB" : " B");
+}
+
+// How many cores a sysfs cpu list ("0-3,8") names.
+size_t cpu_list_size(const std::string& list) {
+  size_t n = 0;
+  std::stringstream ss(list);
+  std::string part;
+  while (std::getline(ss, part, ',')) {
+    try {
+      const size_t dash = part.find('-');
+      n += dash == std::string::npos ? 1 : std::stoul(part.substr(dash + 1)) - std::stoul(part.substr(0, dash)) + 1;
+    } catch (...) {
+    }
+  }
+  return n;
+}
+
+}  // namespace
+
+std::string cpu_cache_text(int core, const std::string& root) {
+  std::vector<std::string> own, shared;
+  std::error_code ec;
+  const std::filesystem::path dir = std::filesystem::path(root) / ("cpu" + std::to_string(core)) / "cache";
+  std::vector<std::filesystem::path> indices;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    if (e.path().filename().string().rfind("index", 0) == 0) indices.push_back(e.path());
+  }
+  std::sort(indices.begin(), indices.end());
+  for (const auto& d : indices) {
+    const std::string type = read_line(d / "type"), level = read_line(d / "level"), size = read_line(d / "size");
+    if (type == "Instruction" || level.empty() || size.empty()) continue;
+    const std::string name = "L" + level + (type == "Data" ? "d" : "") + " " + cache_size_text(size);
+    const size_t sharers = cpu_list_size(read_line(d / "shared_cpu_list"));
+    if (sharers > 1) {
+      shared.push_back(name + " shared by " + std::to_string(sharers) + " cores");
+    } else {
+      own.push_back(name);
+    }
+  }
+  std::string s;
+  for (size_t i = 0; i < own.size(); ++i) s += (i ? ", " : "") + own[i];
+  if (!own.empty()) s += " per core";
+  for (size_t i = 0; i < shared.size(); ++i) s += (s.empty() ? "" : i ? ", " : "; ") + shared[i];
+  return s;
+}
+
+std::string EvaluatorPool::device_facts_for(const OpSignature& sig) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& s : slots_) {
+    if (!matches(*s, sig) || s->info.device_model.empty()) continue;
+    const SlotInfo& i = s->info;
+    if (s->backend != Backend::kCpu) return "GPU: " + i.device_model + " (" + i.arch + ").";
+    std::string t = "CPU: " + i.device_model + " (" + i.arch + ").";
+    if (!i.cpus.empty()) {
+      const std::string n = std::to_string(i.cpus.size());
+      t += " The worker runs PyTorch's kernel and every candidate with " + n + (i.cpus.size() == 1 ? " thread" : " threads") +
+           " pinned to " + n + (i.cpus.size() == 1 ? " core" : " cores") + " (" + cpu_list(i.cpus) +
+           "): a launch's blocks are spread over those threads.";
+      if (const std::string caches = cpu_cache_text(i.cpus.front()); !caches.empty()) t += " Caches: " + caches + ".";
+    }
+    return t;
+  }
+  return {};
 }
 
 double EvaluatorPool::bandwidth_for(const OpSignature& sig) const {

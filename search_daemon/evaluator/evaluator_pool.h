@@ -93,6 +93,10 @@ struct SlotInfo {
 // what it breaks.
 std::vector<std::vector<int>> cpu_slot_cores(const std::vector<int>& allowed, uint32_t slots, uint32_t threads,
                                              bool share_host = true);
+// The caches of `core` as sysfs describes them (/sys/devices/system/cpu/cpu<core>/cache):
+// "L1d 48 KiB, L2 2 MiB per core; L3 480 MiB shared by 2 cores"; empty when sysfs says nothing.
+// `root` replaces /sys/devices/system/cpu for tests.
+std::string cpu_cache_text(int core, const std::string& root = "/sys/devices/system/cpu");
 // The cores this process may run on (sched_getaffinity), in order.
 std::vector<int> allowed_cpus();
 // "0,1,4": a core list, as KFORGE_WORKER_CPUS and the logs write it.
@@ -132,6 +136,10 @@ class EvaluatorPool final : public Evaluator {
   void set_serving_gpus(std::map<std::string, std::vector<int32_t>> pids_by_uuid);
   // The measured copy bandwidth of a slot that runs `sig` (0 if none reported yet).
   double bandwidth_for(const OpSignature& sig) const;
+  // What a kernel writer needs to know of the device that times sig's candidates, as a sentence or
+  // two for a prompt: the model and ISA or arch, and for a CPU the threads and cores the worker
+  // uses and the caches of its first core (cpu_cache_text). Empty until a matching worker is ready.
+  std::string device_facts_for(const OpSignature& sig) const;
   // Fails every queued job, stops the threads and kills the workers.
   void stop();
 

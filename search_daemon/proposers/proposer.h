@@ -37,6 +37,7 @@ struct Roofline {
   double bytes = 0;                   // fewest bytes the op must move (catalog::op_cost)
   double flops = 0;
   double bandwidth_bytes_per_s = 0;   // the device's measured copy bandwidth
+  std::string device_facts;           // EvaluatorPool::device_facts_for: model, ISA, threads, caches
   double floor_ns() const { return bandwidth_bytes_per_s > 0 ? bytes / bandwidth_bytes_per_s * 1e9 : 0; }
 };
 

@@ -29,6 +29,8 @@ Outcome outcome_of(const eval::EvalResult& r) {
   o.candidate_ns = r.timing.candidate_median_ns;
   o.baseline_spread = r.timing.baseline_spread;
   o.candidate_spread = r.timing.candidate_spread;
+  o.torch_max_abs_error = r.verify.torch_max_abs_error;
+  o.torch_rel_error = r.verify.torch_rel_error;
   o.failed_check = r.verify.failed_check;
   o.message = head(r.message, kMaxOutcomeLog);
   o.build_log = head(r.build_log, kMaxOutcomeLog);

@@ -52,6 +52,10 @@ struct Outcome {
   double candidate_ns = 0;
   double baseline_spread = 0;  // (p90 - p10) / median of the timing runs (TimingOutcome)
   double candidate_spread = 0;
+  // PyTorch's own error against the float64 reference, worst over the verification's trials
+  // (VerifyOutcome): what the accuracy bound is made of. 0: not verified.
+  double torch_max_abs_error = 0;
+  double torch_rel_error = 0;
   std::string failed_check;    // kVerifyFailed: which check
   std::string message;         // one line: why it failed (compile error, check detail, fault)
   std::string build_log;       // kCompileError: the compiler's log, at most kMaxOutcomeLog bytes

@@ -52,6 +52,24 @@ TEST_CASE("EvaluatorPool::wait_started: returns once every slot's first start is
   }
 }
 
+TEST_CASE("cpu_cache_text: a core's caches from sysfs, its own and those it shares, for the LLM prompt") {
+  const kforge::test_support::TempDir t("kforge-pool-test");
+  auto index = [&](int i, const char* level, const char* type, const char* size, const char* shared) {
+    const std::filesystem::path d = t.path / "cpu3" / "cache" / ("index" + std::to_string(i));
+    std::filesystem::create_directories(d);
+    std::ofstream(d / "level") << level << "\n";
+    std::ofstream(d / "type") << type << "\n";
+    std::ofstream(d / "size") << size << "\n";
+    std::ofstream(d / "shared_cpu_list") << shared << "\n";
+  };
+  index(0, "1", "Data", "48K", "3");
+  index(1, "1", "Instruction", "32K", "3");
+  index(2, "2", "Unified", "2048K", "3");
+  index(3, "3", "Unified", "491520K", "0-3,8-11");
+  CHECK(cpu_cache_text(3, t.path.string()) == "L1d 48 KiB, L2 2 MiB per core; L3 480 MiB shared by 8 cores");
+  CHECK(cpu_cache_text(4, t.path.string()).empty());   // no such core: nothing said
+}
+
 TEST_CASE("Note [Pinned CPU workers]: each CPU slot gets cores of its own, as many as its torch threads") {
   const std::vector<int> cores = {0, 1, 2, 3, 4, 5, 6, 7};
   // The default (threads 0) on a host that only searches (priority normal): the cores divided

@@ -715,6 +715,34 @@ TEST_CASE("llm prompt: results carry their spread, and every prompt names the tr
   CHECK(u.find("## Best kernel found so far") == std::string::npos);
 }
 
+TEST_CASE("llm prompt: the device's facts, and the accuracy bound as numbers once PyTorch's error was measured") {
+  const OpSignature sig = cpu_layer_norm();
+  SearchTree tree;
+  ProposalRequest r = request_for(sig, tree, 0);
+  r.roofline.device_facts = "CPU: Test CPU (x86_64-avx2). The worker runs PyTorch's kernel and every candidate with 1 thread "
+                            "pinned to 1 core (0).";
+  std::string u = build_prompt(r).chat.messages.at(0).content;
+  CHECK(u.find("## Device\nCPU: Test CPU (x86_64-avx2). The worker runs") != std::string::npos);
+  CHECK(u.find("## Accuracy") == std::string::npos);   // nothing verified yet
+  KernelSpec spec;
+  spec.backend = Backend::kCpu;
+  spec.language = SourceLanguage::kCpp;
+  spec.source = "extern \"C\" void k(const void*, void* const*) {}";
+  spec.entry_points = {"k"};
+  const uint64_t id = tree.add(0, Move{spec, "template", "template: x", 1});
+  Outcome o;
+  o.status = eval::EvalStatus::kVerifyFailed;
+  o.failed_check = "accuracy";
+  o.torch_max_abs_error = 2.5e-7;
+  o.torch_rel_error = 1e-7;
+  tree.set_outcome(id, o);
+  u = build_prompt(request_for(sig, tree, 0)).chat.messages.at(0).content;
+  INFO(u);
+  CHECK(u.find("PyTorch's kernel was off the float64 reference by at most 2.5e-07 (max abs) and 1e-07 (relative L2). "
+               "A candidate may be off by at most 2x that plus 9.54e-07 x max|reference| (max abs) and 1.15e-06 "
+               "(relative L2)") != std::string::npos);
+}
+
 TEST_CASE("llm prompt: a compile error's message that is in its log appears once") {
   const OpSignature sig = cuda_softmax();
   SearchTree tree;

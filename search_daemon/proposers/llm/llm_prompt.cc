@@ -6,6 +6,7 @@
 #include <variant>
 #include <vector>
 
+#include "runtime/accuracy.h"
 #include "runtime/op_catalog.h"
 #include "search_daemon/proposers/llm/kernel_answer.h"
 #include "search_daemon/worker/cpu_kernel_abi_text.h"
@@ -216,6 +217,31 @@ std::string_view status_words(EvalStatus s) {
   return "has an unknown status";
 }
 
+// The accuracy bound as numbers, once a verification measured PyTorch's own error here (the worst
+// over the tree's verified nodes: every verification draws the same trial kinds).
+std::string describe_accuracy(const OpSignature& sig, const search::SearchTree& tree) {
+  double abs_err = -1, rel_err = -1;
+  for (uint64_t id = 1; id < tree.size(); ++id) {
+    const Node& n = tree.node(id);
+    if (!n.outcome || (n.outcome->torch_max_abs_error <= 0 && n.outcome->torch_rel_error <= 0)) continue;
+    abs_err = std::max(abs_err, n.outcome->torch_max_abs_error);
+    rel_err = std::max(rel_err, n.outcome->torch_rel_error);
+  }
+  if (abs_err < 0) return {};
+  DType out = DType::kFloat32;
+  for (const Arg& a : sig.args) {
+    if (const auto* t = std::get_if<TensorMeta>(&a.value)) {
+      out = t->dtype;
+      break;
+    }
+  }
+  const double eps = dtype_epsilon(out);
+  return "\n## Accuracy\nOn the verification's trials PyTorch's kernel was off the float64 reference by at most " +
+         fmt("%.3g", abs_err) + " (max abs) and " + fmt("%.3g", rel_err) + " (relative L2). A candidate may be off by at most 2x that plus " +
+         fmt("%.3g", 8 * eps) + " x max|reference| (max abs) and " + fmt("%.3g", 2 * rel_err + 8 * eps) +
+         " (relative L2), on every trial.\n";
+}
+
 // A timing's median with its spread: "12.34 us (runs within 5.0%)", the spread being (p90 - p10) /
 // median of the timing's runs.
 std::string time_with_spread(double ns, double spread) {
@@ -352,7 +378,9 @@ Prompt build_prompt(const ProposalRequest& r, const PromptLimits& limits) {
   for (size_t i = 0; i < sig.args.size(); ++i) u += "- argument " + std::to_string(i) + ": " + describe_arg(sig.args[i]) + "\n";
   u += "Named sizes for the plan:";
   for (const auto& [name, value] : sig.named_sizes()) u += " " + name + "=" + std::to_string(value);
+  if (!r.roofline.device_facts.empty()) u += "\n\n## Device\n" + r.roofline.device_facts;
   u += "\n\n## Roofline\n" + describe_roofline(r.roofline, *r.tree);
+  u += describe_accuracy(sig, *r.tree);
   u += best_so_far(*r.tree, r.parent, sig.target.backend, p.kind == PromptKind::kFirst, limits);
 
   u += "\n## Task\n";

@@ -65,7 +65,44 @@ void Mcts::widen(uint64_t id) {
   }
 }
 
+// Note [Repairs first]
+// A language model's candidate that failed (did not compile, was rejected, failed a check,
+// faulted, timed out) is repaired at once: its compile log or failed check goes back to the model
+// while it is fresh, before any other node is selected. Left to PUCT, a failed node's reward keeps
+// it from being selected: a real model's first repair prompt came only after every child of the
+// root had failed. Up to kMaxRepairChain failed LLM candidates in a row (a repair of a repair);
+// past that, and for template candidates (a template's failure is its configuration's, not
+// something a repair fixes), the node is left to PUCT like any other.
+bool Mcts::wants_repair(uint64_t id) const {
+  const Node& n = tree_.node(id);
+  if (!n.children.empty() || n.exhausted || !n.outcome || n.move.proposer != "llm") return false;
+  switch (n.outcome->status) {
+    case eval::EvalStatus::kCompileError:
+    case eval::EvalStatus::kRejected:
+    case eval::EvalStatus::kVerifyFailed:
+    case eval::EvalStatus::kFault:
+    case eval::EvalStatus::kTimeout:
+      break;
+    default:
+      return false;
+  }
+  uint32_t chain = 0;
+  for (uint64_t a = id; a != 0; a = tree_.node(a).parent) {
+    const Node& x = tree_.node(a);
+    if (x.move.proposer != "llm" || !x.outcome || x.outcome->measured() || x.outcome->status == eval::EvalStatus::kVerified) break;
+    ++chain;
+  }
+  return chain <= kMaxRepairChain;
+}
+
 std::optional<uint64_t> Mcts::select() {
+  for (uint64_t id = 1; id < tree_.size(); ++id) {   // Note [Repairs first]
+    if (!wants_repair(id)) continue;
+    if (may_widen(id)) widen(id);
+    for (uint64_t c : tree_.node(id).children) {
+      if (pending(c)) return c;
+    }
+  }
   std::set<uint64_t> dead;
   while (dead.count(0) == 0) {
     uint64_t at = 0;

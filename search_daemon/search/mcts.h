@@ -29,7 +29,9 @@ namespace kforge::search {
 // children of a fast kernel start optimistic, repairs of a failed one start at the failure's value,
 // the root's first children at parity with PyTorch.
 //
-// Selection (one candidate): start at the root and at each node n
+// Selection (one candidate): first, a failed LLM candidate without children is widened and its
+// pending child returned (Note [Repairs first] in mcts.cc); otherwise start at the root and at
+// each node n
 //   1. widen: if n may gain children (below), admit new children;
 //   2. among n's children c that are pending, or evaluated and not found dead in this call, take the
 //      highest  score(c) = Q(c) + c_puct * P(c) * sqrt(N'(n)) / (1 + N'(c)),  ties to the higher
@@ -107,6 +109,9 @@ class Mcts final : public StrategyBase {
  private:
   bool may_widen(uint64_t id) const;
   void widen(uint64_t id);
+  // Note [Repairs first] in mcts.cc.
+  static constexpr uint32_t kMaxRepairChain = 3;
+  bool wants_repair(uint64_t id) const;
 
   std::map<uint64_t, std::vector<Move>> reserve_;   // per node: proposed, not yet admitted (best first)
 };

@@ -1131,3 +1131,44 @@ TEST_CASE("Note [Retried proposals]: a proposer that asks to be asked again keep
     }
   }
 }
+
+TEST_CASE("Note [Repairs first]: a failed LLM candidate is repaired before any other node is selected", "[search]") {
+  // The root offers an LLM candidate and two template ones; from a failed LLM node the proposer
+  // offers a repair (itself an LLM move).
+  ScriptedProposer p;
+  p.on_propose = [](const ProposalRequest& req) {
+    if (req.parent == 0) {
+      return std::vector<Move>{Move{knob_spec({1, 1, 1, 1}), "llm", "llm: first", 0.9}, knob_move({2, 2, 2, 2}, 0.5),
+                               knob_move({3, 3, 3, 3}, 0.4)};
+    }
+    const std::string from = req.tree->node(req.parent).move.label;
+    return std::vector<Move>{Move{knob_spec({9, 9, 9, static_cast<int>(req.tree->size())}), "llm", "llm: repair of " + from, 0.5}};
+  };
+  StrategyOptions o;
+  o.widening_c = 3;
+  auto s = make_strategy("mcts", softmax_task(), {&p}, o);
+  std::vector<Candidate> first = s->next_candidates(1);
+  REQUIRE(first.size() == 1);
+  CHECK(first[0].move.label == "llm: first");   // the highest prior
+  s->notify_results({{first[0].node, failed(EvalStatus::kCompileError, "blockDimx is undefined")}});
+
+  // The template children of the root are pending, but the failed LLM node's repair comes first.
+  std::vector<Candidate> next = s->next_candidates(1);
+  REQUIRE(next.size() == 1);
+  CHECK(next[0].move.label == "llm: repair of llm: first");
+  CHECK(s->tree().node(next[0].node).parent == first[0].node);
+
+  // A repair that fails is repaired again, up to three failures in a row; the fourth is left to PUCT.
+  uint64_t last = next[0].node;
+  for (int i = 0; i < 2; ++i) {
+    s->notify_results({{last, failed(EvalStatus::kVerifyFailed, "wrong")}});
+    std::vector<Candidate> c = s->next_candidates(1);
+    REQUIRE(c.size() == 1);
+    CHECK(s->tree().node(c[0].node).parent == last);
+    last = c[0].node;
+  }
+  s->notify_results({{last, failed(EvalStatus::kCompileError, "again")}});
+  std::vector<Candidate> after = s->next_candidates(1);
+  REQUIRE(after.size() == 1);
+  CHECK(s->tree().node(after[0].node).parent != last);
+}

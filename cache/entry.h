@@ -22,6 +22,12 @@
 
 namespace kforge {
 
+// The blob of an entry a language model wrote: the conversation that wrote it and what the search
+// had spent on the model by then, as JSON (Note [LLM provenance] in
+// search_daemon/proposers/llm/llm_proposer.cc); `kforge cache show` summarizes it, `--llm` prints
+// it. Never a kernel artifact: the hook loads blobs by their artifact names.
+inline constexpr const char kLlmProvenanceBlob[] = "llm-provenance.json";
+
 using EntryKey = SignatureId;   // same 128-bit id type; hex() is the 32-digit form users see
 EntryKey entry_key(const OpSignature& sig, const Environment& env);
 
@@ -58,7 +64,7 @@ struct Provenance {
 // A named binary artifact of the kernel (compiled cubin, CPU shared object, PTX). Stored
 // content-addressed by SHA-256.
 struct BlobData {
-  std::string name;                // "cubin", "so", "ptx"
+  std::string name;                // "cubin", "so", "ptx", kLlmProvenanceBlob
   std::string bytes;
 };
 

@@ -28,8 +28,9 @@ constexpr std::string_view kCacheUsage =
     "usage: kforge [--cache-dir DIR] cache <subcommand> [options]\n"
     "\n"
     "  ls [--json]                          every entry: key, operator, shapes, target, state, speedup\n"
-    "  show KEY [--json]                    signature, environment, source, launch plan, verification,\n"
-    "                                       timings, provenance, state\n"
+    "  show KEY [--json] [--llm]            signature, environment, source, launch plan, verification,\n"
+    "                                       timings, provenance, state; a kernel a model wrote: the\n"
+    "                                       model, tokens and cost (--llm: the whole conversation)\n"
     "  verify [--json]                      check every file; exit 1 and name each bad one\n"
     "  rm KEY...                            remove entries\n"
     "  gc --max-size SIZE                   remove least recently used unpinned entries down to SIZE\n"
@@ -288,6 +289,36 @@ void print_plan(const KernelSpec& spec, std::ostream& out) {
   }
 }
 
+// Note [LLM provenance] (llm_proposer.cc): the entry's conversation blob, parsed; null when it has
+// none, an error when it cannot be read or parsed.
+StatusOr<json> llm_provenance(const Store& store, const StoredEntry& s) {
+  for (const BlobRef& b : s.blobs) {
+    if (b.name != kLlmProvenanceBlob) continue;
+    KFORGE_ASSIGN_OR_RETURN(std::string bytes, store.read_blob(b));
+    json j = json::parse(bytes, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object()) {
+      return invalid_argument("blob " + std::string(kLlmProvenanceBlob) + " of entry " + s.key.hex() + " is not a JSON object");
+    }
+    return j;
+  }
+  return json(nullptr);
+}
+
+std::string llm_summary(const json& j) {
+  const json& t = j.value("answer_tokens", json::object());
+  const json& sp = j.value("signature_spend", json::object());
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "%s (%s), %s prompt, %llu format repair(s), answer %llu input + %llu output tokens%s; the signature's "
+                "search had spent %llu answers, %llu tokens, $%.4f by then",
+                j.value("model", std::string("?")).c_str(), j.value("api", std::string("?")).c_str(),
+                j.value("prompt_kind", std::string("?")).c_str(), j.value("format_repairs", 0ull),
+                t.value("input", 0ull), t.value("output", 0ull), t.value("estimated", false) ? " (estimated)" : "",
+                sp.value("answers", 0ull), sp.value("input_tokens", 0ull) + sp.value("output_tokens", 0ull),
+                sp.value("cost_usd", 0.0));
+  return buf;
+}
+
 int cmd_show(Store& store, const Parsed& p, std::ostream& out, std::ostream& err) {
   if (p.positional.size() != 1) return usage(err, "'cache show' needs exactly one KEY");
   auto key = store.resolve_prefix(p.positional[0]);
@@ -295,6 +326,24 @@ int cmd_show(Store& store, const Parsed& p, std::ostream& out, std::ostream& err
   auto e = store.load(*key);
   if (!e.ok()) return fail(err, e.status());
   const StoredEntry& s = *e;
+  StatusOr<json> llm = llm_provenance(store, s);
+  if (!llm.ok()) return fail(err, llm.status());
+  if (p.options.count("--llm")) {
+    if (llm->is_null()) {
+      out << "entry " << s.key.hex() << " was not written by a language model (provenance: " << s.provenance.proposer << ")\n";
+      return kExitOk;
+    }
+    if (p.options.count("--json")) {
+      out << llm->dump(2) << "\n";
+      return kExitOk;
+    }
+    out << "llm: " << llm_summary(*llm) << "\n";
+    for (const json& m : llm->value("messages", json::array())) {
+      out << "\n--- " << m.value("role", std::string("?")) << " ---\n" << m.value("content", std::string());
+      out << "\n";
+    }
+    return kExitOk;
+  }
   if (p.options.count("--json")) {
     json j = entry_summary_json(s);
     j["no_win"] = no_wins_json(no_wins(store, s.key));
@@ -317,6 +366,11 @@ int cmd_show(Store& store, const Parsed& p, std::ostream& out, std::ostream& err
     j["provenance"] = json{{"proposer", s.provenance.proposer}, {"search_id", s.provenance.search_id},
                            {"kforge_version", s.provenance.kforge_version},
                            {"created_unix_ms", s.provenance.created_unix_ms}, {"host", s.provenance.host}};
+    if (!llm->is_null()) {   // the summary; --llm --json gives the conversation
+      json summary = *llm;
+      summary.erase("messages");
+      j["llm"] = summary;
+    }
     out << j.dump(2) << "\n";
     return kExitOk;
   }
@@ -343,6 +397,7 @@ int cmd_show(Store& store, const Parsed& p, std::ostream& out, std::ostream& err
   out << ", kforge " << s.provenance.kforge_version << ", " << format_time(s.provenance.created_unix_ms);
   if (!s.provenance.host.empty()) out << " on " << s.provenance.host;
   out << "\n";
+  if (!llm->is_null()) out << "llm:          " << llm_summary(*llm) << " (--llm: the conversation)\n";
   out << "kernel:       " << backend_name(s.spec.backend) << " (" << source_language_name(s.spec.language)
       << "), entry points " << join(s.spec.entry_points, ", ");
   if (!s.spec.compile_options.empty()) out << ", options " << join(s.spec.compile_options, " ");
@@ -405,7 +460,7 @@ int run_cache_command(const std::vector<std::string>& args, const std::string& c
   }
   static const std::map<std::string, std::pair<std::vector<std::string>, std::vector<std::string>>> kFlags = {
       {"ls", {{}, {"--json"}}},
-      {"show", {{}, {"--json"}}},
+      {"show", {{}, {"--json", "--llm"}}},
       {"verify", {{}, {"--json"}}},
       {"rm", {{}, {}}},
       {"gc", {{"--max-size"}, {}}},

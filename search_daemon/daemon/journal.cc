@@ -58,6 +58,7 @@ Status apply_record(std::string_view payload, SearchJournal::Contents& c, size_t
   codec::Limits limits;
   limits.max_bytes = kMaxRecord;
   limits.max_bin = kMaxRecord;
+  limits.max_str = kMaxRecord;   // a node's origin (Move::origin)
   KFORGE_ASSIGN_OR_RETURN(msgpack::object_handle h, codec::parse(payload, limits));
   const Reader r(h.get(), where + " record " + std::to_string(index));
   KFORGE_ASSIGN_OR_RETURN(size_t n, r.array_size());
@@ -84,6 +85,10 @@ Status apply_record(std::string_view payload, SearchJournal::Contents& c, size_t
     KFORGE_ASSIGN_OR_RETURN(m.prior, r.field(5, "prior").f64());
     KFORGE_ASSIGN_OR_RETURN(std::string spec, r.field(6, "spec").bin(kMaxRecord));
     KFORGE_ASSIGN_OR_RETURN(m.spec, KernelSpec::decode(spec));
+    KFORGE_ASSIGN_OR_RETURN(size_t node_fields, r.array_size());
+    if (node_fields > 7) {   // appended later: journals of older daemons have no origin
+      KFORGE_ASSIGN_OR_RETURN(m.origin, r.field(7, "origin").str(kMaxRecord));
+    }
     if (parent >= c.tree.size()) return r.error("parent " + std::to_string(parent) + " is not an earlier node");
     const uint64_t got = c.tree.add(parent, std::move(m));
     if (got != id) return r.error("node " + std::to_string(id) + " replayed as " + std::to_string(got) + " (a duplicate spec?)");
@@ -269,7 +274,7 @@ Status SearchJournal::append(const std::string& payload) {
 Status SearchJournal::append_node(const search::Node& node) {
   msgpack::sbuffer buf;
   Packer pk(buf);
-  pk.pack_array(7);
+  pk.pack_array(8);
   pk.pack_text("node");
   pk.pack_uint64(node.id);
   pk.pack_uint64(node.parent);
@@ -277,6 +282,7 @@ Status SearchJournal::append_node(const search::Node& node) {
   pk.pack_text(node.move.label);
   pk.pack_f64(node.move.prior);
   pk.pack_bytes(node.move.spec.encode());
+  pk.pack_text(node.move.origin.size() <= kMaxRecord / 2 ? node.move.origin : std::string());
   return append(std::string(buf.data(), buf.size()));
 }
 

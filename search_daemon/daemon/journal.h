@@ -12,7 +12,8 @@
 // <state_dir>/journal/<signature id>.kfj: a sequence of records, each [u32 length][u64 XXH3-64 of
 // the payload][payload], little-endian, the payload a msgpack array:
 //   ["search", 1, signature (bin: OpSignature::encode()), strategy, created_unix_ms]   (first)
-//   ["node", id, parent, proposer, label, prior, spec (bin: KernelSpec::encode())]
+//   ["node", id, parent, proposer, label, prior, spec (bin: KernelSpec::encode()), origin]
+//       origin (Move::origin) was appended later: a node of 7 fields, from an older daemon, has none
 //   ["submit", id]          the node was handed to a worker (in flight until its outcome)
 //   ["outcome", id, status, speedup, noise_band, significant, baseline_ns, candidate_ns,
 //    failed_check, message, build_log, shared_gpu_pids, implausible, baseline_spread,

@@ -32,6 +32,8 @@ Status WinnerPublisher::on_result(const EvaluatedNode& n) {
   entry.environment = n.result.environment;
   entry.spec = n.node.move.spec;
   entry.blobs.push_back(BlobData{n.result.artifact_name, n.result.artifact});
+  // Note [LLM provenance] (llm_proposer.cc): the conversation that wrote the kernel.
+  if (!n.node.move.origin.empty()) entry.blobs.push_back(BlobData{std::string(kLlmProvenanceBlob), n.node.move.origin});
   entry.verification = n.result.verification_report();
   entry.timings = n.result.timings();
   entry.provenance.proposer = n.node.move.proposer + ":" + n.node.move.label;

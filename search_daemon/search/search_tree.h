@@ -39,6 +39,9 @@ struct Move {
   std::string proposer;     // "template", "llm"
   std::string label;        // one line for people: "softmax.rows block=256 vec=4", "llm: warp shuffles"
   double prior = 1.0;       // the proposer's belief that this move is good, in (0, 1] (PUCT prior)
+  // Where the move came from, for the cache entry it may become (Note [LLM provenance] in
+  // llm_proposer.cc: the conversation that wrote an LLM move, as JSON); empty for templates.
+  std::string origin{};
 };
 
 // What an evaluation told the search about one candidate: the parts of an EvalResult that steer

@@ -95,6 +95,7 @@ TEST_CASE("journal: a reopened journal gives back every node, outcome and in-fli
   CHECK(c.tree.node(2).move.label == "knob=2");
   CHECK(c.tree.node(3).move.prior == Approx(0.75));
   CHECK(c.tree.node(1).move.spec == move(1).spec);
+  CHECK(c.tree.node(1).move.origin.empty());   // a template's node has no origin
   REQUIRE(c.tree.node(1).outcome);
   CHECK(c.tree.node(1).outcome->speedup == Approx(1.5));
   CHECK(c.tree.node(2).outcome->status == eval::EvalStatus::kCompileError);
@@ -215,4 +216,35 @@ TEST_CASE("journal: an outcome keeps the serving processes its timing shared a G
   CHECK(c->tree.node(4).outcome->shared_gpu_pids.empty());
   CHECK(c->tree.node(4).outcome->implausible.empty());
   CHECK(c->tree.node(1).outcome->shared_gpu_pids.empty());
+}
+
+TEST_CASE("journal: a node keeps its origin, and an outcome its spreads and PyTorch's errors") {
+  TempDir t("kforge-journal-test");
+  const std::string big(2u << 20, 'c');   // over msgpack's default 1 MiB string limit
+  {
+    StatusOr<SearchJournal> j = SearchJournal::open(t.path.string(), sig(), "mcts");
+    REQUIRE(j.ok());
+    search::SearchTree tree;
+    search::Move m = move(7);
+    m.proposer = "llm";
+    m.origin = R"({"model": "test-model", "messages": [")" + big + R"("]})";
+    const uint64_t id = tree.add(0, m);
+    REQUIRE(j->append_node(tree.node(id)).ok());
+    search::Outcome o = measured(1.3);
+    o.baseline_spread = 0.04;
+    o.candidate_spread = 0.02;
+    o.torch_max_abs_error = 2.5e-7;
+    o.torch_rel_error = 1e-7;
+    REQUIRE(j->append_outcome(id, o).ok());
+  }
+  StatusOr<SearchJournal> j = SearchJournal::open(t.path.string(), sig(), "mcts");
+  REQUIRE(j.ok());
+  const search::SearchTree& tree = j->restored().tree;
+  REQUIRE(tree.size() == 2);
+  CHECK(tree.node(1).move.origin == R"({"model": "test-model", "messages": [")" + big + R"("]})");
+  REQUIRE(tree.node(1).outcome);
+  CHECK(tree.node(1).outcome->baseline_spread == Approx(0.04));
+  CHECK(tree.node(1).outcome->candidate_spread == Approx(0.02));
+  CHECK(tree.node(1).outcome->torch_max_abs_error == Approx(2.5e-7));
+  CHECK(tree.node(1).outcome->torch_rel_error == Approx(1e-7));
 }

@@ -492,6 +492,22 @@ TEST_CASE("llm proposer: a good kernel answer becomes a valid KernelSpec over ei
   CHECK(m.proposer == "llm");
   CHECK(m.label == "llm: one block per row, shared-memory max and sum");
   CHECK(m.prior == kLlmPrior);
+  // Note [LLM provenance]: the conversation that wrote it, and what it cost.
+  const json origin = json::parse(m.origin);
+  CHECK(origin.at("model") == "test-model");
+  CHECK(origin.at("api") == std::string(chat_api_name(api)));
+  CHECK(origin.at("prompt_kind") == "first");
+  CHECK(origin.at("format_repairs") == 0);
+  REQUIRE(origin.at("messages").size() == 3);
+  CHECK(origin.at("messages")[0].at("role") == "system");
+  CHECK(origin.at("messages")[1].at("content").get<std::string>().find(sig.to_string()) != std::string::npos);
+  CHECK(origin.at("messages")[2].at("role") == "assistant");
+  CHECK(origin.at("messages")[2].at("content") == softmax_answer());
+  CHECK(origin.at("answer_tokens").at("input") == 1000);
+  CHECK(origin.at("answer_tokens").at("output") == 500);
+  CHECK(origin.at("signature_spend").at("answers") == 1);
+  CHECK(origin.at("signature_spend").at("output_tokens") == 500);
+  CHECK_FALSE(leaks_key(m.origin));
 
   // What went over the wire: the endpoint and headers of that API, the configured model and
   // limits, and a first-candidate prompt that carries the operator, the signature and the plan's
@@ -853,6 +869,11 @@ TEST_CASE("llm proposer: a malformed answer gets a format-repair turn, and the r
   CHECK(repair.find("syntax error at line 5") != std::string::npos);
   CHECK(repair.find("exactly one ```cuda block") != std::string::npos);
   CHECK(log.all().find("after 1 format repair)") != std::string::npos);
+  // The provenance keeps the whole conversation: the rejected answer and the repair turn too.
+  const json origin = json::parse(moves[0].origin);
+  CHECK(origin.at("format_repairs") == 1);
+  CHECK(origin.at("messages").size() == 5);
+  CHECK(origin.at("signature_spend").at("answers") == 2);
 }
 
 TEST_CASE("llm proposer: an answer cut off at max_tokens is rejected as such, over either API") {

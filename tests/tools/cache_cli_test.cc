@@ -124,6 +124,53 @@ TEST_CASE("kforge cache: ls, show, verify, state changes, rm on a real cache") {
   CHECK_THAT(run_kforge(cache, {"cache", "ls"}).out, Catch::Contains("is empty"));
 }
 
+TEST_CASE("kforge cache show: a kernel a model wrote shows its model, tokens and cost, and --llm its conversation") {
+  TempDir t{"kforge-cli-test"};
+  fs::path cache = t.path / "cache";
+  fs::create_directories(cache);
+  fs::permissions(cache, fs::perms::owner_all, fs::perm_options::replace);
+  auto store = Store::open(cache.string());
+  REQUIRE(store.ok());
+  CacheEntry e = entry(64, 1.5);
+  e.provenance.proposer = "llm:llm: warp per row";
+  const nlohmann::json conversation = {
+      {"api", "openai"},
+      {"model", "test-model"},
+      {"prompt_kind", "repair"},
+      {"format_repairs", 1},
+      {"messages", {{{"role", "system"}, {"content", "You write kernels for kforge."}},
+                    {{"role", "user"}, {"content", "## Operator\naten::_softmax"}},
+                    {{"role", "assistant"}, {"content", "```cpp\nextern \"C\" void softmax_rows() {}\n```"}}}},
+      {"answer_tokens", {{"input", 1200}, {"output", 800}, {"estimated", false}}},
+      {"signature_spend", {{"answers", 5}, {"input_tokens", 6000}, {"output_tokens", 3000}, {"cost_usd", 0.063}}}};
+  e.blobs.push_back({kLlmProvenanceBlob, conversation.dump()});
+  auto k = store->publish(e);
+  REQUIRE(k.ok());
+  auto plain = store->publish(entry(128, 2.0));
+  REQUIRE(plain.ok());
+
+  Run show = run_kforge(cache, {"cache", "show", k->hex()});
+  REQUIRE(show.rc == 0);
+  CHECK_THAT(show.out, Catch::Contains("llm:          test-model (openai), repair prompt, 1 format repair(s), answer 1200 "
+                                       "input + 800 output tokens; the signature's search had spent 5 answers, 9000 "
+                                       "tokens, $0.0630 by then (--llm: the conversation)"));
+  Run convo = run_kforge(cache, {"cache", "show", k->hex(), "--llm"});
+  REQUIRE(convo.rc == 0);
+  CHECK_THAT(convo.out, Catch::Contains("--- system ---\nYou write kernels for kforge."));
+  CHECK_THAT(convo.out, Catch::Contains("--- user ---\n## Operator\naten::_softmax"));
+  CHECK_THAT(convo.out, Catch::Contains("--- assistant ---\n```cpp"));
+  Run js = run_kforge(cache, {"cache", "show", k->hex(), "--json"});
+  REQUIRE(js.rc == 0);
+  const auto j = nlohmann::json::parse(js.out);
+  CHECK(j["llm"]["model"] == "test-model");
+  CHECK_FALSE(j["llm"].contains("messages"));
+  CHECK(nlohmann::json::parse(run_kforge(cache, {"cache", "show", k->hex(), "--llm", "--json"}).out)["messages"].size() == 3);
+  // A template's entry says it has none.
+  CHECK_THAT(run_kforge(cache, {"cache", "show", plain->hex(), "--llm"}).out, Catch::Contains("was not written by a language model"));
+  CHECK_THAT(run_kforge(cache, {"cache", "show", plain->hex()}).out, !Catch::Contains("llm:"));
+  CHECK(run_kforge(cache, {"cache", "verify"}).rc == 0);
+}
+
 TEST_CASE("kforge cache verify names each bad file and exits 1") {
   TempDir t{"kforge-cli-test"};
   fs::path cache = t.path / "c";

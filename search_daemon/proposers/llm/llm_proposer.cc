@@ -6,6 +6,8 @@
 #include <utility>
 #include <variant>
 
+#include <nlohmann/json.hpp>
+
 #include "runtime/op_catalog.h"
 #include "search_daemon/proposers/llm/kernel_answer.h"
 #include "search_daemon/proposers/llm/llm_prompt.h"
@@ -37,6 +39,16 @@ using search::ProposalRequest;
 // real model's one JSON syntax error had ended a search: "ended after 0 evaluations: done: the
 // search space is exhausted". Each turn is one more request against the client's budgets.
 
+// Note [LLM provenance]
+// A kernel a model wrote is audited by its conversation: Move::origin holds it as JSON, the
+// journal keeps it with the node, and a published entry carries it as the blob kLlmProvenanceBlob
+// (`kforge cache show` summarizes it; `--llm` prints it): {"api", "model", "prompt_kind",
+// "format_repairs", "messages": [{"role": "system"|"user"|"assistant", "content"}...] (the whole
+// conversation, the answer last), "answer_tokens": {"input", "output", "estimated"}, "signature_spend":
+// {"answers", "input_tokens", "output_tokens", "cost_usd"} (every answer this proposer got for the
+// signature until then, rejected ones and repairs included; the cost at the configured prices)}.
+// No secret is in it: the key never enters a prompt, and answers are redacted by the client.
+
 bool supported_dtype(DType d) {
   return d != DType::kComplex64 && d != DType::kComplex128 && d != DType::kFloat8E4M3FN && d != DType::kFloat8E5M2;
 }
@@ -55,6 +67,40 @@ LlmProposer::LlmProposer(std::shared_ptr<LlmClient> client, LogSink log, LlmProp
 
 // A rejection quotes the model's answer, which may repeat whatever the server echoed, so the
 // proposer's lines are redacted like the client's (Note [Key redaction] in llm_client.cc).
+LlmSpend LlmProposer::add_spend(const OpSignature& sig, const TokenUsage& usage) {
+  const LlmClientConfig& k = client_->config();
+  std::lock_guard<std::mutex> lock(spend_mu_);
+  LlmSpend& s = spend_[sig.id()];
+  ++s.requests;
+  s.input_tokens += usage.input_tokens;
+  s.output_tokens += usage.output_tokens;
+  s.cost_usd += static_cast<double>(usage.input_tokens) * k.input_usd_per_million / 1e6 +
+                static_cast<double>(usage.output_tokens) * k.output_usd_per_million / 1e6;
+  return s;
+}
+
+// Note [LLM provenance].
+std::string LlmProposer::provenance(const ChatRequest& chat, const ChatResponse& answer, const std::string& kind,
+                                    size_t repairs, const LlmSpend& spent) const {
+  using nlohmann::json;
+  const LlmClientConfig& k = client_->config();
+  json messages = json::array();
+  if (!chat.system.empty()) messages.push_back({{"role", "system"}, {"content", chat.system}});
+  for (const ChatMessage& m : chat.messages) {
+    messages.push_back({{"role", m.role == ChatRole::kUser ? "user" : "assistant"}, {"content", m.content}});
+  }
+  messages.push_back({{"role", "assistant"}, {"content", answer.text}});
+  json j = {{"api", std::string(chat_api_name(k.api))},
+            {"model", k.model},
+            {"prompt_kind", kind},
+            {"format_repairs", repairs},
+            {"messages", std::move(messages)},
+            {"answer_tokens", {{"input", answer.usage.input_tokens}, {"output", answer.usage.output_tokens}, {"estimated", answer.usage.estimated}}},
+            {"signature_spend", {{"answers", spent.requests}, {"input_tokens", spent.input_tokens},
+                                 {"output_tokens", spent.output_tokens}, {"cost_usd", spent.cost_usd}}}};
+  return client_->redact(j.dump(-1, ' ', false, json::error_handler_t::replace));
+}
+
 void LlmProposer::log(std::string_view line) const {
   if (!log_) return;
   if (client_) {
@@ -156,9 +202,11 @@ std::vector<Move> LlmProposer::propose_or_throw(const ProposalRequest& r) {
         if (r.retry_later != nullptr && client_->budget_status().ok()) *r.retry_later = true;   // Note [Retried proposals]
         return moves;   // the next answer would meet the same server
       }
+      const LlmSpend spent = add_spend(*r.signature, answer->usage);
       Move m;
       const std::string why = check(*answer, m);
       if (why.empty()) {
+        m.origin = provenance(chat, *answer, kind, turn, spent);
         log("llm: proposed for " + short_node(r) + " (" + kind + (turn > 0 ? ", after " + std::to_string(turn) + " format repair" + (turn > 1 ? "s" : "") : std::string()) +
             "): " + m.label);
         moves.push_back(std::move(m));

@@ -28,7 +28,10 @@
 
 #include <atomic>
 #include <cstddef>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -62,11 +65,17 @@ class LlmProposer final : public search::Proposer {
  private:
   std::vector<search::Move> propose_or_throw(const search::ProposalRequest& request);
   void log(std::string_view line) const;
+  // Counts an answer against its signature's spend; the spend so far (Note [LLM provenance]).
+  LlmSpend add_spend(const OpSignature& sig, const TokenUsage& usage);
+  std::string provenance(const ChatRequest& chat, const ChatResponse& answer, const std::string& kind, size_t repairs,
+                         const LlmSpend& spent) const;
 
   std::shared_ptr<LlmClient> client_;
   LogSink log_;
   LlmProposerOptions options_;
   std::atomic<bool> budget_logged_{false};
+  std::mutex spend_mu_;
+  std::map<SignatureId, LlmSpend> spend_;   // per signature: answers, tokens and cost (LlmSpend::requests = answers)
 };
 
 }  // namespace kforge::llm

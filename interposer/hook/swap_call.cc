@@ -688,8 +688,8 @@ static void run_shadow(const InterceptedOp& op, const Replacement& r, const c10:
 
 // A hit in active state: the candidate alone; its outputs replace the arguments on the stack, as
 // the original's would. Any failure: this call falls back to PyTorch's kernel and the entry is
-// disabled (and quarantined by the loader).
-static void run_active(const InterceptedOp& op, const Replacement& r, const c10::OperatorHandle& handle,
+// disabled (and quarantined by the loader). False when it fell back.
+static bool run_active(const InterceptedOp& op, const Replacement& r, const c10::OperatorHandle& handle,
                 c10::DispatchKeySet keys, torch::jit::Stack* stack, const at::Tensor* given) {
   const uint32_t n = op.identity.num_arguments;
   std::vector<at::Tensor> outs;
@@ -702,8 +702,12 @@ static void run_active(const InterceptedOp& op, const Replacement& r, const c10:
   } catch (...) {
     why = "threw";
   }
-  if (!why.empty()) return active_failed(op, r, handle, keys, stack, why);
+  if (!why.empty()) {
+    active_failed(op, r, handle, keys, stack, why);
+    return false;
+  }
   active_done(op, r, stack, outs);
+  return true;
 }
 
 // A hit in the timing phase (Note [Timing phase] in swapper.h): call k of the phase runs PyTorch's
@@ -718,20 +722,7 @@ static void run_timing(const InterceptedOp& op, const Replacement& r, const c10:
     r.owner->timing_call(r, k, elapsed_ns(t0));
     return;
   }
-  const uint32_t n = op.identity.num_arguments;
-  std::vector<at::Tensor> outs;
-  std::string why;
-  try {
-    HookWorkScope scope;
-    why = run_candidate(op, r, stack->data() + (stack->size() - n), outs, nullptr, given);
-  } catch (const std::exception& e) {
-    why = std::string("threw: ") + error_text(e);
-  } catch (...) {
-    why = "threw";
-  }
-  if (!why.empty()) return active_failed(op, r, handle, keys, stack, why);
-  active_done(op, r, stack, outs);
-  r.owner->timing_call(r, k, elapsed_ns(t0));
+  if (run_active(op, r, handle, keys, stack, given)) r.owner->timing_call(r, k, elapsed_ns(t0));
 }
 
 // A CUDA hit (Note [CUDA calls]). Shadow, unless the stream is capturing: PyTorch's kernel (its

@@ -718,7 +718,12 @@ static void run_timing(const InterceptedOp& op, const Replacement& r, const c10:
   const uint64_t k = r.counters->timing_calls.fetch_add(1, std::memory_order_relaxed);
   const auto t0 = std::chrono::steady_clock::now();
   if (!timing_turn_is_entry(k)) {
-    op.original.callBoxed(handle, keys, stack);   // its exception reaches the caller, untimed
+    try {
+      op.original.callBoxed(handle, keys, stack);
+    } catch (...) {
+      r.owner->timing_call(r, k, 0);   // untimed, but counted: the phase still ends
+      throw;                           // PyTorch's exception reaches the caller, as without kforge
+    }
     r.owner->timing_call(r, k, elapsed_ns(t0));
     return;
   }

@@ -254,8 +254,9 @@ void Swapper::shadow_clean(const Replacement& r, uint64_t pytorch_ns, uint64_t e
 void Swapper::timing_call(const Replacement& r, uint64_t k, uint64_t ns) noexcept {
   SwapCounters& c = *r.counters;
   const uint64_t pair = k / 2;
-  if (pair >= r.timing_pairs || ns == 0) return;   // past the phase (a call from an older table)
-  (timing_turn_is_entry(k) ? c.entry_ns : c.pytorch_ns)[pair].store(ns, std::memory_order_relaxed);
+  if (pair >= r.timing_pairs) return;   // past the phase (a call from an older table)
+  // ns 0: the call threw; it still counts, so that the phase ends (its pair is not judged).
+  if (ns > 0) (timing_turn_is_entry(k) ? c.entry_ns : c.pytorch_ns)[pair].store(ns, std::memory_order_relaxed);
   // acq_rel: the call that completes the phase sees every earlier call's time.
   const uint32_t n = c.timing_done.fetch_add(1, std::memory_order_acq_rel) + 1;
   if (n != 2 * r.timing_pairs) return;   // exactly one call completes it

@@ -277,7 +277,7 @@ class Swapper {
   // kernel's and the entry's in that call (Note [In-process win]).
   void shadow_clean(const Replacement& r, uint64_t pytorch_ns, uint64_t entry_ns) noexcept;
   // Call `k` (SwapCounters::timing_calls before it) of r's timing phase took `ns`, served by the
-  // kernel timing_turn_is_entry(k) names (Note [Timing phase]).
+  // kernel timing_turn_is_entry(k) names (Note [Timing phase]); 0: it threw (counted, not timed).
   void timing_call(const Replacement& r, uint64_t k, uint64_t ns) noexcept;
   void fail(const Replacement& r, std::string reason) noexcept;
 

@@ -729,6 +729,28 @@ TEST_CASE("Note [Timing phase]: a CPU entry's win is judged on calls timed alone
   s->on_round({});
 }
 
+TEST_CASE("Note [Timing phase]: a call that threw counts, so the phase still ends, and its pair is not judged") {
+  TempDir dir{"kforge-swapper-test"};
+  const std::string cache = (dir.path / "cache").string();
+  const OpSignature sig = cpu_softmax(115);
+  publish_cpu_entry(cache, sig, empty_cpu_kernel_so(dir.path));
+  hook::Swapper* s = new_swapper(cache, hook::HookMode::kActive, 1, /*confirm_win=*/true, /*timing_pairs=*/3);
+  s->on_round({std::make_shared<const OpSignature>(sig)});
+  s->shadow_clean(*in_table(sig), 1000, 1000);
+  const hook::Replacement* t = in_table(sig);
+  REQUIRE(t != nullptr);
+  REQUIRE(t->state == hook::SwapState::kTiming);
+  for (uint64_t k = 0; k < 6; ++k) {
+    t->counters->timing_calls.fetch_add(1);
+    // Call 0 (PyTorch's turn of pair 0) threw: untimed.
+    s->timing_call(*t, k, k == 0 ? 0 : hook::timing_turn_is_entry(k) ? 500 : 1000);
+  }
+  REQUIRE(stats_of(*s, sig).has_value());
+  CHECK(stats_of(*s, sig)->state == "active");
+  CHECK(stats_of(*s, sig)->timed_calls == 2);   // pairs 1 and 2
+  CHECK(stats_of(*s, sig)->entry_median_ns == 500);
+}
+
 TEST_CASE("Note [Timing phase]: none for shadow mode, nor with confirm_win off") {
   TempDir dir{"kforge-swapper-test"};
   const std::string cache = (dir.path / "cache").string();

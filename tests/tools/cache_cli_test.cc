@@ -32,6 +32,15 @@ Run run_kforge(const fs::path& cache, std::vector<std::string> args) {
   return {rc, out.str(), err.str()};
 }
 
+// A store in a new 0700 directory `dir`.
+Store private_store(const fs::path& dir) {
+  fs::create_directories(dir);
+  fs::permissions(dir, fs::perms::owner_all, fs::perm_options::replace);
+  StatusOr<Store> store = Store::open(dir.string());
+  REQUIRE(store.ok());
+  return std::move(*store);
+}
+
 TensorMeta contiguous(std::vector<int64_t> sizes) {
   TensorMeta t;
   t.dtype = DType::kFloat32;
@@ -127,10 +136,7 @@ TEST_CASE("kforge cache: ls, show, verify, state changes, rm on a real cache") {
 TEST_CASE("kforge cache show: a kernel a model wrote shows its model, tokens and cost, and --llm its conversation") {
   TempDir t{"kforge-cli-test"};
   fs::path cache = t.path / "cache";
-  fs::create_directories(cache);
-  fs::permissions(cache, fs::perms::owner_all, fs::perm_options::replace);
-  auto store = Store::open(cache.string());
-  REQUIRE(store.ok());
+  Store store = private_store(cache);
   CacheEntry e = entry(64, 1.5);
   e.provenance.proposer = "llm:llm: warp per row";
   const nlohmann::json conversation = {
@@ -144,9 +150,9 @@ TEST_CASE("kforge cache show: a kernel a model wrote shows its model, tokens and
       {"answer_tokens", {{"input", 1200}, {"output", 800}, {"estimated", false}}},
       {"signature_spend", {{"answers", 5}, {"input_tokens", 6000}, {"output_tokens", 3000}, {"cost_usd", 0.063}}}};
   e.blobs.push_back({kLlmProvenanceBlob, conversation.dump()});
-  auto k = store->publish(e);
+  auto k = store.publish(e);
   REQUIRE(k.ok());
-  auto plain = store->publish(entry(128, 2.0));
+  auto plain = store.publish(entry(128, 2.0));
   REQUIRE(plain.ok());
 
   Run show = run_kforge(cache, {"cache", "show", k->hex()});
@@ -174,13 +180,10 @@ TEST_CASE("kforge cache show: a kernel a model wrote shows its model, tokens and
 TEST_CASE("kforge cache verify names each bad file and exits 1") {
   TempDir t{"kforge-cli-test"};
   fs::path cache = t.path / "c";
-  fs::create_directories(cache);
-  fs::permissions(cache, fs::perms::owner_all, fs::perm_options::replace);
-  auto store = Store::open(cache.string());
-  REQUIRE(store.ok());
-  auto k = store->publish(entry(32, 1.2));
+  Store store = private_store(cache);
+  auto k = store.publish(entry(32, 1.2));
   REQUIRE(k.ok());
-  auto loaded = store->load(*k);
+  auto loaded = store.load(*k);
   REQUIRE(loaded.ok());
   // Flip one byte of the blob.
   fs::path blob;

@@ -489,8 +489,12 @@ void LlmClient::account(const TokenUsage& usage) {
   std::lock_guard<std::mutex> lock(mu_);
   spend_.input_tokens += usage.input_tokens;
   spend_.output_tokens += usage.output_tokens;
-  spend_.cost_usd += static_cast<double>(usage.input_tokens) * config_.input_usd_per_million / 1e6 +
-                     static_cast<double>(usage.output_tokens) * config_.output_usd_per_million / 1e6;
+  spend_.cost_usd += config_.cost_usd(usage);
+}
+
+double LlmClientConfig::cost_usd(const TokenUsage& usage) const {
+  return static_cast<double>(usage.input_tokens) * input_usd_per_million / 1e6 +
+         static_cast<double>(usage.output_tokens) * output_usd_per_million / 1e6;
 }
 
 void LlmClient::cancel() {

@@ -58,6 +58,8 @@ enum class ChatApi : uint8_t { kOpenAi = 0, kAnthropic = 1 };
 std::string_view chat_api_name(ChatApi api) noexcept;          // "openai", "anthropic"
 StatusOr<ChatApi> chat_api_from_name(std::string_view name);
 
+struct TokenUsage;
+
 struct LlmClientConfig {
   ChatApi api = ChatApi::kOpenAi;
   // Scheme, host, optional port and path prefix, with or without the "/v1" most providers document
@@ -82,6 +84,9 @@ struct LlmClientConfig {
   // The first bad field, named as in the daemon's configuration: "llm.max_backoff_ms: 10 is less
   // than llm.initial_backoff_ms (1000)".
   Status validate() const;
+  // What `usage` costs at these prices: input tokens x input price + output tokens x output
+  // price, per million (the client's budget, and the proposer's per-signature spend).
+  double cost_usd(const TokenUsage& usage) const;
 };
 
 enum class ChatRole : uint8_t { kUser = 0, kAssistant = 1 };

@@ -68,14 +68,12 @@ LlmProposer::LlmProposer(std::shared_ptr<LlmClient> client, LogSink log, LlmProp
 // A rejection quotes the model's answer, which may repeat whatever the server echoed, so the
 // proposer's lines are redacted like the client's (Note [Key redaction] in llm_client.cc).
 LlmSpend LlmProposer::add_spend(const OpSignature& sig, const TokenUsage& usage) {
-  const LlmClientConfig& k = client_->config();
   std::lock_guard<std::mutex> lock(spend_mu_);
   LlmSpend& s = spend_[sig.id()];
   ++s.requests;
   s.input_tokens += usage.input_tokens;
   s.output_tokens += usage.output_tokens;
-  s.cost_usd += static_cast<double>(usage.input_tokens) * k.input_usd_per_million / 1e6 +
-                static_cast<double>(usage.output_tokens) * k.output_usd_per_million / 1e6;
+  s.cost_usd += client_->config().cost_usd(usage);
   return s;
 }
 

@@ -29,6 +29,7 @@
 #include "runtime/op_catalog.h"
 #include "search_daemon/evaluator/worker_process.h"
 #include "search_daemon/proposers/templates/kernel_template.h"
+#include "search_daemon/proposers/templates/template_family.h"
 #include "search_daemon/proposers/templates/template_proposer.h"
 #include "search_daemon/worker/builder.h"
 #include "tests/support/temp_dir.h"
@@ -694,6 +695,40 @@ TEST_CASE("templates: every configuration of every family validates and resolves
   }
 }
 
+namespace {
+std::vector<Move> instances(const OpSignature& s, size_t defaults, size_t samples, uint64_t seed);
+}  // namespace
+
+TEST_CASE("templates: layer_norm takes rows whose last dimension is contiguous, at offsets from the signature's strides",
+          "[templates]") {
+  for (Backend b : {Backend::kCpu, Backend::kCuda}) {
+    const DType t = DType::kFloat32;
+    // The QK-norm of attention heads: q = qkv(x).chunk(3, -1)[0] viewed [B, T, H, D] = [2, 5, 3, 8].
+    const OpSignature qk = with_strides(layer_norm(b, t, {2, 5, 3, 8}), 0, {360, 72, 8, 1});
+    REQUIRE(templates_for(qk).size() == 1);
+    const TensorMeta& x = std::get<TensorMeta>(qk.args[0].value);
+    CHECK(row_offset_define(x, "cols") ==
+          "#define KF_X_ROW(r) (((long long)(r) % 3LL) * 8LL + ((long long)(r) / 3LL) * 72LL)\n");
+    CHECK(row_offset_granule(x) == 8);
+    // Heads first (transposed): not monotone, nothing merges.
+    const OpSignature heads_first = with_strides(layer_norm(b, t, {2, 3, 5, 8}), 0, {120, 8, 24, 1});
+    const TensorMeta& xt = std::get<TensorMeta>(heads_first.args[0].value);
+    CHECK(row_offset_define(xt, "cols") == "#define KF_X_ROW(r) (((long long)(r) % 5LL) * 24LL + "
+                                           "(((long long)(r) / 5LL) % 3LL) * 8LL + ((long long)(r) / 15LL) * 120LL)\n");
+    // Contiguous: the row length the kernel is given.
+    const OpSignature contiguous = layer_norm(b, t, {2, 5, 8});
+    CHECK(row_offset_define(std::get<TensorMeta>(contiguous.args[0].value), "cols") ==
+          "#define KF_X_ROW(r) ((long long)(r) * cols)\n");
+    // The output is contiguous whatever the input's layout, as PyTorch's.
+    for (const Move& m : instances(qk, 1, 0, 3)) {
+      const OutputSpec& out = m.spec.plan.outputs.at(0);
+      CHECK(out.strides == std::vector<std::string>{"size0_1 * size0_2 * size0_3", "size0_2 * size0_3", "size0_3", "1"});
+    }
+    // The last dimension strided: refused.
+    CHECK(templates_for(with_strides(layer_norm(b, t, {4, 8}), 0, {1, 4})).empty());
+  }
+}
+
 TEST_CASE("templates: vector widths only where alignment and sizes allow them", "[templates]") {
   auto vecs = [](const OpSignature& s) {
     std::set<int64_t> v;
@@ -723,6 +758,13 @@ TEST_CASE("templates: vector widths only where alignment and sizes allow them", 
     CHECK(vecs(with_strides(rope_mul(G, d), 1, {66, 66, 11, 1})) == std::set<int64_t>{1});
     CHECK(vecs(rope_mul(G, d)).count(d == DType::kFloat32 ? 4 : 8) == 1);
     CHECK(vecs(with_strides(rope_mul(G, d), 1, {96, 96, 16, 1})).count(d == DType::kFloat32 ? 4 : 8) == 1);
+  }
+  // Strided rows (Note [Strided rows]): every row start must be a vector boundary. Rows of 8
+  // float16 sliced from rows of 20 start 20 elements apart: 4-wide vectors, not 8.
+  {
+    const OpSignature qk = with_strides(layer_norm(G, DType::kFloat16, {4, 6, 8}), 0, {120, 20, 1});
+    CHECK(vecs(qk) == std::set<int64_t>{1, 2, 4});
+    CHECK(vecs(layer_norm(G, DType::kFloat16, {4, 6, 8})) == std::set<int64_t>{1, 2, 4, 8});
   }
   // The register cache only where the row fits in at most 32 values per thread.
   for (const OpSignature& s : {softmax(G, DType::kFloat32, {4, 50257}), softmax(G, DType::kFloat16, {512, 1000})}) {
@@ -1013,6 +1055,7 @@ TEST_CASE("templates: the CUDA families compile with NVRTC for sm_90 over their 
     sigs.push_back(layer_norm(Backend::kCuda, d, {512, 1024}));
     sigs.push_back(layer_norm(Backend::kCuda, d, {512, 1000}, false, false));
     sigs.push_back(layer_norm(Backend::kCuda, d, {512, 1000}, true, false));
+    sigs.push_back(with_strides(layer_norm(Backend::kCuda, d, {32, 1024, 8, 8}), 0, {196608, 192, 8, 1}));   // QK-norm
     sigs.push_back(group_norm(Backend::kCuda, d, {4, 32, 8, 8}, 8));
     sigs.push_back(group_norm(Backend::kCuda, d, {4, 32, 8, 8}, 8, false));
     sigs.push_back(gelu(Backend::kCuda, d, {1 << 20}));
@@ -1464,6 +1507,8 @@ TEST_CASE("templates: CPU instances of every family pass the worker's verificati
   plan(layer_norm(B, F, {2, 3, 5, 33}, false, false), 2, 2);
   plan(layer_norm(B, F, {7, 64}, true, false), 1, 1);
   plan(layer_norm(B, F, {4097}, false, true), 1, 1);
+  plan(with_strides(layer_norm(B, F, {2, 5, 3, 8}), 0, {360, 72, 8, 1}), 2, 2);      // QK-norm rows
+  plan(with_strides(layer_norm(B, F, {2, 3, 5, 8}, true, false), 0, {120, 8, 24, 1}), 1, 1);   // heads first
   plan(group_norm(B, F, {3, 12, 5, 7}, 4), 2, 4);
   plan(group_norm(B, F, {2, 6, 9}, 3, false), 1, 1);
   plan(gelu(B, F, {5, 1001}), 1, 2);
@@ -1586,6 +1631,9 @@ TEST_CASE("templates: CUDA instances of every family pass the worker's verificat
     plan(layer_norm(B, d, {37, 768}), 4, 3);
     plan(layer_norm(B, d, {2, 3, 4097}, false, false), 2, 2);
     plan(layer_norm(B, d, {33, 40}, true, false), 2, 2);
+    plan(with_strides(layer_norm(B, d, {2, 5, 3, 8}), 0, {360, 72, 8, 1}), 2, 2);   // QK-norm rows
+    plan(with_strides(layer_norm(B, d, {2, 3, 5, 8}, true, false), 0, {120, 8, 24, 1}), 1, 1);
+    plan(with_strides(layer_norm(B, d, {4, 6, 8}), 0, {120, 20, 1}), 1, 1);          // rows 20 apart
     plan(group_norm(B, d, {3, 32, 7, 7}, 8), 2, 2);
     plan(group_norm(B, d, {2, 6, 16}, 3, false), 1, 1);
     plan(gelu(B, d, {5, 1001}), 2, 2);

@@ -1,5 +1,7 @@
-// aten::native_layer_norm over the last dimension of a contiguous tensor: (out, mean, rstd), with
-// weight and bias each a tensor of the input's dtype or None. mean and rstd are float32 of sizes
+// aten::native_layer_norm over the last dimension: (out, mean, rstd), with weight and bias each a
+// tensor of the input's dtype or None. The input's last dimension is contiguous, the others may
+// have any strides (Note [Strided rows] in template_family.cc: the QK-norm over attention heads);
+// out is contiguous, as PyTorch's (it normalizes a contiguous copy). mean and rstd are float32 of sizes
 // [d0, ..., d(n-2), 1] and contiguous strides, as PyTorch returns them on both devices for the
 // dtypes here (CUDA keeps float32 statistics for 16-bit inputs too).
 #include <algorithm>
@@ -136,7 +138,7 @@ kf_layer_norm(const kf_t* __restrict__ x,
   int tid;
   bool live;
   if (!kf_map_row(rows, row, tid, live)) return;
-  const kf_t* __restrict__ xr = x + (live ? row : 0) * cols;
+  const kf_t* __restrict__ xr = x + KF_X_ROW(live ? row : 0);
   kf_t* __restrict__ yr = y + (live ? row : 0) * cols;
   const kf_i64 nvec = live ? cols / KF_VEC : 0;
   double mean, var;
@@ -284,7 +286,7 @@ extern "C" void kf_layer_norm(const kforge_cpu_block* blk, void* const* p) {
   const int64_t r0 = (int64_t)blk->block_idx[0] * KF_ROWS;
   const int64_t r1 = r0 + KF_ROWS < rows ? r0 + KF_ROWS : rows;
   for (int64_t r = r0; r < r1; ++r) {
-    kf_row(x + r * cols, w, b, y + r * cols, mean_out + r, rstd_out + r, cols, eps);
+    kf_row(x + KF_X_ROW(r), w, b, y + r * cols, mean_out + r, rstd_out + r, cols, eps);
   }
 }
 )kf";
@@ -303,7 +305,7 @@ LayerNormArgs layer_norm_args(const OpSignature& sig, Backend backend) {
   const auto* shape = std::get_if<std::vector<int64_t>>(&sig.args[1].value);
   const bool eps_scalar = std::holds_alternative<double>(sig.args[4].value) ||
                           std::holds_alternative<int64_t>(sig.args[4].value);
-  if (!template_tensor(x, backend) || shape == nullptr || shape->size() != 1 || shape->front() != cols_of(*x) ||
+  if (!strided_rows_tensor(x, backend) || shape == nullptr || shape->size() != 1 || shape->front() != cols_of(*x) ||
       !eps_scalar) {
     return a;
   }
@@ -317,6 +319,17 @@ LayerNormArgs layer_norm_args(const OpSignature& sig, Backend backend) {
   }
   a.x = x;
   return a;
+}
+
+// out: x's sizes and dtype, contiguous (whatever x's strides).
+OutputSpec normalized_output(const TensorMeta& x) {
+  const size_t n = x.sizes.size();
+  std::vector<std::string> sizes(n), strides(n, "1");
+  for (size_t d = 0; d < n; ++d) sizes[d] = size_name(0, d);
+  for (size_t d = n - 1; d-- > 0;) {
+    strides[d] = strides[d + 1] == "1" ? sizes[d + 1] : sizes[d + 1] + " * " + strides[d + 1];
+  }
+  return OutputSpec::explicit_layout(x.dtype, sizes, strides);
 }
 
 // mean and rstd: [d0, ..., d(n-2), 1], contiguous, float32.
@@ -351,6 +364,11 @@ class LayerNormCuda final : public CudaRowFamily {
 
   bool applies(const OpSignature& sig) const override { return layer_norm_args(sig, Backend::kCuda).x != nullptr; }
 
+  // Vector accesses also need every row start on a vector boundary (strided rows).
+  bool valid(const OpSignature& sig, std::span<const int64_t> v) const override {
+    return CudaRowFamily::valid(sig, v) && row_offset_granule(*tensor_arg(sig, 0)) % v[kVec] == 0;
+  }
+
   KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {
     const LayerNormArgs a = layer_norm_args(sig, Backend::kCuda);
     const TensorMeta& x = *a.x;
@@ -359,9 +377,10 @@ class LayerNormCuda final : public CudaRowFamily {
     KernelSpec s = one_launch_spec(Backend::kCuda, "", "kf_layer_norm", {});
     Launch& l = s.plan.launches[0];
     map_rows(x, v, options, l);
-    s.source = std::string(kCudaPrelude) + kCudaRowMapping + kCudaNormStatistics + kCudaLayerNorm;
+    s.source = std::string(kCudaPrelude) + kCudaRowMapping + kCudaNormStatistics + row_offset_define(x, "cols") +
+               kCudaLayerNorm;
     s.compile_options = std::move(options);
-    s.plan.outputs = {OutputSpec::like(0), stats_output(x), stats_output(x)};
+    s.plan.outputs = {normalized_output(x), stats_output(x), stats_output(x)};
     l.args = layer_norm_bindings(a);
     return s;
   }
@@ -410,8 +429,11 @@ class LayerNormCpu final : public FamilyBase {
                           define("KF_LANES", v[kCpuLanes])}) {
       options.push_back(std::move(o));
     }
-    KernelSpec s = one_launch_spec(Backend::kCpu, std::string(kCpuPrelude) + kCpuNormStatistics + kCpuLayerNorm, "kf_layer_norm", options);
-    s.plan.outputs = {OutputSpec::like(0), stats_output(x), stats_output(x)};
+    KernelSpec s = one_launch_spec(Backend::kCpu,
+                                   std::string(kCpuPrelude) + kCpuNormStatistics + row_offset_define(x, "cols") +
+                                       kCpuLayerNorm,
+                                   "kf_layer_norm", options);
+    s.plan.outputs = {normalized_output(x), stats_output(x), stats_output(x)};
     Launch& l = s.plan.launches[0];
     l.grid[0] = "ceil_div(" + rows_expr(x) + ", " + std::to_string(v[kCpuRows]) + ")";
     l.args = layer_norm_bindings(a);

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <numeric>
 #include <utility>
 
 namespace kforge::search::templates {
@@ -59,6 +61,61 @@ bool template_strided_tensor(const TensorMeta* t, Backend backend) {
     if (s < 0) return false;
   }
   return backend_takes(*t, backend);
+}
+
+// Note [Strided rows]
+// ~~~~~~~~~~~~~~~~~~~
+// A row kernel reads row r at x + KF_X_ROW(r) and writes a contiguous output at y + r * cols. The
+// leading dimensions (all but the last) of size > 1 are merged where one's stride is the next
+// one's size times its stride, so a contiguous tensor becomes one dimension of stride cols, and a
+// chunk of a fused projection ([B, T, H, D] of strides [T*3*H*D, 3*H*D, D, 1]) becomes
+// [B*T, H] of strides [3*H*D, D]. The remaining sizes and strides are the signature's own numbers,
+// compiled into the offset as constants (a kernel is built for one signature): one division and
+// one remainder per merged dimension, by constants, once per row.
+namespace {
+
+struct RowDim {
+  int64_t size, stride;
+};
+
+std::vector<RowDim> merged_row_dims(const TensorMeta& t) {
+  std::vector<RowDim> dims;   // outermost first
+  for (size_t d = 0; d + 1 < t.sizes.size(); ++d) {
+    if (t.sizes[d] == 1) continue;
+    if (!dims.empty() && dims.back().stride == t.sizes[d] * t.strides[d]) {
+      dims.back() = RowDim{dims.back().size * t.sizes[d], t.strides[d]};
+    } else {
+      dims.push_back(RowDim{t.sizes[d], t.strides[d]});
+    }
+  }
+  return dims;
+}
+
+}  // namespace
+
+bool strided_rows_tensor(const TensorMeta* t, Backend backend) {
+  return template_strided_tensor(t, backend) && (t->sizes.back() == 1 || t->strides.back() == 1);
+}
+
+std::string row_offset_define(const TensorMeta& t, std::string_view cols_name) {
+  if (t.is_contiguous()) return "#define KF_X_ROW(r) ((long long)(r) * " + std::string(cols_name) + ")\n";
+  const std::vector<RowDim> dims = merged_row_dims(t);
+  std::string e;
+  int64_t inner = 1;   // rows per step of the dimension being written
+  for (size_t k = dims.size(); k-- > 0;) {
+    std::string idx = "(long long)(r)";
+    if (inner > 1) idx = "(" + idx + " / " + std::to_string(inner) + "LL)";
+    if (k > 0) idx = "(" + idx + " % " + std::to_string(dims[k].size) + "LL)";
+    e += (e.empty() ? "" : " + ") + idx + " * " + std::to_string(dims[k].stride) + "LL";
+    inner *= dims[k].size;
+  }
+  return "#define KF_X_ROW(r) (" + (e.empty() ? std::string("0LL") : e) + ")\n";
+}
+
+int64_t row_offset_granule(const TensorMeta& t) {
+  int64_t g = 0;
+  for (const RowDim& d : merged_row_dims(t)) g = std::gcd(g, d.stride);
+  return g == 0 ? std::numeric_limits<int64_t>::max() / 2 : g;   // one row: any width
 }
 
 std::optional<bool> contiguous_or_channels_last(const TensorMeta* t, Backend backend) {

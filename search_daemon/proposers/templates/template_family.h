@@ -83,6 +83,18 @@ bool template_dense_tensor(const TensorMeta* t, Backend backend);
 // As template_tensor, with any non-negative strides (a view that is only read: a slice, an
 // expanded or transposed tensor).
 bool template_strided_tensor(const TensorMeta* t, Backend backend);
+// Rows with any layout outside the last dimension: a template tensor (any non-negative strides)
+// whose last dimension is contiguous (stride 1, or a single element). The QK-norm of attention
+// heads normalizes such rows: layer_norm over the head dimension of a q/k/v projection's chunk
+// ([B, T, H, D] with strides [T*3*H*D, 3*H*D, D, 1]). Note [Strided rows].
+bool strided_rows_tensor(const TensorMeta* t, Backend backend);
+// `#define KF_X_ROW(r) ...`: the element offset of row r of such a tensor (rows numbered in
+// row-major order of the dimensions before the last), with the dimensions that can be merged
+// merged; for a contiguous tensor `(r) * cols_name`. C for both backends (long long arithmetic).
+std::string row_offset_define(const TensorMeta& t, std::string_view cols_name);
+// The largest number of elements every row offset of t is a multiple of (row starts stay aligned
+// to vectors of a width dividing it).
+int64_t row_offset_granule(const TensorMeta& t);
 // The layouts of the image families (pooling, upsampling, batch norm): false for a contiguous
 // template tensor, true for a 4-dimensional channels-last one (strides [H*W*C, 1, W*C, C], size-1
 // dimensions' strides not looked at, as PyTorch's is_contiguous(channels_last) does not); nullopt

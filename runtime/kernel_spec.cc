@@ -788,10 +788,18 @@ StatusOr<ResolvedLaunchPlan> KernelSpec::resolve(const OpSignature& sig) const {
       ra.kind = b.kind;
       ra.type = b.type;
       switch (b.kind) {
-        case ArgBinding::Kind::kInput:
-          KFORGE_RETURN_IF_ERROR(input_tensor(fa, sig, b.index).status());
+        case ArgBinding::Kind::kInput: {
+          KFORGE_ASSIGN_OR_RETURN(const TensorMeta* t, input_tensor(fa, sig, b.index));
+          // A CUDA kernel cannot read host memory: a CPU tensor in a CUDA call (a Python
+          // number) reaches it only through a value binding (Note [Tensor values]). The hook
+          // lets such tensors through to the entry on the strength of this check.
+          if (backend == Backend::kCuda && t->device != DeviceType::kCuda) {
+            return field_error(fa, "input " + std::to_string(b.index) + " of " + sig.op +
+                                       " is a CPU tensor: a CUDA kernel reads it only as a value (tensor_value binding)");
+          }
           ra.index = b.index;
           break;
+        }
         case ArgBinding::Kind::kOutput:
         case ArgBinding::Kind::kScratch: ra.index = b.index; break;
         case ArgBinding::Kind::kSize: {

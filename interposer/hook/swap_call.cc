@@ -201,6 +201,10 @@ CallDevice call_device(const InterceptedOp& op, const c10::IValue* args, c10::De
     auto visit = [&](uint32_t i, const at::Tensor& t) {
       if (!t.defined()) return CallDevice::kOne;
       if (!t.is_cuda()) {
+        // A 0-dimensional CPU tensor is a value in a CUDA operation, as PyTorch allows (`x * 0.5`:
+        // a Python number): the signature says it is on the CPU, and an entry can only read it
+        // through a value binding (KernelSpec::resolve refuses a CUDA pointer binding of it).
+        if (t.is_cpu() && t.dim() == 0) return CallDevice::kOne;
         why = "input " + std::to_string(i) + " is not a CUDA tensor";
         return CallDevice::kNotCuda;
       }

@@ -547,6 +547,28 @@ TEST_CASE("KernelSpec::resolve: scalars convert to the parameter type, exactly o
              Catch::Contains("is None, not a scalar"));
 }
 
+TEST_CASE("KernelSpec::resolve: a CUDA kernel reads a CPU tensor of its call only as a value") {
+  // mul.Tensor(x, 0.5) on a GPU: the Python number is a 0-dimensional float64 CPU tensor.
+  TensorMeta half = tensor(DType::kFloat64, {});
+  half.device = DeviceType::kCpu;
+  const OpSignature sig{"aten::mul", "Tensor", {Arg::tensor(tensor(DType::kFloat16, {8})), Arg::tensor(half)},
+                        Target{Backend::kCuda, "sm_90"}};
+  KernelSpec s;
+  s.backend = Backend::kCuda;
+  s.language = SourceLanguage::kCuda;
+  s.source = "extern \"C\" __global__ void k(...) {}\n";
+  s.entry_points = {"k"};
+  s.plan.outputs = {OutputSpec::like(0)};
+  Launch l;
+  l.entry = "k";
+  l.args = {ArgBinding::input(0), ArgBinding::output(0), ArgBinding::tensor_value(1, ValueType::kFloat32)};
+  s.plan.launches = {l};
+  CHECK(s.resolve(sig).ok());
+  s.plan.launches[0].args[2] = ArgBinding::input(1);   // its host address handed to the kernel
+  CHECK_THAT(s.resolve(sig).status().message(),
+             Catch::Contains("input 1 of aten::mul is a CPU tensor: a CUDA kernel reads it only as a value"));
+}
+
 TEST_CASE("KernelSpec::resolve: a value binding takes a one-element CPU tensor, and the launch reads it") {
   auto cpu_tensor = [](DType dt, std::vector<int64_t> sizes) {
     TensorMeta t = tensor(dt, std::move(sizes));

@@ -299,8 +299,12 @@ def child_time(args):
             if threads:
                 torch.set_num_threads(threads)
             for op, dtype, shape, make in selected_rows(args.device, args.only):
-                fn, a = make(dev)
                 row = {"op": op, "dtype": dtype, "shape": shape, "threads": threads or "", "kernel": "pytorch (no kforge kernel)"}
+                if args.deadline and time.time() > args.deadline:
+                    row["error"] = "not timed: the run's --time-budget was spent"
+                    out["rows"].append(row)
+                    continue
+                fn, a = make(dev)
                 try:
                     interceptors(False)
                     result = fn(*a)
@@ -334,7 +338,9 @@ def child_time(args):
                             row["graph_kforge_us"] = graph_us(fn, a, gn)
                         except Exception as e:   # a kernel that cannot be captured: say so, keep the row
                             row["graph_error"] = f"{type(e).__name__}: {e}"[:200]
-                    if not args.no_compile:
+                    if args.deadline and time.time() > args.deadline - 60:
+                        row["compile_error"] = "not compiled: under a minute of the run's --time-budget left"
+                    elif not args.no_compile:
                         interceptors(False)
                         try:
                             cfn = torch.compile(fn, dynamic=False)
@@ -412,6 +418,10 @@ def main():
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory (daemon log, cache)")
     ap.add_argument("--cache-dir", help="use this kernel cache instead of a new one in the temporary directory")
     ap.add_argument("--no-warm", action="store_true", help="skip the warm step: time what --cache-dir holds")
+    ap.add_argument("--time-budget", type=float, default=0,
+                    help="seconds for the whole run (warm and timing): rows left when it is spent are listed untimed, "
+                         "and torch.compile is skipped in its last minute (0: no limit)")
+    ap.add_argument("--deadline", type=float, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--child", choices=("steps", "time"), help=argparse.SUPPRESS)
     ap.add_argument("--seconds", type=float, default=20, help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
@@ -443,6 +453,7 @@ def main():
     daemon_args = ["--daemon-arg=--devices", f"--daemon-arg={devices}",
                    "--daemon-arg=--max-evaluations", f"--daemon-arg={args.max_evaluations}"]
     t0 = time.monotonic()
+    deadline = ["--deadline", str(time.time() + args.time_budget)] if args.time_budget else []
     warm = subprocess.CompletedProcess([], 0, "", "") if args.no_warm else subprocess.run([kforge, *cache, "warm", "--no-e2e", "--minutes", str(args.minutes), "--report", str(tmp / "warm"),
                            *daemon_args, "--", *common, "--child", "steps", "--seconds", "20"],
                           env=env, capture_output=True, text=True)
@@ -455,7 +466,7 @@ def main():
     result = tmp / "time.json"
     timed = subprocess.run([kforge, *cache, "run", "--no-daemon", "--", *common, "--child", "time", "--result", str(result),
                             "--pairs", str(args.pairs), "--block-ms", str(args.block_ms),
-                            "--threads", ",".join(map(str, args.threads))] + (["--no-compile"] if args.no_compile else []),
+                            "--threads", ",".join(map(str, args.threads))] + deadline + (["--no-compile"] if args.no_compile else []),
                            env=dict(env, KFORGE_BENCH_TOGGLE="1", KFORGE_REPORT_INTERVAL_MS="200"), capture_output=True, text=True)
     if timed.returncode != 0 or not result.exists():
         print(timed.stderr[-6000:], file=sys.stderr)

@@ -56,6 +56,15 @@ void run_candidate(EvalDevice& device, const LoadedCandidate& c, const ResolvedL
 
 }  // namespace
 
+// Note [PyTorch's kernel for a key]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The baseline is the kernel the dispatcher runs for the backend's key (below autograd, as the
+// hook's interceptors see it): the computed dispatch table's entry, which for an operator with no
+// kernel of its own at CPU or CUDA (clone, _to_copy, embedding, mul.Scalar: CompositeExplicit-
+// Autograd) is the composite kernel. OperatorHandle::callBoxedForDispatchKey is not that: it takes
+// a kernel registered at exactly that key, else the key's backend fallback, and CPU and CUDA have
+// none, so it called an empty KernelFunction (a jump to address 0): every measure of those four
+// operators killed the worker with SIGSEGV, which the search took for the candidate's fault.
 MeasureRun measure(EvalDevice& device, const LoadedCandidate& candidate, const MeasureRequest& r) {
   // Note [Measuring within the budget]: the share of the phase's budget spent so far.
   using Clock = std::chrono::steady_clock;
@@ -124,7 +133,7 @@ MeasureRun measure(EvalDevice& device, const LoadedCandidate& candidate, const M
       device.flush_caches();
       const long switches = involuntary_switches();
       EvalDevice::Interval t = device.start_interval();
-      r.op.callBoxedForDispatchKey(key, stack);
+      r.op.redispatchBoxed(c10::DispatchKeySet(key), &stack);   // Note [PyTorch's kernel for a key]
       const double ns = device.finish_interval(t);
       preempted = preempted || involuntary_switches() != switches;
       stack.clear();

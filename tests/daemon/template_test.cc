@@ -1481,6 +1481,60 @@ TEST_CASE("templates: safe_softmax writes 0 for rows of -inf and NaN for rows wi
   check_safe_softmax_rows("cuda:0", Backend::kCuda, arch, true);
 }
 
+namespace {
+
+// One default instance per operator named (the first of signatures(backend) for it), evaluated with
+// measure on: the worker must time PyTorch's kernel for the backend's key, for the composite
+// operators too (clone, _to_copy, embedding, mul.Scalar: no kernel at CPU or CUDA of their own;
+// Note [PyTorch's kernel for a key] in worker/measurer.cc: their measure killed the worker) and for
+// one with a kernel at the key (_softmax). Every instance takes a compile: a few operators, not all.
+void measure_operators(const std::string& device, Backend backend, const std::string& arch) {
+  const std::set<std::string> ops = {"aten::clone.", "aten::_to_copy.", "aten::embedding.", "aten::mul.Scalar",
+                                     "aten::_softmax."};
+  TempDir t("kforge-template-measure-test");
+  eval::WorkerOptions o;
+  o.program = env_or_empty("KFORGE_WORKER");
+  if (o.program.empty()) FAIL("KFORGE_WORKER must name the kforge-worker launcher (ctest sets it)");
+  o.device = device;
+  o.build_cache_dir = (t.path / "builds").string();
+  eval::WorkerProcess w(o);
+  std::set<std::string> seen;
+  uint64_t id = 1;
+  for (OpSignature sig : signatures(backend)) {
+    const std::string op = sig.op + "." + sig.overload;
+    if (!ops.count(op) || !seen.insert(op).second) continue;
+    sig.target.arch = arch;
+    const std::vector<Move> moves = instances(sig, 1, 0, 5);
+    REQUIRE(!moves.empty());
+    eval::EvalJob j;
+    j.job_id = id++;
+    j.signature = sig;
+    j.spec = moves.front().spec;
+    j.policy.seed = 42;
+    j.policy.measure = true;
+    const eval::EvalResult r = w.evaluate(j);
+    INFO(name_of(sig) << "\n" << moves.front().label);
+    INFO("status " << eval::eval_status_name(r.status) << " in " << r.phase << ": " << r.message);
+    CHECK(r.status == eval::EvalStatus::kMeasured);
+    CHECK(r.timing.baseline_median_ns > 0);
+    CHECK(r.timing.candidate_median_ns > 0);
+  }
+  CHECK(seen == ops);
+}
+
+}  // namespace
+
+TEST_CASE("templates: the worker times PyTorch's kernel on the CPU, for composite operators too",
+          "[cpu]") {
+  measure_operators("cpu", Backend::kCpu, cpu_host_environment("").arch);
+}
+
+TEST_CASE("templates: the worker times PyTorch's kernel on CUDA, for composite operators too",
+          "[gpu]") {
+  const std::string arch = env_or_empty("KFORGE_TEST_CUDA_ARCH").empty() ? "sm_90" : env_or_empty("KFORGE_TEST_CUDA_ARCH");
+  measure_operators("cuda:0", Backend::kCuda, arch);
+}
+
 TEST_CASE("templates: CPU instances of every family pass the worker's verification", "[cpu]") {
   const Backend B = Backend::kCpu;
   const DType F = DType::kFloat32;

@@ -486,7 +486,7 @@ def main():
     served = sum(1 for r in table if r.get("kernel", "").startswith("kforge"))
     with open(f"{stem}.md", "w") as f:
         f.write(f"# Per-operator report, {args.device} ({where}), torch {res['torch']}\n\n")
-        shown = " ".join(a for a in sys.argv[1:] if "/" not in a)   # no machine paths in a results file
+        shown = " ".join("<path>" if "/" in a else a for a in sys.argv[1:])   # no machine paths in a results file
         f.write(f"`bench/per_op.py {shown}`; "
                 f"{'no warm step (a given cache)' if args.no_warm else f'warm took {warm_s / 60:.1f} min'}. Copy bandwidth measured in the timing process: {copy_bw / 1e9:.1f} GB/s. "
                 f"{served} of {len(table)} rows served by a kforge kernel; the others keep PyTorch's (their kforge "

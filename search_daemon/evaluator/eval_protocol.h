@@ -161,7 +161,7 @@ struct EvalResult {
   TimingOutcome timing;
   Environment environment;         // the worker's: what a cache entry of this result is keyed by
   int32_t worker_pid = 0;
-  std::string phase;               // where it ended: "start", "build", "verify", "measure", "done"
+  std::string phase;               // where it ended: "start", "build", "verify", "baseline", "measure", "done"
   friend bool operator==(const EvalResult&, const EvalResult&) = default;
 
   bool passed() const noexcept { return status == EvalStatus::kMeasured || status == EvalStatus::kVerified; }
@@ -193,7 +193,7 @@ struct WorkerReady {
 struct JobPhase {
   static constexpr EvalMessageType kType = EvalMessageType::kPhase;
   uint64_t job_id = 0;
-  std::string phase;               // "build", "verify", "measure"
+  std::string phase;               // "build", "verify", "baseline" (PyTorch's kernel alone), "measure"
   uint32_t budget_ms = 0;
   friend bool operator==(const JobPhase&, const JobPhase&) = default;
 };

@@ -339,7 +339,13 @@ EvalResult WorkerProcess::evaluate(const EvalJob& job) {
     }
     if (items[1].revents & (ZMQ_POLLIN | ZMQ_POLLERR)) {
       const std::string how = stop(false);
-      EvalResult r = failure(job, EvalStatus::kFault, "the worker " + how + " during " + phase, phase);
+      // Note [Whose fault is a death in measure] in worker/measurer.cc: PyTorch's kernel alone.
+      EvalResult r = phase == "baseline"
+                         ? failure(job, EvalStatus::kWorkerError,
+                                   "the worker " + how + " while PyTorch's own kernel ran alone (before any timed "
+                                   "candidate call): not the candidate's doing",
+                                   phase)
+                         : failure(job, EvalStatus::kFault, "the worker " + how + " during " + phase, phase);
       r.worker_pid = worker_pid;
       return r;
     }

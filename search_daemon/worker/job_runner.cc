@@ -147,7 +147,8 @@ EvalResult JobRunner::run_checked(const EvalJob& job, EvalResult& r) {
   // Measure.
   r.phase = "measure";
   on_phase_(JobPhase{job.job_id, "measure", job.run_budget_ms});
-  MeasureRequest mr{&sig, &*plan, *op, job.policy, job.run_budget_ms};
+  MeasureRequest mr{&sig, &*plan, *op, job.policy, job.run_budget_ms,
+                    [&](const char* phase) { on_phase_(JobPhase{job.job_id, phase, job.run_budget_ms}); }};
   MeasureRun m = measure(device_, *candidate, mr);
   if (m.fault) return finish(r, EvalStatus::kFault, m.error, "measure");
   if (!m.error.empty()) return finish(r, EvalStatus::kWorkerError, m.error, "measure");

@@ -140,6 +140,15 @@ MeasureRun measure(EvalDevice& device, const LoadedCandidate& candidate, const M
       return ns;
     };
 
+    // Note [Whose fault is a death in measure]
+    // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    // A worker that dies in measure is taken for the candidate's doing (the daemon sees a death
+    // and the phase). PyTorch's own kernel runs first, alone, in a phase of its own: a death there
+    // (a kernel PyTorch cannot run for this signature, or a worker defect such as calling an empty
+    // KernelFunction) is reported as the worker's error, and never blames a candidate.
+    if (r.on_phase) r.on_phase("baseline");
+    (void)time_baseline(0);
+    if (r.on_phase) r.on_phase("measure");
     for (uint32_t i = 0; i < r.policy.warmup_runs; ++i) {
       (void)time_baseline(i % sets.size());
       (void)time_candidate(i % sets.size());

@@ -65,6 +65,7 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include <functional>
 #include <string>
 
 #include "runtime/kernel_spec.h"
@@ -81,6 +82,9 @@ struct MeasureRequest {
   c10::OperatorHandle op;
   InputPolicy policy;
   uint32_t budget_ms = 0;   // the phase's watchdog (Note [Measuring within the budget]); 0: none
+  // Told "baseline" before PyTorch's kernel first runs and "measure" after it returned (Note [Whose
+  // fault is a death in measure]); may be empty.
+  std::function<void(const char* phase)> on_phase;
 };
 
 inline constexpr uint32_t kMaxTimingAttempts = 3;

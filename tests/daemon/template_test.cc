@@ -1205,18 +1205,24 @@ std::vector<Move> partial_blocks(const OpSignature& s) {
   return out;
 }
 
+// A worker on `device` (the kforge-worker launcher ctest names in KFORGE_WORKER), its build cache
+// in `dir`.
+eval::WorkerOptions worker_options(const std::string& device, const TempDir& dir) {
+  eval::WorkerOptions o;
+  o.program = env_or_empty("KFORGE_WORKER");
+  if (o.program.empty()) FAIL("KFORGE_WORKER must name the kforge-worker launcher (ctest sets it)");
+  o.device = device;
+  o.build_cache_dir = (dir.path / "builds").string();
+  return o;
+}
+
 // Every instance must come back verified: built, six trials (normal, uniform, large, offset,
 // zeros, normal) passed with every check. `every_family`: and every family of the device's backend
 // has verified instances among them.
 void verify_all(const std::string& device, const std::vector<std::pair<OpSignature, std::vector<Move>>>& work,
                 bool every_family = true) {
   TempDir t("kforge-template-worker-test");
-  eval::WorkerOptions o;
-  o.program = env_or_empty("KFORGE_WORKER");
-  if (o.program.empty()) FAIL("KFORGE_WORKER must name the kforge-worker launcher (ctest sets it)");
-  o.device = device;
-  o.build_cache_dir = (t.path / "builds").string();
-  eval::WorkerProcess w(o);
+  eval::WorkerProcess w(worker_options(device, t));
   uint64_t id = 1;
   size_t verified = 0;
   std::set<std::string> families;
@@ -1299,12 +1305,7 @@ void check_safe_softmax_rows(const std::string& device, Backend b, const std::st
   cap.tensors = {t};
 
   TempDir dir("kforge-safe-softmax-test");
-  eval::WorkerOptions o;
-  o.program = env_or_empty("KFORGE_WORKER");
-  if (o.program.empty()) FAIL("KFORGE_WORKER must name the kforge-worker launcher (ctest sets it)");
-  o.device = device;
-  o.build_cache_dir = (dir.path / "builds").string();
-  eval::WorkerProcess w(o);
+  eval::WorkerProcess w(worker_options(device, dir));
   uint64_t id = 1;
   auto evaluate = [&](const KernelSpec& spec) {
     eval::EvalJob j;
@@ -1492,12 +1493,7 @@ void measure_operators(const std::string& device, Backend backend, const std::st
   const std::set<std::string> ops = {"aten::clone.", "aten::_to_copy.", "aten::embedding.", "aten::mul.Scalar",
                                      "aten::_softmax."};
   TempDir t("kforge-template-measure-test");
-  eval::WorkerOptions o;
-  o.program = env_or_empty("KFORGE_WORKER");
-  if (o.program.empty()) FAIL("KFORGE_WORKER must name the kforge-worker launcher (ctest sets it)");
-  o.device = device;
-  o.build_cache_dir = (t.path / "builds").string();
-  eval::WorkerProcess w(o);
+  eval::WorkerProcess w(worker_options(device, t));
   std::set<std::string> seen;
   uint64_t id = 1;
   for (OpSignature sig : signatures(backend)) {
@@ -1786,12 +1782,7 @@ namespace {
 // the search's first moves, for whoever tunes them.
 void time_defaults(const std::string& device, const std::vector<OpSignature>& sigs, size_t defaults) {
   TempDir t("kforge-template-timing");
-  eval::WorkerOptions o;
-  o.program = env_or_empty("KFORGE_WORKER");
-  if (o.program.empty()) FAIL("KFORGE_WORKER must name the kforge-worker launcher");
-  o.device = device;
-  o.build_cache_dir = (t.path / "builds").string();
-  eval::WorkerProcess w(o);
+  eval::WorkerProcess w(worker_options(device, t));
   uint64_t id = 1;
   for (const OpSignature& s : sigs) {
     for (const Move& m : instances(s, defaults, 0, 0)) {

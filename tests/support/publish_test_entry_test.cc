@@ -255,6 +255,7 @@ TEST_CASE("the tool refuses what the hook could never use, and publishes nothing
   SECTION("failed checks exit 1") {
     OpSignature cuda_sig = sig;
     cuda_sig.target = {Backend::kCuda, "sm_90"};
+    std::get<TensorMeta>(cuda_sig.args[0].value).device = DeviceType::kCuda;   // a CUDA call's tensor
     std::vector<std::string> wrong_target = args;
     wrong_target[3] = to_hex(cuda_sig.encode());
     expect_failure(wrong_target, 1, "the signature is for backend cuda, not cpu");

@@ -321,26 +321,28 @@ LayerNormArgs layer_norm_args(const OpSignature& sig, Backend backend) {
   return a;
 }
 
-// out: x's sizes and dtype, contiguous (whatever x's strides).
-OutputSpec normalized_output(const TensorMeta& x) {
-  const size_t n = x.sizes.size();
-  std::vector<std::string> sizes(n), strides(n, "1");
-  for (size_t d = 0; d < n; ++d) sizes[d] = size_name(0, d);
-  for (size_t d = n - 1; d-- > 0;) {
+// A contiguous output of dtype t and these sizes (launch-plan expressions): each stride the product
+// of the sizes after it.
+OutputSpec contiguous_output(DType t, std::vector<std::string> sizes) {
+  std::vector<std::string> strides(sizes.size(), "1");
+  for (size_t d = sizes.size() - 1; d-- > 0;) {
     strides[d] = strides[d + 1] == "1" ? sizes[d + 1] : sizes[d + 1] + " * " + strides[d + 1];
   }
-  return OutputSpec::explicit_layout(x.dtype, sizes, strides);
+  return OutputSpec::explicit_layout(t, std::move(sizes), std::move(strides));
+}
+
+// out: x's sizes and dtype, contiguous (whatever x's strides).
+OutputSpec normalized_output(const TensorMeta& x) {
+  std::vector<std::string> sizes(x.sizes.size());
+  for (size_t d = 0; d < sizes.size(); ++d) sizes[d] = size_name(0, d);
+  return contiguous_output(x.dtype, std::move(sizes));
 }
 
 // mean and rstd: [d0, ..., d(n-2), 1], contiguous, float32.
 OutputSpec stats_output(const TensorMeta& x) {
-  const size_t n = x.sizes.size();
-  std::vector<std::string> sizes(n, "1"), strides(n, "1");
-  for (size_t d = 0; d + 1 < n; ++d) sizes[d] = size_name(0, d);
-  for (size_t d = n - 1; d-- > 0;) {
-    strides[d] = strides[d + 1] == "1" ? sizes[d + 1] : sizes[d + 1] + " * " + strides[d + 1];
-  }
-  return OutputSpec::explicit_layout(DType::kFloat32, sizes, strides);
+  std::vector<std::string> sizes(x.sizes.size(), "1");
+  for (size_t d = 0; d + 1 < sizes.size(); ++d) sizes[d] = size_name(0, d);
+  return contiguous_output(DType::kFloat32, std::move(sizes));
 }
 
 // The launch's arguments: x, [weight], [bias], out, mean, rstd, rows, cols, eps.

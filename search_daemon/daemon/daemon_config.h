@@ -30,8 +30,14 @@ struct LlmSettings {
   std::string api_key_env;             // the NAME of the variable holding the key; empty: no key
   uint32_t max_tokens = 4096;          // per answer
   double temperature = 0.2;
-  uint32_t timeout_ms = 120000;
+  uint32_t timeout_ms = 900000;         // one request: real models take minutes for a kernel
+  bool stream = true;                  // Note [Streamed answers] (llm_client.cc)
+  uint32_t stream_idle_timeout_ms = 300000;
   uint32_t max_retries = 4;
+  // Note [LLM requests in the background] (llm_proposer.cc): conversations at once while the
+  // workers evaluate (0: a search waits for each answer), and per search.
+  uint32_t concurrent_requests = 4;
+  uint32_t requests_per_search = 2;
   uint64_t max_total_tokens = 2000000; // the daemon's whole LLM budget
   double max_cost_usd = 20.0;
   double price_input_per_mtok = 0;     // USD per million input tokens (0: free / local)

@@ -18,6 +18,8 @@ StatusOr<ProposerSet> make_proposers(const DaemonConfig& config, std::function<v
     c.max_tokens = config.llm.max_tokens;
     c.temperature = config.llm.temperature;
     c.request_timeout_ms = config.llm.timeout_ms;
+    c.stream = config.llm.stream;
+    c.stream_idle_timeout_ms = config.llm.stream_idle_timeout_ms;
     c.max_retries = config.llm.max_retries;
     c.max_total_tokens = config.llm.max_total_tokens;
     c.max_cost_usd = config.llm.max_cost_usd;
@@ -28,7 +30,11 @@ StatusOr<ProposerSet> make_proposers(const DaemonConfig& config, std::function<v
     };
     StatusOr<std::unique_ptr<llm::LlmClient>> client = llm::LlmClient::create(c, sink);
     if (!client.ok()) return invalid_argument("[llm]: " + client.status().message());
-    set.owned.push_back(std::make_unique<llm::LlmProposer>(std::shared_ptr<llm::LlmClient>(std::move(*client)), sink));
+    llm::LlmProposerOptions options;
+    options.concurrent_requests = config.llm.concurrent_requests;
+    options.requests_per_search = config.llm.requests_per_search;
+    set.owned.push_back(
+        std::make_unique<llm::LlmProposer>(std::shared_ptr<llm::LlmClient>(std::move(*client)), sink, options));
   }
   return set;
 }

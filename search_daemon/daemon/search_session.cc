@@ -25,11 +25,22 @@ SearchSession::SearchSession(OpSignature signature, std::vector<wire::InputStats
       input_stats_(std::move(input_stats)),
       captured_(std::move(captured)),
       roofline_(roofline),
-      ctx_(std::move(context)) {}
+      ctx_(std::move(context)),
+      wake_link_(std::make_shared<WakeLink>()) {
+  wake_link_->session = this;
+}
 
 SearchSession::~SearchSession() {
   stop();
   join();
+  std::lock_guard<std::mutex> lock(wake_link_->mu);
+  wake_link_->session = nullptr;
+}
+
+void SearchSession::wake() {
+  std::lock_guard<std::mutex> lock(mu_);
+  woken_ = true;
+  cv_.notify_all();
 }
 
 std::string SearchSession::implausible_against_observed(const eval::TimingOutcome& t) const {
@@ -108,7 +119,10 @@ void SearchSession::run() {
     StatusOr<Store> store = Store::open(ctx_.cache_dir);
     if (!store.ok()) return finish(SessionState::kFailed, "cache: " + store.status().message());
 
-    search::SearchTask task{signature_, roofline_};
+    search::SearchTask task{signature_, roofline_, [link = wake_link_] {
+                              std::lock_guard<std::mutex> lock(link->mu);
+                              if (link->session != nullptr) link->session->wake();
+                            }};
     std::unique_ptr<search::SearchStrategy> strategy =
         search::make_strategy(ctx_.strategy, task, ctx_.proposers, ctx_.options, restored.tree);
     if (!strategy) return finish(SessionState::kFailed, "unknown strategy " + ctx_.strategy);
@@ -201,6 +215,16 @@ void SearchSession::run() {
             cv_.notify_all();
           });
         }
+        if (in_flight == 0 && batch.empty() && end_reason.empty() && strategy->awaiting_proposals()) {
+          // Note [Asynchronous proposals]: a model is writing; nothing else to do until it answers.
+          std::unique_lock<std::mutex> lock(mu_);
+          progress_.nodes = strategy->tree().size();
+          progress_.evaluated = strategy->tree().evaluated();
+          progress_.in_flight = 0;
+          cv_.wait_until(lock, deadline, [&] { return woken_ || stop_.load(); });
+          woken_ = false;
+          continue;
+        }
         if (in_flight == 0 && batch.empty() && end_reason.empty()) {
           // Note [Retried proposals] (strategy_base.cc): a proposer may ask to be asked again; a
           // few rounds, not forever.
@@ -219,7 +243,8 @@ void SearchSession::run() {
         progress_.nodes = strategy->tree().size();
         progress_.evaluated = strategy->tree().evaluated();
         progress_.in_flight = in_flight;
-        cv_.wait(lock, [&] { return !results_.empty() || (stop_.load() && in_flight == 0); });
+        cv_.wait(lock, [&] { return !results_.empty() || woken_ || (stop_.load() && in_flight == 0); });
+        woken_ = false;
         ready.swap(results_);
       }
       std::vector<std::pair<uint64_t, search::Outcome>> outcomes;

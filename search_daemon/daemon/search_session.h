@@ -24,6 +24,9 @@
 // - A result with timings (TimingOutcome::runs > 0) from a GPU that serving processes used while
 //   it ran (eval::JobPlacement) has those pids in its outcome (journaled) and its events; the
 //   log line of a winner published from it says so.
+// - A proposer working in the background (Note [Asynchronous proposals] in proposer.h) never
+//   ends the search for having nothing now: the session sleeps until it delivers (it wakes the
+//   session), a result arrives, stop() or the wall-time budget; it never spins.
 // - Nothing throws out of the thread; a session that cannot run (journal unusable) ends with
 //   state failed and a reason.
 #pragma once
@@ -105,6 +108,15 @@ class SearchSession {
   // Note [Plausible timing]: why the worker's baseline cannot be believed against the serving
   // processes' own observation, or "".
   std::string implausible_against_observed(const eval::TimingOutcome& t) const;
+  // A proposer's background work is done: the loop asks the strategy again.
+  void wake();
+
+  // What a proposer's on_ready reaches: the session while it exists (unlinked by the destructor),
+  // since a model's answer may arrive after the search ended.
+  struct WakeLink {
+    std::mutex mu;
+    SearchSession* session = nullptr;
+  };
 
   OpSignature signature_;
   std::vector<wire::InputStats> input_stats_;
@@ -123,7 +135,9 @@ class SearchSession {
     eval::JobPlacement where;
   };
   std::deque<Finished> results_;
+  bool woken_ = false;   // wake() since the loop last looked
   SessionProgress progress_;
+  std::shared_ptr<WakeLink> wake_link_;
 };
 
 }  // namespace kforge::daemon

@@ -25,13 +25,16 @@
 //   daemon died (the journal marks each with Node::virtual_loss = 1; a tree copied from a live
 //   strategy has it already), then any that were proposed but not yet handed out, each group in
 //   id order. Visits and values are recomputed from the outcomes (stored statistics are ignored).
-// - next_candidates() returning nothing while nothing is in flight means done(); after done() it
-//   returns nothing. notify_results() ignores an id that is not in flight (unknown, the root, never
+// - next_candidates() returning nothing while nothing is in flight means done() or
+//   awaiting_proposals(); after done() it returns nothing. Moves a proposer delivers later join the
+//   tree under the node they were asked from and are handed out first (Note [Collected moves
+//   first] in strategy_base.cc). notify_results() ignores an id that is not in flight (unknown, the root, never
 //   handed out, or already answered).
 // - Nothing throws; proposers are called from next_candidates (the search's own thread).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -47,6 +50,10 @@ namespace kforge::search {
 struct SearchTask {
   OpSignature signature;
   Roofline roofline;
+  // Called from any thread when a proposer's asynchronous work for this search is done (Note
+  // [Asynchronous proposals] in proposer.h): the driver loop should call next_candidates() again.
+  // Empty: the driver polls.
+  std::function<void()> wake{};
 };
 
 struct StrategyOptions {
@@ -75,6 +82,10 @@ class SearchStrategy {
   virtual std::vector<Candidate> next_candidates(size_t max) = 0;
   virtual void notify_results(const std::vector<std::pair<uint64_t, Outcome>>& results) = 0;
   virtual bool done() const = 0;
+  // Whether a proposer is working for this search in the background (Note [Asynchronous
+  // proposals]): next_candidates() may then return nothing while nothing is in flight and the
+  // search is not done; task.wake is called when that changes.
+  virtual bool awaiting_proposals() const = 0;
   virtual const SearchTree& tree() const = 0;
 };
 

@@ -12,8 +12,12 @@
 // - proposer calls: only proposers that support the signature, each call guarded (a proposer that
 //   throws counts as one with nothing to offer), moves that fail KernelSpec::validate() or target
 //   another backend dropped, duplicates of the tree dropped.
-// - done() == (budget spent) or (nothing in flight and the rule can produce nothing), and
-//   next_candidates() returning nothing while nothing is in flight implies done().
+// - asynchronous proposers (Note [Asynchronous proposals] in proposer.h): a node a proposer is
+//   working for is never exhausted for it nor asked of it again until its work is collected;
+//   collected moves join the tree under that node and are handed out before anything the rule picks.
+// - done() == (budget spent) or (nothing in flight, no proposer working, and the rule can produce
+//   nothing), and next_candidates() returning nothing while nothing is in flight implies done() or
+//   awaiting_proposals().
 #pragma once
 
 #include <cstdint>
@@ -35,10 +39,15 @@ inline constexpr uint32_t kMaxRetriedProposals = 3;
 class StrategyBase : public SearchStrategy {
  public:
   StrategyBase(SearchTask task, std::vector<Proposer*> proposers, StrategyOptions options, SearchTree restored);
+  // Releases what the proposers keep for this search (Proposer::release).
+  ~StrategyBase() override;
+  StrategyBase(const StrategyBase&) = delete;
+  StrategyBase& operator=(const StrategyBase&) = delete;
 
   std::vector<Candidate> next_candidates(size_t max) final;
   void notify_results(const std::vector<std::pair<uint64_t, Outcome>>& results) final;
   bool done() const final;
+  bool awaiting_proposals() const final { return !awaiting_.empty(); }
   const SearchTree& tree() const final { return tree_; }
 
  protected:
@@ -57,9 +66,12 @@ class StrategyBase : public SearchStrategy {
   bool expandable(uint64_t id) const;
   // New moves from `parent`: every supporting proposer asked for up to max_moves, in proposer order,
   // then stable-sorted by prior (highest first). Moves whose spec is in the tree, or repeated in
-  // the answer, are dropped; priors are clamped into [kMinPrior, 1].
+  // the answer, are dropped; priors are clamped into [kMinPrior, 1]. A proposer working for
+  // `parent` in the background is not asked; while one is and the others had nothing the last
+  // time, nobody is asked until its work is collected.
   std::vector<Move> propose(uint64_t parent, size_t max_moves);
-  // After propose(parent) gave nothing new: whether `parent` is exhausted. Not while a proposer said
+  // After propose(parent) gave nothing new: whether `parent` is exhausted. Not while a proposer
+  // works for it in the background (Note [Asynchronous proposals]), nor while a proposer said
   // it may have moves later (ProposalRequest::retry_later: a server error, answers it could not
   // use) and the node has had fewer than kMaxRetriedProposals such empty requests (Note [Retried
   // proposals]).
@@ -82,12 +94,24 @@ class StrategyBase : public SearchStrategy {
  private:
   void hand_out(uint64_t id);
   size_t budget_left() const;
+  // A request from `parent` (no seed, no result flags).
+  ProposalRequest request_for(uint64_t parent, size_t max_moves);
+  // Note [Collected moves first]: moves of finished background work join the tree.
+  void collect_ready();
 
   std::set<uint64_t> in_flight_;
   std::deque<uint64_t> resume_;        // restored nodes without an outcome, handed out first
   std::map<uint64_t, uint32_t> requests_;   // per node: proposal requests made from it
   std::map<uint64_t, uint32_t> retried_;    // per node: empty requests a proposer asked to retry
   bool last_retry_later_ = false;           // the last propose() call's ProposalRequest::retry_later
+  // Note [Asynchronous proposals]: per node, the proposers working for it in the background; the
+  // nodes whose other proposers had nothing the last time they were asked meanwhile; per node,
+  // the proposers given up after kMaxRetriedProposals empty answers; collected moves not yet
+  // handed out.
+  std::map<uint64_t, std::set<Proposer*>> awaiting_;
+  std::set<uint64_t> quiet_;
+  std::map<uint64_t, std::set<Proposer*>> given_up_;
+  std::deque<uint64_t> collected_;
 };
 
 // splitmix64's finalizer: a cheap, well-mixed, platform-independent hash of a 64-bit value.

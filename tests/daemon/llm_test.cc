@@ -37,6 +37,8 @@
 #include "search_daemon/proposers/llm/llm_client.h"
 #include "search_daemon/proposers/llm/llm_prompt.h"
 #include "search_daemon/proposers/llm/llm_proposer.h"
+#include "search_daemon/proposers/templates/template_proposer.h"
+#include "search_daemon/search/search_strategy.h"
 #include "search_daemon/search/search_tree.h"
 
 
@@ -165,7 +167,8 @@ class ScriptedLlmServer {
     }
     res.status = r.status;
     for (const auto& [k, v] : r.headers) res.set_header(k, v);
-    res.set_content(r.body, "application/json");
+    const bool events = r.body.rfind("data:", 0) == 0 || r.body.rfind("event:", 0) == 0;
+    res.set_content(r.body, events ? "text/event-stream" : "application/json");
   }
 
   httplib::Server server_;
@@ -203,6 +206,44 @@ std::string anthropic_body(const std::string& text, uint64_t in = 1000, uint64_t
 
 std::string answer_body(ChatApi api, const std::string& text, uint64_t in = 1000, uint64_t out = 500) {
   return api == ChatApi::kOpenAi ? openai_body(text, in, out) : anthropic_body(text, in, out);
+}
+
+// The same answers as server-sent events, the text in three deltas; `complete` false: the stream
+// stops before its last events (a dropped connection).
+std::string openai_stream(const std::string& text, uint64_t in = 1000, uint64_t out = 500, bool complete = true) {
+  std::string s;
+  auto event = [&](const json& j) { s += "data: " + j.dump() + "\n\n"; };
+  const size_t third = text.size() / 3;
+  const std::string parts[] = {text.substr(0, third), text.substr(third, third), text.substr(2 * third)};
+  event({{"id", "c1"}, {"object", "chat.completion.chunk"}, {"choices", {{{"index", 0}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"finish_reason", nullptr}}}}});
+  for (const std::string& p : parts) {
+    event({{"id", "c1"}, {"object", "chat.completion.chunk"}, {"choices", {{{"index", 0}, {"delta", {{"content", p}}}, {"finish_reason", nullptr}}}}});
+    if (!complete) return s;
+  }
+  event({{"id", "c1"}, {"object", "chat.completion.chunk"}, {"choices", {{{"index", 0}, {"delta", json::object()}, {"finish_reason", "stop"}}}}});
+  event({{"id", "c1"}, {"object", "chat.completion.chunk"}, {"choices", json::array()}, {"usage", {{"prompt_tokens", in}, {"completion_tokens", out}}}});
+  return s + "data: [DONE]\n\n";
+}
+
+std::string anthropic_stream(const std::string& text, uint64_t in = 1000, uint64_t out = 500, bool complete = true) {
+  std::string s;
+  auto event = [&](const char* name, const json& j) { s += std::string("event: ") + name + "\ndata: " + j.dump() + "\n\n"; };
+  event("message_start", {{"type", "message_start"}, {"message", {{"id", "msg_1"}, {"type", "message"}, {"role", "assistant"}, {"content", json::array()}, {"usage", {{"input_tokens", in}, {"output_tokens", 1}}}}}});
+  event("content_block_start", {{"type", "content_block_start"}, {"index", 0}, {"content_block", {{"type", "text"}, {"text", ""}}}});
+  s += ": keep-alive comment\n\n";
+  event("ping", {{"type", "ping"}});
+  const size_t half = text.size() / 2;
+  event("content_block_delta", {{"type", "content_block_delta"}, {"index", 0}, {"delta", {{"type", "text_delta"}, {"text", text.substr(0, half)}}}});
+  if (!complete) return s;
+  event("content_block_delta", {{"type", "content_block_delta"}, {"index", 0}, {"delta", {{"type", "text_delta"}, {"text", text.substr(half)}}}});
+  event("content_block_stop", {{"type", "content_block_stop"}, {"index", 0}});
+  event("message_delta", {{"type", "message_delta"}, {"delta", {{"stop_reason", "end_turn"}}}, {"usage", {{"output_tokens", out}}}});
+  event("message_stop", {{"type", "message_stop"}});
+  return s;
+}
+
+std::string answer_stream(ChatApi api, const std::string& text, uint64_t in = 1000, uint64_t out = 500, bool complete = true) {
+  return api == ChatApi::kOpenAi ? openai_stream(text, in, out, complete) : anthropic_stream(text, in, out, complete);
 }
 
 std::string api_error(const std::string& message, const char* type = "invalid_request_error") {
@@ -923,6 +964,215 @@ TEST_CASE("llm proposer: a bad request or an unknown operator sends nothing") {
   CHECK(log.all().find("node 7 is not in the tree") != std::string::npos);
 }
 
+// ---- requests in the background (Note [LLM requests in the background]) ---------------------------
+
+namespace {
+
+// What a search's on_ready tells it, for tests to wait on.
+struct Wakes {
+  std::mutex mu;
+  std::condition_variable cv;
+  int count = 0;
+  std::function<void()> callback() {
+    return [this] {
+      std::lock_guard<std::mutex> lock(mu);
+      ++count;
+      cv.notify_all();
+    };
+  }
+  bool wait_for(int n) {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, kArrival, [&] { return count >= n; });
+  }
+};
+
+// A softmax answer whose kernel differs from the others by a comment (a distinct spec).
+std::string numbered_softmax_answer(int n) {
+  return softmax_answer("// answer " + std::to_string(n) + "\n" + kSoftmaxSource);
+}
+
+LlmProposerOptions in_background(size_t concurrent, size_t per_search) {
+  LlmProposerOptions o;
+  o.concurrent_requests = concurrent;
+  o.requests_per_search = per_search;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("llm proposer in the background: propose() returns at once, one request per node, the search's limit holds") {
+  ScriptedLlmServer server;
+  for (int i = 0; i < 3; ++i) server.push(Reply{200, openai_body(numbered_softmax_answer(i)), {}, /*hold=*/true});
+  LogCapture log;
+  LlmProposer proposer(make_client(config_for(server, ChatApi::kOpenAi), log), log.sink(), in_background(4, 2));
+  const OpSignature sig = cuda_softmax();
+  SearchTree tree;
+  const uint64_t a = tree.add(0, Move{expected_softmax_spec(), "template", "softmax rows", 0.5});
+  Outcome done;
+  done.status = eval::EvalStatus::kMeasured;
+  done.speedup = 1.3;
+  done.significant = true;
+  tree.set_outcome(a, done);
+  KernelSpec narrower = expected_softmax_spec();
+  narrower.plan.launches[0].block = {"128", "1", "1"};
+  const uint64_t b = tree.add(0, Move{narrower, "template", "softmax rows 128", 0.5});
+  tree.set_outcome(b, done);
+  Wakes wakes;
+  auto ask = [&](uint64_t parent, bool& pending, bool& retry) {
+    ProposalRequest r = request_for(sig, tree, parent);
+    pending = false;
+    retry = false;
+    r.pending = &pending;
+    r.retry_later = &retry;
+    r.on_ready = wakes.callback();
+    return r;
+  };
+  bool pending = false;
+  bool retry = false;
+
+  // From the root: nothing yet, work started; the model holds its answer.
+  const auto t0 = Clock::now();
+  CHECK(proposer.propose(ask(0, pending, retry)).empty());
+  CHECK(pending);
+  CHECK(Clock::now() - t0 < 2s);
+  REQUIRE(server.wait_for_requests(1));
+  // The same node again: still working, no second request.
+  CHECK(proposer.propose(ask(0, pending, retry)).empty());
+  CHECK(pending);
+  // Another node: a second request.
+  CHECK(proposer.propose(ask(a, pending, retry)).empty());
+  CHECK(pending);
+  REQUIRE(server.wait_for_requests(2));
+  // A third node: past the search's limit of 2, nothing is started, and the caller is to ask again.
+  CHECK(proposer.propose(ask(b, pending, retry)).empty());
+  CHECK(pending);
+  CHECK(proposer.requests_in_flight() == 2);
+  CHECK(server.count() == 2);
+  // Collecting before the answers are in gives nothing, and says the work goes on.
+  CHECK(proposer.collect(ask(0, pending, retry)).empty());
+  CHECK(pending);
+
+  server.release();
+  REQUIRE(wakes.wait_for(2));
+  std::vector<Move> from_root = proposer.collect(ask(0, pending, retry));
+  CHECK_FALSE(pending);
+  std::vector<Move> from_a = proposer.collect(ask(a, pending, retry));
+  CHECK_FALSE(pending);
+  REQUIRE(from_root.size() == 1);
+  REQUIRE(from_a.size() == 1);
+  CHECK(from_root[0].proposer == "llm");
+  CHECK(from_root[0].spec.id() != from_a[0].spec.id());
+  // The limit freed: the third node's request goes out now.
+  CHECK(proposer.propose(ask(b, pending, retry)).empty());
+  CHECK(pending);
+  REQUIRE(wakes.wait_for(3));
+  CHECK(proposer.collect(ask(b, pending, retry)).size() == 1);
+  CHECK(server.count() == 3);
+  CHECK(proposer.requests_in_flight() == 0);
+  // Each request was built from its own node: the root's asks for a first kernel, a's and b's
+  // for a faster one than theirs.
+  const std::vector<Received> got = server.received();
+  CHECK(got[0].prompt_text().find("block\": [128") == std::string::npos);
+  CHECK(got[2].prompt_text().find("128") != std::string::npos);
+}
+
+TEST_CASE("llm proposer in the background: a search's end abandons its requests, and the destructor cancels those on the wire") {
+  ScriptedLlmServer server;
+  server.push(Reply{200, openai_body(numbered_softmax_answer(1)), {}, /*hold=*/true});
+  server.push(Reply{200, openai_body(numbered_softmax_answer(2)), {}, /*hold=*/true});
+  LogCapture log;
+  auto client = make_client(config_for(server, ChatApi::kOpenAi), log);
+  const OpSignature sig = cuda_softmax();
+  SearchTree tree;
+  Wakes wakes;
+  bool pending = false;
+  {
+    LlmProposer proposer(client, log.sink(), in_background(2, 2));
+    ProposalRequest r = request_for(sig, tree, 0);
+    r.pending = &pending;
+    r.on_ready = wakes.callback();
+    CHECK(proposer.propose(r).empty());
+    REQUIRE(server.wait_for_requests(1));
+    // The search ends while the model is still writing: the request is abandoned without waiting
+    // for the answer (the server still holds it), and nothing of it reaches the search.
+    proposer.release(sig);
+    const auto until = Clock::now() + kArrival;
+    while (proposer.requests_in_flight() > 0 && Clock::now() < until) std::this_thread::sleep_for(10ms);
+    REQUIRE(proposer.requests_in_flight() == 0);
+    pending = false;
+    CHECK(proposer.collect(r).empty());
+    CHECK_FALSE(pending);
+    CHECK(wakes.count == 0);   // an abandoned request wakes nobody
+    CHECK(log.all().find("its request for node 0 is abandoned") != std::string::npos);
+    server.release();
+    // The client is not cancelled for anyone else: the next search's request goes out and is answered.
+    ProposalRequest again = request_for(sig, tree, 0);
+    again.pending = &pending;
+    again.on_ready = wakes.callback();
+    CHECK(proposer.propose(again).empty());
+    REQUIRE(wakes.wait_for(1));
+    CHECK(proposer.collect(again).size() == 1);
+  }
+  // A request held by the server when the proposer goes: the destructor returns in bounded time.
+  ScriptedLlmServer slow;
+  slow.push(Reply{200, openai_body(numbered_softmax_answer(3)), {}, /*hold=*/true});
+  auto slow_client = make_client(config_for(slow, ChatApi::kOpenAi), log);
+  const auto t0 = Clock::now();
+  {
+    LlmProposer proposer(slow_client, log.sink(), in_background(2, 2));
+    ProposalRequest r = request_for(sig, tree, 0);
+    r.pending = &pending;
+    CHECK(proposer.propose(r).empty());
+    REQUIRE(slow.wait_for_requests(1));
+  }
+  CHECK(Clock::now() - t0 < kArrival);
+  slow.release();
+}
+
+TEST_CASE("MCTS with templates and a background LLM: template candidates go out while the model writes, its answer next") {
+  ScriptedLlmServer server;
+  server.push(Reply{200, openai_body(numbered_softmax_answer(1)), {}, /*hold=*/true});
+  for (int i = 2; i < 12; ++i) server.push(Reply{200, openai_body(numbered_softmax_answer(i)), {}, /*hold=*/true});
+  LogCapture log;
+  LlmProposer llm(make_client(config_for(server, ChatApi::kOpenAi), log), log.sink(), in_background(2, 1));
+  search::TemplateProposer templates;
+  const OpSignature sig = cuda_softmax();
+  REQUIRE(templates.supports(sig));
+  Wakes wakes;
+  search::SearchTask task{sig, search::Roofline{}, wakes.callback()};
+  search::StrategyOptions options;
+  options.max_evaluations = 40;
+  auto s = search::make_strategy("mcts", task, {&templates, &llm}, options);
+  REQUIRE(s != nullptr);
+
+  const auto t0 = Clock::now();
+  std::vector<search::Candidate> first = s->next_candidates(4);
+  CHECK(Clock::now() - t0 < 2s);   // nobody waited for the model
+  REQUIRE_FALSE(first.empty());
+  for (const search::Candidate& c : first) CHECK(c.move.proposer == "template");
+  CHECK(s->awaiting_proposals());
+  REQUIRE(server.wait_for_requests(1));
+  Outcome measured;
+  measured.status = eval::EvalStatus::kMeasured;
+  measured.speedup = 1.1;
+  measured.significant = true;
+  std::vector<std::pair<uint64_t, Outcome>> results;
+  for (const search::Candidate& c : first) results.emplace_back(c.node, measured);
+  s->notify_results(results);
+  // More template work while the answer is still being written.
+  std::vector<search::Candidate> second = s->next_candidates(2);
+  REQUIRE_FALSE(second.empty());
+  for (const search::Candidate& c : second) CHECK(c.move.proposer == "template");
+
+  server.release();
+  REQUIRE(wakes.wait_for(1));
+  std::vector<search::Candidate> third = s->next_candidates(1);
+  REQUIRE(third.size() == 1);
+  CHECK(third[0].move.proposer == "llm");
+  CHECK(s->tree().node(third[0].node).parent == 0);
+  INFO(log.all());
+}
+
 // ---- retries, errors, timeouts ------------------------------------------------------------------
 
 TEST_CASE("llm client: a 429 is retried after the wait Retry-After asks for, then succeeds") {
@@ -1055,6 +1305,90 @@ TEST_CASE("llm client: cancel() ends a request in flight and every later one") {
   CHECK(r.status().message().find("cancelled") != std::string::npos);
   CHECK_FALSE(client->complete(hello()).ok());
   CHECK(server.count() == 1);
+  server.release();
+}
+
+// ---- streamed answers (Note [Streamed answers]) ----------------------------------------------------
+
+TEST_CASE("llm client: a streamed answer is read from its events, with its usage, over either API") {
+  const ChatApi api = GENERATE(ChatApi::kOpenAi, ChatApi::kAnthropic);
+  ScriptedLlmServer server;
+  const std::string text = softmax_answer();
+  server.push(Reply{200, answer_stream(api, text, 1234, 567)});
+  LogCapture log;
+  LlmClientConfig c = config_for(server, api);
+  c.stream = true;
+  auto client = make_client(c, log);
+  StatusOr<ChatResponse> r = client->complete(hello());
+  INFO(log.all());
+  REQUIRE(r.ok());
+  CHECK(r->text == text);
+  CHECK(r->usage.input_tokens == 1234);
+  CHECK(r->usage.output_tokens == 567);
+  CHECK_FALSE(r->usage.estimated);
+  CHECK_FALSE(r->truncated);
+  CHECK(r->stop_reason == (api == ChatApi::kOpenAi ? "stop" : "end_turn"));
+  const Received got = server.received().at(0);
+  CHECK(got.json_body().at("stream") == true);
+  if (api == ChatApi::kOpenAi) CHECK(got.json_body().at("stream_options").at("include_usage") == true);
+  CHECK(got.header("Accept").find("text/event-stream") != std::string::npos);
+  CHECK(log.all().find("streamed (idle timeout 300.00 s)") != std::string::npos);
+}
+
+TEST_CASE("llm client: a stream cut short or carrying an error event is retried, and a server that does not stream is read as JSON") {
+  const ChatApi api = GENERATE(ChatApi::kOpenAi, ChatApi::kAnthropic);
+  ScriptedLlmServer server;
+  const std::string text = softmax_answer();
+  server.push(Reply{200, answer_stream(api, text, 1000, 500, /*complete=*/false)});
+  server.push(Reply{200, "event: error\ndata: " + json{{"type", "error"}, {"error", {{"type", "overloaded_error"}, {"message", "Overloaded"}}}}.dump() + "\n\n"});
+  server.push(Reply{200, answer_body(api, text)});   // no stream at all
+  LogCapture log;
+  LlmClientConfig c = config_for(server, api);
+  c.stream = true;
+  auto client = make_client(c, log);
+  StatusOr<ChatResponse> r = client->complete(hello());
+  INFO(log.all());
+  REQUIRE(r.ok());
+  CHECK(r->text == text);
+  CHECK(r->attempts == 3);
+  CHECK(log.all().find("the stream ended before the answer was complete") != std::string::npos);
+  CHECK(log.all().find("the stream carried an error: Overloaded") != std::string::npos);
+}
+
+TEST_CASE("llm client: a stream whose data is not JSON is a malformed answer, not retried") {
+  ScriptedLlmServer server;
+  server.push(Reply{200, "data: {\"choices\": [\n\n"});
+  LogCapture log;
+  LlmClientConfig c = config_for(server, ChatApi::kOpenAi);
+  c.stream = true;
+  auto client = make_client(c, log);
+  StatusOr<ChatResponse> r = client->complete(hello());
+  REQUIRE_FALSE(r.ok());
+  INFO(r.status().message());
+  CHECK(r.status().message().find("malformed answer stream: event 1: data is not JSON") != std::string::npos);
+  CHECK(server.count() == 1);
+}
+
+TEST_CASE("llm client: a silent stream ends at the idle timeout, long before the request timeout") {
+  ScriptedLlmServer server;
+  server.push(Reply{200, openai_stream("late"), {}, /*hold=*/true});
+  LogCapture log;
+  LlmClientConfig c = config_for(server, ChatApi::kOpenAi);
+  c.stream = true;
+  c.stream_idle_timeout_ms = 1000;
+  c.request_timeout_ms = 60000;
+  c.max_retries = 0;
+  auto client = make_client(c, log);
+  const auto t0 = Clock::now();
+  StatusOr<ChatResponse> r = client->complete(hello());
+  const auto took = Clock::now() - t0;
+  REQUIRE_FALSE(r.ok());
+  INFO(r.status().message());
+  CHECK(r.status().message().find("no byte of the stream for 1 s (llm.stream_idle_timeout_ms 1000)") != std::string::npos);
+  // libcurl averages the speed over its last 5 s, the request it sent included: the idle timeout
+  // plus up to about 6 s, against the 60 s the whole request may take.
+  CHECK(took >= 1s);
+  CHECK(took < 1s + 6s + kSchedulingSlack);
   server.release();
 }
 

@@ -1172,3 +1172,127 @@ TEST_CASE("Note [Repairs first]: a failed LLM candidate is repaired before any o
   REQUIRE(after.size() == 1);
   CHECK(s->tree().node(after[0].node).parent != last);
 }
+
+// ---- asynchronous proposers (Note [Asynchronous proposals] in proposer.h) ------------------------
+
+namespace {
+
+// A proposer whose work finishes when the test says so, as an LLM proposer's background requests
+// do when the model answers: propose() starts work for a node (once per node), collect() hands
+// over what finish() delivered.
+class BackgroundProposer : public Proposer {
+ public:
+  std::string_view name() const override { return "background"; }
+  bool supports(const OpSignature&) const override { return true; }
+  std::vector<Move> propose(const ProposalRequest& req) override {
+    ++asked[req.parent];
+    if (req.pending == nullptr || (once_per_node && asked[req.parent] > 1)) return {};
+    on_ready = req.on_ready;
+    working.insert(req.parent);
+    *req.pending = true;
+    return {};
+  }
+  std::vector<Move> collect(const ProposalRequest& req) override {
+    ++collects;
+    std::vector<Move> out;
+    if (auto it = done.find(req.parent); it != done.end()) {
+      out = std::move(it->second);
+      done.erase(it);
+      if (retry.erase(req.parent) != 0 && req.retry_later != nullptr) *req.retry_later = true;
+    }
+    if (working.count(req.parent) != 0) *req.pending = true;
+    return out;
+  }
+  void release(const OpSignature&) override { ++released; }
+
+  // The work for `parent` is done with these moves.
+  void finish(uint64_t parent, std::vector<Move> moves, bool retry_later = false) {
+    REQUIRE(working.erase(parent) == 1);
+    done[parent] = std::move(moves);
+    if (retry_later) retry.insert(parent);
+    if (on_ready) on_ready();
+  }
+
+  bool once_per_node = true;
+  std::map<uint64_t, int> asked;
+  std::set<uint64_t> working;
+  std::map<uint64_t, std::vector<Move>> done;
+  std::set<uint64_t> retry;
+  std::function<void()> on_ready;
+  int collects = 0;
+  int released = 0;
+};
+
+}  // namespace
+
+TEST_CASE("A node an asynchronous proposer works for is not exhausted, and its moves come first once collected", "[search]") {
+  for (std::string_view name : {"mcts", "greedy"}) {
+    INFO(name);
+    auto sync = table_proposer({{"root", {knob_move({1}, 0.9), knob_move({2}, 0.5)}}});
+    BackgroundProposer bg;
+    int wakes = 0;
+    SearchTask task = softmax_task();
+    task.wake = [&wakes] { ++wakes; };
+    {
+      auto s = make_strategy(name, task, {sync.get(), &bg}, StrategyOptions{});
+      REQUIRE(s != nullptr);
+      // The other proposer's moves go out at once; the background one was asked once, and works.
+      std::vector<Candidate> first = s->next_candidates(4);
+      REQUIRE(first.size() == 2);
+      for (const Candidate& c : first) CHECK(c.move.proposer == "template");
+      CHECK(bg.asked[0] == 1);
+      CHECK(s->awaiting_proposals());
+      std::vector<std::pair<uint64_t, Outcome>> results;
+      for (const Candidate& c : first) results.emplace_back(c.node, measured(1.2));
+      s->notify_results(results);
+
+      // Nothing else to evaluate, but not done, and asking again does not ask again.
+      for (int i = 0; i < 3; ++i) {
+        CHECK(s->next_candidates(4).empty());
+        CHECK_FALSE(s->done());
+      }
+      CHECK(bg.asked[0] == 1);
+      CHECK_FALSE(s->tree().node(0).exhausted);
+
+      // The answer arrives: the search is woken, and its move is the next candidate, under the root.
+      bg.finish(0, {Move{knob_spec({7}), "background", "answer", 0.01}});
+      CHECK(wakes == 1);
+      std::vector<Candidate> next = s->next_candidates(4);
+      REQUIRE_FALSE(next.empty());
+      CHECK(next[0].move.label == "answer");
+      CHECK(s->tree().node(next[0].node).parent == 0);
+      std::vector<std::pair<uint64_t, Outcome>> more;
+      for (const Candidate& c : next) more.emplace_back(c.node, measured(1.5));
+      s->notify_results(more);
+
+      // The rest of its work comes back empty: the search runs out and ends.
+      for (int round = 0; round < 20 && !s->done(); ++round) {
+        for (uint64_t w : std::set<uint64_t>(bg.working)) bg.finish(w, {});
+        std::vector<Candidate> c = s->next_candidates(4);
+        std::vector<std::pair<uint64_t, Outcome>> r;
+        for (const Candidate& x : c) r.emplace_back(x.node, measured(1.1));
+        s->notify_results(r);
+      }
+      CHECK(s->done());
+      CHECK_FALSE(s->awaiting_proposals());
+      for (const auto& [node, n] : bg.asked) {
+        INFO("node " << node);
+        CHECK(n <= 2);   // once working, once more after its work came back empty
+      }
+      CHECK(bg.released == 0);
+    }
+    CHECK(bg.released == 1);   // the strategy's end releases what proposers keep for the search
+  }
+}
+
+TEST_CASE("Background work that comes back empty asking to be retried is retried a bounded number of times", "[search]") {
+  BackgroundProposer bg;
+  bg.once_per_node = false;
+  auto s = make_strategy("mcts", softmax_task(), {&bg}, StrategyOptions{});
+  for (int round = 0; round < 50 && !s->done(); ++round) {
+    CHECK(s->next_candidates(4).empty());
+    for (uint64_t w : std::set<uint64_t>(bg.working)) bg.finish(w, {}, /*retry_later=*/true);
+  }
+  CHECK(s->done());
+  CHECK(bg.asked[0] == static_cast<int>(kMaxRetriedProposals));
+}

@@ -199,8 +199,18 @@ size_t write_body(char* data, size_t size, size_t n, void* user) {
   return bytes;
 }
 
+// What ends a transfer early: the client's cancel(), or the caller's own flag (complete()'s
+// `abandon`). libcurl calls this about once a second even while no byte arrives.
+struct CancelFlags {
+  const std::atomic<bool>* client = nullptr;
+  const std::atomic<bool>* call = nullptr;
+  bool any() const {
+    return client->load(std::memory_order_relaxed) || (call != nullptr && call->load(std::memory_order_relaxed));
+  }
+};
+
 int on_progress(void* user, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
-  return static_cast<const std::atomic<bool>*>(user)->load(std::memory_order_relaxed) ? 1 : 0;
+  return static_cast<const CancelFlags*>(user)->any() ? 1 : 0;
 }
 
 // ---- the two wire formats ------------------------------------------------------------------------
@@ -215,6 +225,10 @@ std::string request_body(const LlmClientConfig& c, const ChatRequest& r) {
   for (const ChatMessage& m : r.messages) messages.push_back({{"role", role_name(m.role)}, {"content", m.content}});
   json body = {{"model", c.model}, {"max_tokens", c.max_tokens}, {"temperature", c.temperature}, {"messages", messages}};
   if (c.api == ChatApi::kAnthropic && !r.system.empty()) body["system"] = r.system;
+  if (c.stream) {   // Note [Streamed answers]
+    body["stream"] = true;
+    if (c.api == ChatApi::kOpenAi) body["stream_options"] = {{"include_usage", true}};
+  }
   // Invalid UTF-8 in a prompt (a parent's source, a compile log) is replaced, never an exception.
   return body.dump(-1, ' ', false, json::error_handler_t::replace);
 }
@@ -226,6 +240,25 @@ std::optional<uint64_t> count_at(const json& obj, const char* name) {
   const auto v = it->get<int64_t>();
   if (v < 0) return std::nullopt;
   return static_cast<uint64_t>(v);
+}
+
+// Anthropic's input tokens: prompt caching bills its cache writes and reads as input too.
+std::optional<uint64_t> anthropic_input_tokens(const json& usage) {
+  std::optional<uint64_t> in = count_at(usage, "input_tokens");
+  if (in) *in += count_at(usage, "cache_creation_input_tokens").value_or(0) + count_at(usage, "cache_read_input_tokens").value_or(0);
+  return in;
+}
+
+// The usage as the API reported it, or marked for an estimate when it did not report both counts;
+// truncated from the stop reason.
+void finish_answer(ChatApi api, ChatResponse& r, std::optional<uint64_t> in, std::optional<uint64_t> out) {
+  r.truncated = api == ChatApi::kOpenAi ? r.stop_reason == "length" : r.stop_reason == "max_tokens";
+  if (in && out) {
+    r.usage.input_tokens = *in;
+    r.usage.output_tokens = *out;
+  } else {
+    r.usage.estimated = true;
+  }
 }
 
 // The answer's text, stop reason and usage, or what is wrong with the body ("choices[0].message:
@@ -253,7 +286,6 @@ StatusOr<ChatResponse> parse_answer_body(ChatApi api, std::string_view body) {
     }
     r.text = content->get<std::string>();
     if (auto fr = c0.find("finish_reason"); fr != c0.end() && fr->is_string()) r.stop_reason = fr->get<std::string>();
-    r.truncated = r.stop_reason == "length";
     if (auto u = j.find("usage"); u != j.end() && u->is_object()) {
       in = count_at(*u, "prompt_tokens");
       out = count_at(*u, "completion_tokens");
@@ -273,21 +305,145 @@ StatusOr<ChatResponse> parse_answer_body(ChatApi api, std::string_view body) {
     }
     if (!any_text) return invalid_argument("content: no text block");
     if (auto sr = j.find("stop_reason"); sr != j.end() && sr->is_string()) r.stop_reason = sr->get<std::string>();
-    r.truncated = r.stop_reason == "max_tokens";
     if (auto u = j.find("usage"); u != j.end() && u->is_object()) {
-      in = count_at(*u, "input_tokens");
+      in = anthropic_input_tokens(*u);
       out = count_at(*u, "output_tokens");
-      // Prompt caching bills these as input too.
-      if (in) *in += count_at(*u, "cache_creation_input_tokens").value_or(0) + count_at(*u, "cache_read_input_tokens").value_or(0);
     }
   }
-  if (in && out) {
-    r.usage.input_tokens = *in;
-    r.usage.output_tokens = *out;
-  } else {
-    r.usage.estimated = true;
-  }
+  finish_answer(api, r, in, out);
   return r;
+}
+
+// Note [Streamed answers]
+// With llm.stream (the default) the request asks for server-sent events: "stream": true, and for
+// OpenAI-compatible servers "stream_options": {"include_usage": true} so the last event carries the
+// token counts. A model writing a kernel for minutes then sends bytes all along, so a connection
+// that stops delivering is found after llm.stream_idle_timeout_ms of silence (libcurl's low-speed
+// limit: under 1 byte/s for that long; libcurl averages over its last 5 s, so up to about 6 s
+// later), not at the end of the whole request_timeout_ms, and
+// proxies that cut idle connections keep it open. The whole stream is read into memory (the same
+// size limit as a body) and then parsed: the answer is used only once it is complete. Events:
+// OpenAI's "data: {chunk}" lines (choices[0].delta.content appended, finish_reason, a final usage
+// chunk) ended by "data: [DONE]"; Anthropic's message_start (input tokens), content_block_delta
+// (text_delta appended; thinking and other deltas skipped), message_delta (stop reason, output
+// tokens), message_stop, ping, error. A stream that ends before its last event, or carries an
+// error event (an overloaded server), is retried as a dropped connection is (Note [Retries]); a
+// data line that is not JSON is a malformed body. A server that ignores "stream" and answers with
+// one JSON body is read as such.
+StatusOr<ChatResponse> parse_stream_body(ChatApi api, std::string_view body) {
+  ChatResponse r;
+  std::optional<uint64_t> in, out;
+  bool complete = false;
+  size_t events = 0;
+  std::string data;         // the current event's data lines, joined by '\n'
+  bool has_data = false;
+  auto error_of = [](const json& j) -> std::string {
+    const json* e = &j;
+    if (auto it = j.find("error"); it != j.end()) e = &*it;
+    if (e->is_object()) {
+      if (auto m = e->find("message"); m != e->end() && m->is_string()) return m->get<std::string>();
+    }
+    if (e->is_string()) return e->get<std::string>();
+    return "(no message)";
+  };
+  auto dispatch = [&]() -> Status {
+    if (!has_data) return Status();
+    has_data = false;
+    ++events;
+    const std::string payload = std::move(data);
+    data.clear();
+    if (api == ChatApi::kOpenAi && payload == "[DONE]") {
+      complete = true;
+      return Status();
+    }
+    json j;
+    try {
+      j = json::parse(payload);
+    } catch (const json::parse_error& e) {
+      return invalid_argument("event " + std::to_string(events) + ": data is not JSON (byte " + std::to_string(e.byte) + ")");
+    }
+    if (!j.is_object()) return invalid_argument("event " + std::to_string(events) + ": data is not a JSON object");
+    if (j.contains("error") || j.value("type", std::string()) == "error") {
+      return unavailable("the stream carried an error: " + one_line(error_of(j)));
+    }
+    if (api == ChatApi::kOpenAi) {
+      if (auto choices = j.find("choices"); choices != j.end() && choices->is_array() && !choices->empty()) {
+        const json& c0 = (*choices)[0];
+        if (c0.is_object()) {
+          if (auto delta = c0.find("delta"); delta != c0.end() && delta->is_object()) {
+            if (auto content = delta->find("content"); content != delta->end() && content->is_string()) {
+              r.text += content->get<std::string>();
+            }
+          }
+          if (auto fr = c0.find("finish_reason"); fr != c0.end() && fr->is_string()) r.stop_reason = fr->get<std::string>();
+        }
+      }
+      if (auto u = j.find("usage"); u != j.end() && u->is_object()) {
+        in = count_at(*u, "prompt_tokens");
+        out = count_at(*u, "completion_tokens");
+      }
+      return Status();
+    }
+    const std::string type = j.value("type", std::string());
+    if (type == "message_start") {
+      if (auto m = j.find("message"); m != j.end() && m->is_object()) {
+        if (auto u = m->find("usage"); u != m->end() && u->is_object()) {
+          in = anthropic_input_tokens(*u);
+          if (auto o = count_at(*u, "output_tokens")) out = o;
+        }
+      }
+    } else if (type == "content_block_delta") {
+      if (auto d = j.find("delta"); d != j.end() && d->is_object() && d->value("type", std::string()) == "text_delta") {
+        if (auto t = d->find("text"); t != d->end() && t->is_string()) r.text += t->get<std::string>();
+      }
+    } else if (type == "message_delta") {
+      if (auto d = j.find("delta"); d != j.end() && d->is_object()) {
+        if (auto sr = d->find("stop_reason"); sr != d->end() && sr->is_string()) r.stop_reason = sr->get<std::string>();
+      }
+      if (auto u = j.find("usage"); u != j.end() && u->is_object()) {
+        if (auto o = count_at(*u, "output_tokens")) out = o;
+      }
+    } else if (type == "message_stop") {
+      complete = true;
+    }
+    return Status();
+  };
+  size_t at = 0;
+  while (at < body.size()) {
+    size_t end = body.find('\n', at);
+    if (end == std::string_view::npos) end = body.size();
+    std::string_view line = body.substr(at, end - at);
+    at = end + 1;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line.empty()) {
+      KFORGE_RETURN_IF_ERROR(dispatch());
+      continue;
+    }
+    if (line.front() == ':') continue;   // a comment (a keep-alive)
+    if (line.substr(0, 5) == "data:") {
+      std::string_view v = line.substr(5);
+      if (!v.empty() && v.front() == ' ') v.remove_prefix(1);
+      if (has_data) data += '\n';
+      data += v;
+      has_data = true;
+    }
+    // "event:", "id:", "retry:": the data says all this client needs
+  }
+  KFORGE_RETURN_IF_ERROR(dispatch());
+  if (api == ChatApi::kOpenAi && !complete && !r.stop_reason.empty() && in && out) complete = true;   // no [DONE], but finished
+  if (!complete) {
+    return unavailable("the stream ended before the answer was complete (" + std::to_string(events) + " events, " +
+                       std::to_string(r.text.size()) + " bytes of text)");
+  }
+  finish_answer(api, r, in, out);
+  return r;
+}
+
+// A streamed answer, or one JSON body from a server that does not stream.
+StatusOr<ChatResponse> parse_any_body(ChatApi api, bool streamed, std::string_view body) {
+  const size_t first = body.find_first_not_of(" \t\r\n");
+  if (!streamed || (first != std::string_view::npos && body[first] == '{')) return parse_answer_body(api, body);
+  return parse_stream_body(api, body);
 }
 
 }  // namespace
@@ -340,6 +496,10 @@ Status LlmClientConfig::validate() const {
   if (request_timeout_ms < 1 || request_timeout_ms > 3600000) {
     return invalid_argument(field("request_timeout_ms") + ": " + std::to_string(request_timeout_ms) +
                             " is outside 1..3600000");
+  }
+  if (stream && (stream_idle_timeout_ms < 1000 || stream_idle_timeout_ms > 3600000)) {
+    return invalid_argument(field("stream_idle_timeout_ms") + ": " + std::to_string(stream_idle_timeout_ms) +
+                            " is outside 1000..3600000");
   }
   if (max_retries > 100) return invalid_argument(field("max_retries") + ": " + std::to_string(max_retries) + " exceeds 100");
   if (initial_backoff_ms < 1 || initial_backoff_ms > 3600000) {
@@ -399,6 +559,7 @@ StatusOr<std::unique_ptr<LlmClient>> LlmClient::create(LlmClientConfig config, L
   }
   line += ", max_tokens " + std::to_string(k.max_tokens) + ", timeout " + fmt_seconds(k.request_timeout_ms) + ", " +
           std::to_string(k.max_retries) + " retries";
+  line += k.stream ? ", streamed (idle timeout " + fmt_seconds(k.stream_idle_timeout_ms) + ")" : std::string(", not streamed");
   line += ", token budget " + (k.max_total_tokens ? std::to_string(k.max_total_tokens) : std::string("unlimited"));
   line += ", cost budget " + (k.max_cost_usd > 0 ? fmt_usd(k.max_cost_usd) : std::string("unlimited"));
   // A local server is free: kforged's defaults carry a cost budget with no prices, which then never
@@ -505,12 +666,20 @@ void LlmClient::cancel() {
   cancel_cv_.notify_all();
 }
 
-bool LlmClient::wait_for_retry(uint32_t ms) {
-  std::unique_lock<std::mutex> lock(cancel_mu_);
-  return !cancel_cv_.wait_for(lock, std::chrono::milliseconds(ms), [&] { return cancelled_.load(); });
+void LlmClient::interrupt() {
+  {
+    std::lock_guard<std::mutex> lock(cancel_mu_);
+  }
+  cancel_cv_.notify_all();
 }
 
-LlmClient::Attempt LlmClient::post(const std::string& url, const std::string& body) {
+bool LlmClient::wait_for_retry(uint32_t ms, const std::atomic<bool>* abandon) {
+  std::unique_lock<std::mutex> lock(cancel_mu_);
+  return !cancel_cv_.wait_for(lock, std::chrono::milliseconds(ms),
+                              [&] { return cancelled_.load() || (abandon != nullptr && abandon->load()); });
+}
+
+LlmClient::Attempt LlmClient::post(const std::string& url, const std::string& body, const std::atomic<bool>* abandon) {
   Attempt a;
   EasyHandle h(curl_easy_init());
   if (!h) {
@@ -527,7 +696,7 @@ LlmClient::Attempt LlmClient::post(const std::string& url, const std::string& bo
     }
   };
   add_header("Content-Type: application/json");
-  add_header("Accept: application/json");
+  add_header(config_.stream ? "Accept: text/event-stream, application/json" : "Accept: application/json");
   add_header("Expect:");   // no 100-continue round trip before the body
   if (config_.api == ChatApi::kAnthropic) {
     add_header("anthropic-version: 2023-06-01");
@@ -545,6 +714,10 @@ LlmClient::Attempt LlmClient::post(const std::string& url, const std::string& bo
   curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(body.size()));
   curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers.get());
   curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, static_cast<long>(config_.request_timeout_ms));
+  if (config_.stream) {   // Note [Streamed answers]: silence for stream_idle_timeout_ms ends the attempt
+    curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);
+    curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, static_cast<long>(std::max<uint32_t>(1, config_.stream_idle_timeout_ms / 1000)));
+  }
   curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 0L);
   curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
@@ -555,7 +728,8 @@ LlmClient::Attempt LlmClient::post(const std::string& url, const std::string& bo
   curl_easy_setopt(c, CURLOPT_WRITEDATA, &sink);
   curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
   curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, &on_progress);
-  curl_easy_setopt(c, CURLOPT_XFERINFODATA, &cancelled_);
+  CancelFlags flags{&cancelled_, abandon};
+  curl_easy_setopt(c, CURLOPT_XFERINFODATA, &flags);
   curl_easy_setopt(c, CURLOPT_ERRORBUFFER, errbuf);
 
   a.code = curl_easy_perform(c);
@@ -567,22 +741,23 @@ LlmClient::Attempt LlmClient::post(const std::string& url, const std::string& bo
   return a;
 }
 
-StatusOr<ChatResponse> LlmClient::complete(const ChatRequest& request) {
+StatusOr<ChatResponse> LlmClient::complete(const ChatRequest& request, const std::atomic<bool>* abandon) {
   // The header promises no exceptions; what could still throw here is allocation.
   try {
-    return complete_or_throw(request);
+    return complete_or_throw(request, abandon);
   } catch (const std::exception& e) {
     return internal_error(redact(std::string("llm: ") + e.what()));
   }
 }
 
-StatusOr<ChatResponse> LlmClient::complete_or_throw(const ChatRequest& request) {
+StatusOr<ChatResponse> LlmClient::complete_or_throw(const ChatRequest& request, const std::atomic<bool>* abandon) {
   if (request.messages.empty()) return invalid_argument("llm: a chat request needs at least one message");
   const std::string body = request_body(config_, request);
   const std::string what = "llm: POST " + endpoint_;
   uint32_t attempts = 0;
+  const CancelFlags stop{&cancelled_, abandon};
   for (;;) {
-    if (cancelled_.load()) return unavailable(what + ": cancelled");
+    if (stop.any()) return unavailable(what + ": cancelled");
     if (Status b = budget_status(); !b.ok()) return b;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -590,15 +765,19 @@ StatusOr<ChatResponse> LlmClient::complete_or_throw(const ChatRequest& request) 
     }
     ++attempts;
     const auto started = std::chrono::steady_clock::now();
-    Attempt a = post(endpoint_, body);
+    Attempt a = post(endpoint_, body, abandon);
     const auto took_ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started).count();
 
     // What failed, and whether another try may go differently.
     std::string failure;
     bool retry = false;
-    if (a.code == CURLE_ABORTED_BY_CALLBACK && cancelled_.load()) return unavailable(what + ": cancelled");
+    if (a.code == CURLE_ABORTED_BY_CALLBACK && stop.any()) return unavailable(what + ": cancelled");
     if (a.code == CURLE_WRITE_ERROR && a.oversized) {
       failure = "the response is larger than " + std::to_string(kMaxResponseBytes >> 20) + " MiB";
+    } else if (a.code == CURLE_OPERATION_TIMEDOUT && config_.stream && took_ms + 500 < config_.request_timeout_ms) {
+      failure = "no byte of the stream for " + std::to_string(config_.stream_idle_timeout_ms / 1000) +
+                " s (llm.stream_idle_timeout_ms " + std::to_string(config_.stream_idle_timeout_ms) + ")";
+      retry = true;
     } else if (a.code == CURLE_OPERATION_TIMEDOUT) {
       failure = "timed out after " + std::to_string(took_ms) + " ms (llm.request_timeout_ms " +
                 std::to_string(config_.request_timeout_ms) + ")";
@@ -610,26 +789,30 @@ StatusOr<ChatResponse> LlmClient::complete_or_throw(const ChatRequest& request) 
       failure = "HTTP " + std::to_string(a.status) + ": " + one_line(api_error_message(a.body));
       retry = retryable_status(a.status);
     } else {
-      StatusOr<ChatResponse> r = parse_answer_body(config_.api, a.body);
-      if (!r.ok()) {
-        return invalid_argument(redact(what + ": malformed answer body: " + r.status().message() + " (starts: " +
-                                       one_line(a.body, 120) + ")"));
+      StatusOr<ChatResponse> r = parse_any_body(config_.api, config_.stream, a.body);
+      if (!r.ok() && r.status().code() == StatusCode::kUnavailable) {   // a stream cut short, or an error event
+        failure = r.status().message();
+        retry = true;
+      } else if (!r.ok()) {
+        return invalid_argument(redact(what + ": malformed answer " + (config_.stream ? "stream: " : "body: ") +
+                                       r.status().message() + " (starts: " + one_line(a.body, 120) + ")"));
+      } else {
+        if (r->usage.estimated) {
+          r->usage.input_tokens = static_cast<uint64_t>(std::ceil(static_cast<double>(body.size()) / kBytesPerEstimatedToken));
+          r->usage.output_tokens = static_cast<uint64_t>(std::ceil(static_cast<double>(r->text.size()) / kBytesPerEstimatedToken));
+        }
+        r->attempts = attempts;
+        // The answer is returned and stored (a candidate's source): the key must not ride along.
+        r->text = redact(r->text);
+        r->stop_reason = redact(one_line(r->stop_reason, 64));
+        account(r->usage);
+        const LlmSpend s = spend();
+        log("llm: answer from " + config_.model + " in " + std::to_string(took_ms) + " ms: " +
+            std::to_string(r->usage.input_tokens) + " input + " + std::to_string(r->usage.output_tokens) + " output tokens" +
+            (r->usage.estimated ? " (estimated)" : "") + (r->truncated ? ", cut off at max_tokens" : "") + "; spent " +
+            std::to_string(s.input_tokens + s.output_tokens) + " tokens, " + fmt_usd(s.cost_usd));
+        return r;
       }
-      if (r->usage.estimated) {
-        r->usage.input_tokens = static_cast<uint64_t>(std::ceil(static_cast<double>(body.size()) / kBytesPerEstimatedToken));
-        r->usage.output_tokens = static_cast<uint64_t>(std::ceil(static_cast<double>(r->text.size()) / kBytesPerEstimatedToken));
-      }
-      r->attempts = attempts;
-      // The answer is returned and stored (a candidate's source): the key must not ride along.
-      r->text = redact(r->text);
-      r->stop_reason = redact(one_line(r->stop_reason, 64));
-      account(r->usage);
-      const LlmSpend s = spend();
-      log("llm: answer from " + config_.model + " in " + std::to_string(took_ms) + " ms: " +
-          std::to_string(r->usage.input_tokens) + " input + " + std::to_string(r->usage.output_tokens) + " output tokens" +
-          (r->usage.estimated ? " (estimated)" : "") + (r->truncated ? ", cut off at max_tokens" : "") + "; spent " +
-          std::to_string(s.input_tokens + s.output_tokens) + " tokens, " + fmt_usd(s.cost_usd));
-      return r;
     }
 
     if (!retry) return invalid_argument(redact(what + ": " + failure));
@@ -663,7 +846,7 @@ StatusOr<ChatResponse> LlmClient::complete_or_throw(const ChatRequest& request) 
     }
     log(what + ": " + failure + "; retry " + std::to_string(attempts) + " of " + std::to_string(config_.max_retries) +
         " in " + fmt_seconds(wait_ms) + (a.retry_after_ms >= 0 ? " (as the server asked)" : ""));
-    if (!wait_for_retry(wait_ms)) return unavailable(what + ": cancelled");
+    if (!wait_for_retry(wait_ms, abandon)) return unavailable(what + ": cancelled");
   }
 }
 

@@ -23,6 +23,9 @@
 //   candidate's source.
 // - complete() never throws. An error names what went wrong: the HTTP status with the API's own
 //   error message, a timeout, a connection failure, a malformed or oversized body, a spent budget.
+// - Streaming (Note [Streamed answers]): with config.stream the answer is asked for as server-sent
+//   events and read once complete; a stream cut short or carrying an error event is retried, and
+//   one silent for stream_idle_timeout_ms ends the attempt.
 // - Retries (Note [Retries]): 429, 5xx, timeouts and failed connections are retried up to
 //   max_retries times with exponential backoff and jitter; a Retry-After (or retry-after-ms)
 //   header is honoured, and one that asks for more than max_backoff_ms ends the retries with an
@@ -72,6 +75,11 @@ struct LlmClientConfig {
   uint32_t max_tokens = 8192;             // the answer's limit, sent with every request (1..1000000)
   double temperature = 0.7;               // 0..2
   uint32_t request_timeout_ms = 300000;   // one HTTP request, connect to last byte (1..3600000)
+  // Note [Streamed answers] in llm_client.cc: ask for server-sent events, and end an attempt that
+  // receives nothing for stream_idle_timeout_ms (1000..3600000). A server that answers with one
+  // JSON body anyway is read as such.
+  bool stream = false;
+  uint32_t stream_idle_timeout_ms = 300000;
   uint32_t max_retries = 4;               // retries after the first attempt (0..100)
   uint32_t initial_backoff_ms = 1000;     // the first retry's delay before jitter (1..3600000)
   uint32_t max_backoff_ms = 60000;        // no delay is longer (>= initial_backoff_ms, <= 3600000)
@@ -133,8 +141,10 @@ class LlmClient {
   LlmClient& operator=(const LlmClient&) = delete;
 
   // One answer to `request`, with the retries and budget checks above. Blocks for as long as that
-  // takes (at most (max_retries + 1) requests of request_timeout_ms plus the backoffs).
-  StatusOr<ChatResponse> complete(const ChatRequest& request);
+  // takes (at most (max_retries + 1) requests of request_timeout_ms plus the backoffs). A non-null
+  // `abandon` that becomes true ends this call as cancel() would (within about a second; a backoff
+  // wait at once after interrupt()), and no other.
+  StatusOr<ChatResponse> complete(const ChatRequest& request, const std::atomic<bool>* abandon = nullptr);
 
   // OK while both budgets have something left; else the error complete() would return, naming
   // the budget ("llm: token budget spent: 1100 of 1000 tokens used").
@@ -145,6 +155,8 @@ class LlmClient {
   // Ends every complete() in flight (its request is aborted, its backoff wait cut short) and makes
   // later calls fail at once. For the daemon's shutdown.
   void cancel();
+  // Wakes every backoff wait so that calls whose `abandon` flag was set end now.
+  void interrupt();
 
   const LlmClientConfig& config() const noexcept { return config_; }
   // The URL requests go to (base_url's root + "/v1/chat/completions" or "/v1/messages").
@@ -159,11 +171,11 @@ class LlmClient {
   LlmClient(LlmClientConfig config, LogSink log, std::string key);
 
   struct Attempt;   // one HTTP exchange (llm_client.cc)
-  StatusOr<ChatResponse> complete_or_throw(const ChatRequest& request);
-  Attempt post(const std::string& url, const std::string& body);
+  StatusOr<ChatResponse> complete_or_throw(const ChatRequest& request, const std::atomic<bool>* abandon);
+  Attempt post(const std::string& url, const std::string& body, const std::atomic<bool>* abandon);
   void log(std::string_view line) const;
-  // Waits `ms` unless cancel() comes first; false when cancelled.
-  bool wait_for_retry(uint32_t ms);
+  // Waits `ms` unless cancel() (or `abandon`, after interrupt()) comes first; false when cancelled.
+  bool wait_for_retry(uint32_t ms, const std::atomic<bool>* abandon);
   void account(const TokenUsage& usage);
 
   const LlmClientConfig config_;

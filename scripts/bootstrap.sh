@@ -30,6 +30,7 @@ DEB_PACKAGES=(
   nlohmann-json3-dev                  # GUI JSON API, TOML-free config dumps
   libtomlplusplus-dev                 # the daemon's configuration file
   libcpp-httplib-dev                  # the daemon's HTTP endpoints (metrics, GUI); the tests' LLM server
+  chromium chromium-driver            # the GUI's browser test (headless, driven by Selenium)
   python3-venv
 )
 
@@ -84,13 +85,13 @@ for spec in sys.argv[1:]:
 PYEOF
 }
 
-if have_py "torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION" transformers numpy pytest; then
+if have_py "torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION" transformers numpy pytest selenium; then
   log "python packages present (torch $TORCH_VERSION)"
 else
   log "installing torch==$TORCH_VERSION torchvision==$TORCHVISION_VERSION transformers numpy pytest into $VENV"
   "$VPY" -m pip install -q --upgrade pip >/dev/null
   "$VPY" -m pip install -q "torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION" \
-      transformers numpy pytest pyzmq msgpack \
+      transformers numpy pytest pyzmq msgpack selenium \
     || die "pip could not install torch==$TORCH_VERSION (try KFORGE_TORCH_VERSION=2.11.x for the nearest release)"
 fi
 log "ready: $("$VPY" -c 'import torch; print("torch", torch.__version__)')"

@@ -18,6 +18,7 @@
 #include <cstring>
 #include <ctime>
 #include <deque>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -32,6 +33,7 @@
 #include "search_daemon/daemon/client_messages.h"
 #include "search_daemon/daemon/daemon_socket.h"
 #include "search_daemon/daemon/daemon_status.h"
+#include "search_daemon/daemon/gui_api.h"
 #include "search_daemon/daemon/journal.h"
 #include "search_daemon/daemon/log_limiter.h"
 
@@ -41,6 +43,11 @@ namespace {
 
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
+
+// Note [Web GUI] (gui_api.cc): the HTTP listener's threads, and how many of them event streams
+// may hold (each holds one for as long as the page is open).
+constexpr int kHttpThreads = 16;
+constexpr int kMaxEventStreams = 8;
 
 std::string iso_now() {
   const auto now = std::chrono::system_clock::now();
@@ -83,6 +90,12 @@ struct Daemon::Impl {
   std::unique_ptr<eval::EvaluatorPool> pool;
   std::unique_ptr<httplib::Server> http;
   std::thread http_thread;
+  // Note [Web GUI] (gui_api.cc): its files (or why they could not be read), and the published
+  // events for /api/events.
+  std::optional<GuiAssets> gui;
+  std::string gui_error;
+  EventLog event_log;
+  std::atomic<int> event_streams{0};
 
   // Guarded by mu: the registry, the message handler, the sessions' table and the counters (the
   // HTTP thread reads them).
@@ -125,6 +138,7 @@ struct Daemon::Impl {
   }
 
   Status start_http();
+  void add_gui_routes();
   void resume_journals();
   void schedule();
   void start_session(SignatureRecord& r);
@@ -143,16 +157,120 @@ Status Daemon::Impl::start_http() {
   const std::string host = config.http.substr(0, colon);
   const int port = std::stoi(config.http.substr(colon + 1));
   http = std::make_unique<httplib::Server>();
+  // Bounded requests (Note [Web GUI]): no GET needs a body; slow clients are cut off; event
+  // streams cannot take every thread.
+  http->set_payload_max_length(64 * 1024);
+  http->set_read_timeout(5, 0);
+  http->set_write_timeout(5, 0);
+  http->new_task_queue = [] { return new httplib::ThreadPool(kHttpThreads); };
   http->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(self->metrics_text(), "text/plain; version=0.0.4");
   });
   http->Get("/api/status", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(self->status_json(), "application/json");
   });
+  add_gui_routes();
   if (!http->bind_to_port(host, port)) return unavailable("cannot listen on " + config.http);
   http_thread = std::thread([this] { http->listen_after_bind(); });
-  log("info", "HTTP on http://" + config.http + " (/metrics, /api/status)");
+  log("info", "HTTP on http://" + config.http + " (/metrics, /api/status, the GUI at /gui/" +
+                  (gui ? std::string(")") : " not served: " + gui_error + ")"));
   return Status();
+}
+
+namespace {
+
+void json_error(httplib::Response& res, int status, const std::string& message) {
+  res.status = status;
+  res.set_content(json{{"error", message}}.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+}
+
+// The journal of a signature id from a path ("<32 hex digits>"), or an error answered on `res`.
+std::optional<SearchJournal::Contents> journal_for(const std::string& state_dir, const std::string& hex, httplib::Response& res) {
+  StatusOr<SignatureId> id = SignatureId::from_hex(hex);
+  if (!id.ok()) {
+    json_error(res, 400, "not a signature id: " + id.status().message());
+    return std::nullopt;
+  }
+  const std::string path = SearchJournal::path_for(state_dir, *id);
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) {
+    json_error(res, 404, "no search of signature " + hex);
+    return std::nullopt;
+  }
+  StatusOr<SearchJournal::Contents> c = SearchJournal::read(path);
+  if (!c.ok()) {
+    json_error(res, 500, c.status().message());
+    return std::nullopt;
+  }
+  return std::move(*c);
+}
+
+}  // namespace
+
+void Daemon::Impl::add_gui_routes() {
+  StatusOr<GuiAssets> assets = GuiAssets::load(config.gui_dir.empty() ? default_gui_dir() : config.gui_dir);
+  if (assets.ok()) {
+    gui = std::move(*assets);
+  } else {
+    gui_error = assets.status().message();
+  }
+  http->Get("/gui", [](const httplib::Request&, httplib::Response& res) { res.set_redirect("/gui/"); });
+  http->Get(R"(/gui/([a-z]+\.[a-z]+)?)", [this](const httplib::Request& req, httplib::Response& res) {
+    if (!gui) return json_error(res, 503, "the GUI is not served: " + gui_error);
+    const std::string name = req.matches[1].length() > 0 ? req.matches[1].str() : std::string("index.html");
+    auto it = gui->files.find(name);
+    if (it == gui->files.end()) return json_error(res, 404, "no such file: " + name);
+    res.set_header("Cache-Control", "no-cache");
+    res.set_content(it->second.bytes, it->second.content_type);
+  });
+  http->Get("/api/searches", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(searches_json(config.state_dir).dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+  });
+  http->Get(R"(/api/tree/([0-9a-f]{32}))", [this](const httplib::Request& req, httplib::Response& res) {
+    std::optional<SearchJournal::Contents> c = journal_for(config.state_dir, req.matches[1].str(), res);
+    if (!c) return;
+    res.set_content(tree_json(*c).dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+  });
+  http->Get(R"(/api/candidate/([0-9a-f]{32})/([0-9]{1,9}))", [this](const httplib::Request& req, httplib::Response& res) {
+    std::optional<SearchJournal::Contents> c = journal_for(config.state_dir, req.matches[1].str(), res);
+    if (!c) return;
+    const uint64_t node = std::stoull(req.matches[2].str());
+    std::optional<json> j = candidate_json(*c, node);
+    if (!j) return json_error(res, 404, "the search has no candidate " + std::to_string(node));
+    res.set_content(j->dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+  });
+  http->Get("/api/events", [this](const httplib::Request& req, httplib::Response& res) {
+    // From the event after Last-Event-ID (a reconnecting page) or ?since=N, else from now on.
+    uint64_t since = event_log.last();
+    std::string from = req.get_header_value("Last-Event-ID");
+    if (from.empty() && req.has_param("since")) from = req.get_param_value("since");
+    if (!from.empty()) {
+      if (from.size() > 19 || from.find_first_not_of("0123456789") != std::string::npos) {
+        return json_error(res, 400, "Last-Event-ID / since: not an event number");
+      }
+      since = std::stoull(from);
+    }
+    if (event_streams.fetch_add(1) >= kMaxEventStreams) {
+      event_streams.fetch_sub(1);
+      return json_error(res, 503, "too many event streams open (" + std::to_string(kMaxEventStreams) + ")");
+    }
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [this, since](size_t, httplib::DataSink& sink) mutable {
+          EventLog::Batch b = event_log.after(since, 256, std::chrono::seconds(15));
+          if (event_log.closed()) return false;
+          std::string out;
+          if (b.missed) out += "event: reset\ndata: {}\n\n";
+          for (const auto& [seq, line] : b.events) {
+            out += "id: " + std::to_string(seq) + "\ndata: " + line + "\n\n";
+            since = seq;
+          }
+          if (out.empty()) out = ": keep-alive\n\n";
+          return sink.write(out.data(), out.size());
+        },
+        [this](bool) { event_streams.fetch_sub(1); });
+  });
 }
 
 void Daemon::Impl::resume_journals() {
@@ -282,7 +400,9 @@ void Daemon::Impl::publish_event(const std::string& topic, const json& body) {
   json j = body;
   j["event"] = topic;
   j["ts"] = iso_now();
-  socket->publish(topic, j.dump(-1, ' ', false, json::error_handler_t::replace));
+  std::string line = j.dump(-1, ' ', false, json::error_handler_t::replace);
+  socket->publish(topic, line);
+  event_log.append(std::move(line));
 }
 
 // Reads at most kMaxMessagesPerTurn frames, so that a flood of messages never keeps the loop from
@@ -457,6 +577,7 @@ Daemon::~Daemon() {
   for (auto& [id, s] : sessions) s->stop();
   if (impl_->pool) impl_->pool->stop();
   sessions.clear();   // joins
+  impl_->event_log.close();   // event streams end, so the HTTP threads can
   if (impl_->http) impl_->http->stop();
   if (impl_->http_thread.joinable()) impl_->http_thread.join();
   impl_->socket.reset();

@@ -135,7 +135,8 @@ const std::vector<Key>& keys() {
   static const std::vector<Key> k = {
       KEY_STRING("daemon", "endpoint", endpoint, "ROUTER endpoint for hooks and the CLI (default: the hooks' default, or $KFORGE_DAEMON_ENDPOINT)", endpoint_error),
       KEY_STRING("daemon", "events_endpoint", events_endpoint, "PUB endpoint for notifications (default: events.sock beside an ipc endpoint)", endpoint_error),
-      KEY_STRING("daemon", "http", http, "127.0.0.1:PORT for /metrics (Prometheus) and the JSON API; \"\" = off", http_error),
+      KEY_STRING("daemon", "http", http, "127.0.0.1:PORT for /metrics (Prometheus), the JSON API and the GUI (/gui/); \"\" = off", http_error),
+      KEY_STRING("daemon", "gui_dir", gui_dir, "the GUI's files (index.html, app.js, style.css); \"\": beside kforged, ../share/kforge/gui", any_string),
       KEY_STRING("daemon", "cache_dir", cache_dir, "the kernel cache (default: $KFORGE_CACHE_DIR, $XDG_CACHE_HOME/kforge, ~/.cache/kforge)", any_string),
       KEY_STRING("daemon", "state_dir", state_dir, "search journals (default: $XDG_STATE_HOME/kforge, ~/.local/state/kforge)", any_string),
       KEY_STRING("daemon", "curve_secret_key_file", curve_secret_key_file, "CURVE server secret key (z85, 40 chars); required for tcp:// endpoints", any_string),

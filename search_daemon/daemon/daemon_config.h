@@ -49,7 +49,8 @@ struct DaemonConfig {
   // [daemon]
   std::string endpoint;                // ROUTER for hooks and the CLI (default: the hook's default)
   std::string events_endpoint;         // PUB for notifications (default: beside endpoint, events.sock)
-  std::string http;                    // "127.0.0.1:PORT" for /metrics and the JSON API; "" = off
+  std::string http;                    // "127.0.0.1:PORT" for /metrics, the JSON API and the GUI; "" = off
+  std::string gui_dir;                 // the GUI's files; "": <kforged's directory>/../share/kforge/gui
   std::string cache_dir;               // the kernel cache (cache_dir.h rules when empty)
   std::string state_dir;               // journals; default <cache_dir>/../kforge-state? see .cc
   std::string curve_secret_key_file;   // required for tcp:// endpoints (CURVE server key, z85)

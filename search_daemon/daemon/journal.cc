@@ -213,13 +213,17 @@ StatusOr<SearchJournal::Contents> SearchJournal::read(const std::string& path) {
   return c;
 }
 
+std::string SearchJournal::path_for(const std::string& state_dir, const SignatureId& id) {
+  return journal_dir(state_dir) + "/" + id.hex() + ".kfj";
+}
+
 StatusOr<SearchJournal> SearchJournal::open(const std::string& state_dir, const OpSignature& sig,
                                             const std::string& strategy) {
   const std::string dir = journal_dir(state_dir);
   KFORGE_RETURN_IF_ERROR(make_private_dir(state_dir));
   KFORGE_RETURN_IF_ERROR(make_private_dir(dir));
   SearchJournal j;
-  j.path_ = dir + "/" + sig.id().hex() + ".kfj";
+  j.path_ = path_for(state_dir, sig.id());
   j.fd_ = UniqueFd(::open(j.path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
   if (!j.fd_.valid()) return unavailable(errno_text("open " + j.path_));
   KFORGE_ASSIGN_OR_RETURN(std::string bytes, read_all(j.fd_.get(), j.path_));

@@ -52,6 +52,8 @@ class SearchJournal {
   static StatusOr<SearchJournal> open(const std::string& state_dir, const OpSignature& sig, const std::string& strategy);
   // Every journal under state_dir (signature ids from their names), for resuming at start-up.
   static std::vector<std::string> list(const std::string& state_dir);
+  // Where the journal of the signature with this id is (whether or not it exists).
+  static std::string path_for(const std::string& state_dir, const SignatureId& id);
   // Reads one journal without opening it for writing (the CLI, tests).
   struct Contents {
     OpSignature signature;

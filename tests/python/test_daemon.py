@@ -494,6 +494,20 @@ LLM_PLAN = {"summary": "one row per block, double accumulation", "entry_points":
                           "args": [{"input": 0}, {"output": 0}, {"size": "size0_1", "type": "int64"}]}]}
 
 
+def send_kernel_answer(handler, source, plan):
+    """Answers an http.server request as an OpenAI-compatible server would, with a kernel in the
+    answer format (kernel_answer.h): a fenced source and a fenced launch plan."""
+    text = "```cpp\n" + source + "```\n```json\n" + json.dumps(plan) + "\n```\n"
+    out = json.dumps({"id": "c1", "object": "chat.completion", "model": "test",
+                      "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+                      "usage": {"prompt_tokens": 1000, "completion_tokens": 300, "total_tokens": 1300}}).encode()
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(out)))
+    handler.end_headers()
+    handler.wfile.write(out)
+
+
 def test_templates_and_an_llm_propose_in_one_search_and_the_llm_kernel_is_verified(daemon_bin, hook_path, tmp_path):
     """An OpenAI-compatible server in this process answers with a hand-written kernel: the search
     holds moves of both proposers, the LLM's kernel goes through the worker like any other, and
@@ -507,16 +521,7 @@ def test_templates_and_an_llm_propose_in_one_search_and_the_llm_kernel_is_verifi
         def do_POST(self):
             body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
             seen.append((self.path, self.headers.get("Authorization"), json.loads(body)))
-            text = "```cpp\n" + LLM_SOURCE + "```\n```json\n" + json.dumps(LLM_PLAN) + "\n```\n"
-            out = json.dumps({"id": "c1", "object": "chat.completion", "model": "test",
-                              "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                                           "finish_reason": "stop"}],
-                              "usage": {"prompt_tokens": 1000, "completion_tokens": 300, "total_tokens": 1300}}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(out)))
-            self.end_headers()
-            self.wfile.write(out)
+            send_kernel_answer(self, LLM_SOURCE, LLM_PLAN)
 
         def log_message(self, *args):
             pass

@@ -1,0 +1,281 @@
+// kforge's web GUI (Note [Web GUI] in search_daemon/daemon/gui_api.cc): plain JavaScript, no build
+// step, nothing fetched from elsewhere. Three views, chosen by the URL's hash:
+//   #/                         overview: the daemon, its workers, processes and signatures, searches
+//   #/search/<id>              a search's tree, live
+//   #/candidate/<id>/<node>    one candidate: outcome, logs, timings, source, diff, plan, conversation
+// Live updates come from /api/events (server-sent events); EventSource reconnects by itself and
+// sends the last event number it saw, so a reconnecting page gets what it missed ("reset": too
+// much was missed, reload the view).
+"use strict";
+
+const view = document.getElementById("view");
+const live = document.getElementById("live");
+
+function esc(s) {
+  return String(s === undefined || s === null ? "" : s).replace(/[&<>"']/g,
+    (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
+}
+
+async function api(path) {
+  const r = await fetch(path, {cache: "no-store"});
+  const body = await r.text();
+  let j;
+  try { j = JSON.parse(body); } catch (e) { throw new Error(path + ": not JSON (" + r.status + ")"); }
+  if (!r.ok) throw new Error(j.error || (path + ": HTTP " + r.status));
+  return j;
+}
+
+function fmtTime(ns) {
+  if (!ns) return "";
+  if (ns >= 1e6) return (ns / 1e6).toFixed(3) + " ms";
+  if (ns >= 1e3) return (ns / 1e3).toFixed(2) + " us";
+  return ns.toFixed(0) + " ns";
+}
+function fmtX(x) { return x ? x.toFixed(2) + "x" : ""; }
+function pct(x) { return (100 * (x || 0)).toFixed(1) + "%"; }
+
+// ---- overview ---------------------------------------------------------------------------------
+
+async function showOverview() {
+  const [st, searches] = await Promise.all([api("/api/status"), api("/api/searches")]);
+  const d = st.daemon || {};
+  let h = `<h1>kforged ${esc(d.version)} <span class="muted">pid ${esc(d.pid)}, up ${Math.round(d.uptime_s || 0)} s,
+    strategy ${esc(d.strategy)}</span></h1>`;
+  const b = st.budgets || {};
+  h += `<p class="muted">evaluations ${esc(b.evaluations_total)} of ${esc(b.max_evaluations_total)};
+    per signature ${esc(b.max_evaluations_per_signature)} evaluations or ${esc(b.max_seconds_per_signature)} s</p>`;
+  h += `<div class="grid"><div><h2>Workers</h2><table id="slots"><tr><th>device</th><th>state</th><th>model</th>
+    <th class="num">jobs</th><th class="num">restarts</th><th>serving pids</th></tr>`;
+  for (const s of st.slots || []) {
+    h += `<tr><td>${esc(s.device)}</td><td>${esc(s.state)}</td><td>${esc(s.model || s.arch)}</td>
+      <td class="num">${esc(s.jobs)}</td><td class="num">${esc(s.restarts)}</td><td>${esc((s.serving_pids || []).join(", "))}</td></tr>`;
+  }
+  h += `</table></div><div><h2>Processes</h2><table id="processes"><tr><th class="num">pid</th><th>attached</th>
+    <th>torch</th><th>GPUs</th><th class="num">signatures</th><th class="num">reports</th></tr>`;
+  for (const p of st.processes || []) {
+    h += `<tr><td class="num">${esc(p.pid)}</td><td>${p.attached ? "yes" : "gone " + esc(p.goodbye)}</td>
+      <td>${esc(p.torch)}</td><td>${esc((p.gpus || []).join(", "))}</td><td class="num">${esc(p.signatures)}</td>
+      <td class="num">${esc(p.reports)}</td></tr>`;
+  }
+  h += `</table></div></div>`;
+  h += `<h2>Hot signatures</h2><table id="signatures"><tr><th>signature</th><th>state</th><th class="num">time share</th>
+    <th class="num">calls</th><th class="num">mean</th><th class="num">evaluations</th><th class="num">best</th><th>search</th></tr>`;
+  for (const s of st.signatures || []) {
+    const searched = searches.some((x) => x.id === s.id);
+    h += `<tr data-signature="${esc(s.id)}"><td><code>${esc(s.signature)}</code></td><td>${esc(s.state)}${s.note ? ` <span class="muted">${esc(s.note)}</span>` : ""}</td>
+      <td class="num">${pct(s.time_share)}</td><td class="num">${esc(s.calls)}</td><td class="num">${fmtTime(s.mean_ns)}</td>
+      <td class="num">${esc(s.evaluations)}</td><td class="num">${fmtX(s.best_speedup)}</td>
+      <td>${searched ? `<a href="#/search/${esc(s.id)}">tree</a>` : ""}</td></tr>`;
+  }
+  h += `</table>`;
+  h += `<h2>Searches</h2><table id="searches"><tr><th>signature</th><th>strategy</th><th class="num">nodes</th>
+    <th class="num">evaluated</th><th class="num">in flight</th><th class="num">best</th><th>state</th></tr>`;
+  for (const s of searches) {
+    if (s.error) { h += `<tr><td colspan="7" class="error">${esc(s.id)}: ${esc(s.error)}</td></tr>`; continue; }
+    h += `<tr><td><a href="#/search/${esc(s.id)}"><code>${esc(s.signature)}</code></a></td><td>${esc(s.strategy)}</td>
+      <td class="num">${esc(s.nodes)}</td><td class="num">${esc(s.evaluated)}</td><td class="num">${esc(s.in_flight)}</td>
+      <td class="num">${fmtX(s.best_speedup)} <span class="muted">${esc(s.best_label)}</span></td>
+      <td>${s.done ? "done: " + esc(s.done_reason) : "searching"}</td></tr>`;
+  }
+  h += `</table>`;
+  view.innerHTML = h;
+}
+
+// ---- search tree ------------------------------------------------------------------------------
+
+// A tidy layout: leaves left to right in id order, each parent centred over its children.
+function layout(nodes) {
+  const kids = new Map(nodes.map((n) => [n.id, []]));
+  for (const n of nodes) if (n.id !== 0) kids.get(n.parent).push(n.id);
+  const pos = new Map();
+  let next = 0;
+  let depthMax = 0;
+  const place = (id, depth) => {
+    depthMax = Math.max(depthMax, depth);
+    const c = kids.get(id);
+    if (c.length === 0) { pos.set(id, {x: next++, y: depth}); return; }
+    for (const k of c) place(k, depth + 1);
+    pos.set(id, {x: (pos.get(c[0]).x + pos.get(c[c.length - 1]).x) / 2, y: depth});
+  };
+  place(0, 0);
+  return {pos, width: Math.max(1, next), depth: depthMax};
+}
+
+async function showTree(id) {
+  const t = await api("/api/tree/" + id);
+  const {pos, width, depth} = layout(t.nodes);
+  const dx = 34, dy = 70, pad = 24;
+  const W = Math.max(600, width * dx + 2 * pad), H = (depth + 1) * dy + 2 * pad;
+  const byId = new Map(t.nodes.map((n) => [n.id, n]));
+  const xy = (n) => [pad + pos.get(n.id).x * dx + dx / 2, pad + pos.get(n.id).y * dy + 10];
+  let svg = `<svg class="tree" id="tree" width="${W}" height="${H}" viewBox="0 0 ${W} ${H}">`;
+  for (const n of t.nodes) {
+    if (n.id === 0) continue;
+    const [x1, y1] = xy(byId.get(n.parent)), [x2, y2] = xy(n);
+    svg += `<line x1="${x1}" y1="${y1}" x2="${x2}" y2="${y2}" class="${n.on_best_path ? "best" : ""}"/>`;
+  }
+  for (const n of t.nodes) {
+    const [x, y] = xy(n);
+    const r = 6 + 2 * Math.sqrt(n.visits || 0);
+    const cls = `n-${n.status}${n.improves ? " improves" : ""}${n.best ? " best" : ""}`;
+    const title = `${n.id}: ${n.label} (${n.proposer}) ${n.status}${n.speedup ? " " + n.speedup.toFixed(2) + "x" : ""}`;
+    svg += `<circle id="node-${n.id}" data-node="${n.id}" data-status="${esc(n.status)}" cx="${x}" cy="${y}" r="${r.toFixed(1)}"
+      class="${cls}"><title>${esc(title)}</title></circle>`;
+  }
+  svg += `</svg>`;
+  let h = `<h1>Search of <code>${esc(t.signature)}</code></h1>
+    <p class="muted">${esc(t.strategy)}; ${t.evaluated} evaluated of ${t.nodes.length - 1} nodes;
+    ${t.done ? "done: " + esc(t.done_reason) : "searching"}${t.best_node !== undefined ? `; best: <a href="#/candidate/${id}/${t.best_node}">node ${t.best_node}</a>` : ""}</p>
+    <p class="legend"><span>circle size: visits (evaluations below)</span><span style="color:#16a34a">faster</span>
+    <span style="color:#5b7ea6">measured, not faster</span><span style="color:#dc2626">failed</span>
+    <span style="color:#d97706">in flight</span><span>pending</span><span style="color:#c8a400">path to the best</span></p>` + svg;
+  h += `<h2>Nodes</h2><table id="nodes"><tr><th class="num">id</th><th class="num">parent</th><th>proposer</th><th>label</th>
+    <th>status</th><th class="num">speedup</th><th class="num">visits</th><th class="num">mean reward</th></tr>`;
+  for (const n of t.nodes) {
+    if (n.id === 0) continue;
+    h += `<tr data-node="${n.id}"><td class="num"><a href="#/candidate/${id}/${n.id}">${n.id}</a></td><td class="num">${n.parent}</td>
+      <td>${esc(n.proposer)}</td><td><a href="#/candidate/${id}/${n.id}">${esc(n.label)}</a></td>
+      <td class="status s-${esc(n.status)}${n.improves ? " improves" : ""}">${esc(n.status)}</td>
+      <td class="num">${n.speedup ? n.speedup.toFixed(3) + "x" : ""}</td><td class="num">${n.visits}</td>
+      <td class="num">${n.visits ? n.mean_reward.toFixed(3) : ""}</td></tr>`;
+  }
+  h += `</table>`;
+  view.innerHTML = h;
+  for (const c of view.querySelectorAll("circle[data-node]")) {
+    if (c.dataset.node !== "0") c.addEventListener("click", () => { location.hash = `#/candidate/${id}/${c.dataset.node}`; });
+  }
+}
+
+// ---- candidate --------------------------------------------------------------------------------
+
+const KEYWORDS = new Set("if else for while do return break continue switch case default static const extern inline struct union typedef sizeof goto __global__ __device__ __shared__ __restrict__ __syncthreads unsigned signed volatile template typename".split(" "));
+const TYPES = new Set("void char short int long float double bool half int64_t int32_t uint32_t uint64_t size_t float2 float4 __half __nv_bfloat16 kf_acc".split(" "));
+
+// C/CUDA highlighting: comments, numbers, keywords, types; everything escaped first.
+function highlight(src) {
+  const out = [];
+  const re = /(\/\/[^\n]*|\/\*[\s\S]*?\*\/)|(\b\d[\d.]*[fFuUlL]*\b)|([A-Za-z_]\w*)|([^A-Za-z_\d\/]+|\/)/g;
+  let m;
+  while ((m = re.exec(src)) !== null) {
+    if (m[1]) out.push(`<span class="cm">${esc(m[1])}</span>`);
+    else if (m[2]) out.push(`<span class="nu">${esc(m[2])}</span>`);
+    else if (m[3]) out.push(KEYWORDS.has(m[3]) ? `<span class="kw">${m[3]}</span>` : TYPES.has(m[3]) ? `<span class="ty">${m[3]}</span>` : m[3]);
+    else out.push(esc(m[4]));
+  }
+  return out.join("");
+}
+
+// A line diff (longest common subsequence), as "+"/"-"/" " lines.
+function diff(a, b) {
+  const x = a.split("\n"), y = b.split("\n");
+  if (x.length * y.length > 4e6) return [{op: " ", text: "(too long to diff)"}];
+  const L = Array.from({length: x.length + 1}, () => new Int32Array(y.length + 1));
+  for (let i = x.length - 1; i >= 0; --i)
+    for (let j = y.length - 1; j >= 0; --j) L[i][j] = x[i] === y[j] ? L[i + 1][j + 1] + 1 : Math.max(L[i + 1][j], L[i][j + 1]);
+  const out = [];
+  let i = 0, j = 0;
+  while (i < x.length && j < y.length) {
+    if (x[i] === y[j]) { out.push({op: " ", text: x[i]}); ++i; ++j; }
+    else if (L[i + 1][j] >= L[i][j + 1]) out.push({op: "-", text: x[i++]});
+    else out.push({op: "+", text: y[j++]});
+  }
+  while (i < x.length) out.push({op: "-", text: x[i++]});
+  while (j < y.length) out.push({op: "+", text: y[j++]});
+  return out;
+}
+
+async function showCandidate(id, node) {
+  const c = await api(`/api/candidate/${id}/${node}`);
+  const o = c.outcome;
+  let h = `<p><a href="#/search/${id}">&larr; the search of <code>${esc(c.signature)}</code></a></p>
+    <h1>Node ${c.id}: ${esc(c.label)}</h1>
+    <p class="muted">proposer ${esc(c.proposer)}, prior ${c.prior.toFixed(2)}, parent
+    ${c.parent ? `<a href="#/candidate/${id}/${c.parent}">node ${c.parent}</a>` : "PyTorch's kernel (the root)"}
+    (${esc(c.parent_label)}), kernel ${esc(c.kernel_id)}</p>`;
+  h += `<h2>Outcome</h2>`;
+  if (!o) {
+    h += `<p id="outcome" class="status s-${esc(c.status)}">${esc(c.status)}</p>`;
+  } else {
+    h += `<table id="outcome"><tr><th>status</th><td class="status s-${esc(o.status)}${o.improves ? " improves" : ""}">${esc(o.status)}</td></tr>`;
+    if (o.message) h += `<tr><th>message</th><td>${esc(o.message)}</td></tr>`;
+    if (o.failed_check) h += `<tr><th>failed check</th><td id="failed-check">${esc(o.failed_check)}</td></tr>`;
+    if (o.baseline_ns) {
+      h += `<tr><th>PyTorch</th><td>${fmtTime(o.baseline_ns)} <span class="muted">spread ${pct(o.baseline_spread)}</span></td></tr>
+        <tr><th>this kernel</th><td>${fmtTime(o.candidate_ns)} <span class="muted">spread ${pct(o.candidate_spread)}</span></td></tr>
+        <tr><th>speedup</th><td>${o.speedup.toFixed(3)}x <span class="muted">noise band ${pct(o.noise_band)},
+          ${o.significant ? "significant" : "not significant"}</span></td></tr>`;
+    }
+    if (o.torch_max_abs_error) {
+      h += `<tr><th>PyTorch's own error</th><td>max abs ${o.torch_max_abs_error.toExponential(3)}, rel ${o.torch_rel_error.toExponential(3)}
+        <span class="muted">(against float64; the bound is twice this plus the floor)</span></td></tr>`;
+    }
+    if (o.implausible) h += `<tr><th>timing not believed</th><td>${esc(o.implausible)}</td></tr>`;
+    if (o.shared_gpu_pids && o.shared_gpu_pids.length) h += `<tr><th>GPU shared with</th><td>${esc(o.shared_gpu_pids.join(", "))}</td></tr>`;
+    h += `<tr><th>reward</th><td>${o.reward.toFixed(3)}</td></tr></table>`;
+    if (o.build_log) h += `<h2>Compile log</h2><pre id="build-log">${esc(o.build_log)}</pre>`;
+  }
+  h += `<h2>Source <span class="muted">(${esc(c.language)}; entry ${esc(c.entry_points.join(", "))}${c.compile_options.length ? "; options " + esc(c.compile_options.join(" ")) : ""})</span></h2>
+    <pre id="source">${highlight(c.source)}</pre>`;
+  if (c.parent_source) {
+    const d = diff(c.parent_source, c.source);
+    h += `<h2>Diff against node ${c.parent}</h2><pre id="diff" class="diff">${d.map((l) =>
+      l.op === "+" ? `<span class="add">+ ${esc(l.text)}</span>` : l.op === "-" ? `<span class="del">- ${esc(l.text)}</span>` : `  ${esc(l.text)}\n`).join("")}</pre>`;
+  } else {
+    h += `<h2>Diff</h2><p id="diff" class="muted">A first candidate: its parent is PyTorch's own kernel, which has no source here.</p>`;
+  }
+  h += `<h2>Launch plan</h2><pre id="plan">${esc(JSON.stringify(c.plan, null, 2))}</pre>`;
+  if (c.origin && typeof c.origin === "object") {
+    const og = c.origin;
+    h += `<h2>Written by ${esc(og.model)} <span class="muted">(${esc(og.api)}, ${esc(og.prompt_kind)} prompt,
+      ${esc(og.format_repairs)} format repairs)</span></h2>`;
+    for (const m of og.messages || []) h += `<h3 class="muted">${esc(m.role)}</h3><pre>${esc(m.content)}</pre>`;
+  }
+  view.innerHTML = h;
+}
+
+// ---- routing and live updates -----------------------------------------------------------------
+
+let current = {name: "", args: []};
+
+async function route() {
+  const parts = location.hash.replace(/^#\/?/, "").split("/").filter((p) => p.length);
+  try {
+    if (parts[0] === "search" && /^[0-9a-f]{32}$/.test(parts[1] || "")) {
+      current = {name: "search", args: [parts[1]]};
+      await showTree(parts[1]);
+    } else if (parts[0] === "candidate" && /^[0-9a-f]{32}$/.test(parts[1] || "") && /^\d+$/.test(parts[2] || "")) {
+      current = {name: "candidate", args: [parts[1], parts[2]]};
+      await showCandidate(parts[1], parts[2]);
+    } else {
+      current = {name: "overview", args: []};
+      await showOverview();
+    }
+  } catch (e) {
+    view.innerHTML = `<p class="error">${esc(e.message)}</p>`;
+  }
+}
+
+// Re-render the current view at most every 500 ms while events arrive.
+let pending = null;
+function refreshSoon() {
+  if (pending) return;
+  pending = setTimeout(() => { pending = null; route(); }, 500);
+}
+
+function connect() {
+  const es = new EventSource("/api/events");
+  es.onopen = () => { live.textContent = "live"; live.className = "live on"; };
+  es.onerror = () => { live.textContent = "reconnecting"; live.className = "live off"; };
+  es.addEventListener("reset", () => route());
+  es.onmessage = (m) => {
+    let e;
+    try { e = JSON.parse(m.data); } catch (err) { return; }
+    if (current.name === "overview") refreshSoon();
+    else if (current.name === "search" && e.signature === current.args[0]) refreshSoon();
+    else if (current.name === "candidate" && e.signature === current.args[0] && String(e.node) === current.args[1]) refreshSoon();
+  };
+}
+
+window.addEventListener("hashchange", route);
+route();
+connect();

@@ -1,0 +1,234 @@
+"""The web GUI (Note [Web GUI] in search_daemon/daemon/gui_api.cc) against a daemon running a real
+CPU search: templates and an LLM (a scripted OpenAI-compatible server in this process whose first
+answer does not compile and whose repair does) propose, a real kforge-worker evaluates, and the
+hooked model of test_daemon.py supplies the softmax signature.
+
+1. The HTTP API: the GUI's files, /api/searches, /api/tree, /api/candidate and /api/events (the
+   daemon's events as server-sent events, resumable by number); malformed, unknown and oversized
+   requests get 4xx answers and the daemon keeps serving; a non-loopback listener is refused.
+2. A browser (Debian's headless Chromium, driven by Selenium): the overview lists the signature,
+   the tree grows as evaluations finish, clicking the failed node shows its compile log, the
+   repair's page shows its diff against the failed kernel. Each page's screenshot goes to
+   <build>/gui-screenshots/.
+Synchronization: the daemon's own documents, polled with deadlines.
+"""
+import http.client
+import http.server
+import json
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from test_daemon import (Daemon, LLM_PLAN, LLM_SOURCE, daemon_bin, hook_path, private_root,  # noqa: F401
+                         send_kernel_answer, start_model)
+
+BROKEN_SOURCE = LLM_SOURCE.replace("double s = 0;", "double s = 0")   # a missing ';': a compile error
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(port, path, headers=None, timeout=10):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.headers.get("Content-Type", ""), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers.get("Content-Type", ""), e.read()
+
+
+def get_json(port, path):
+    status, _, body = get(port, path)
+    assert status == 200, (path, status, body[:500])
+    return json.loads(body)
+
+
+def wait_for(what, timeout, fn):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(0.5)   # the poll interval of a deadline-bound wait
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}; last: {str(last)[:2000]}")
+
+
+class ScriptedModel:
+    """An OpenAI-compatible server: the first answer does not compile, every later one does."""
+
+    def __init__(self):
+        self.requests = 0
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                outer.requests += 1
+                source = BROKEN_SOURCE if outer.requests == 1 else LLM_SOURCE.replace("double m", f"/* answer {outer.requests} */ double m")
+                send_kernel_answer(self, source, dict(LLM_PLAN, summary=f"one row per block (answer {outer.requests})"))
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self):
+        self.server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def searching(daemon_bin, hook_path, tmp_path_factory):
+    """A daemon with the GUI on, searching the model's softmax until the test ends."""
+    tmp = tmp_path_factory.mktemp("gui")
+    root = private_root(tmp)
+    model_server = ScriptedModel()
+    port = free_port()
+    d = Daemon(daemon_bin, root, "--strategy", "mcts", "--max-evaluations", "40", "--set", "search.concurrent_searches=1",
+               "--http", f"127.0.0.1:{port}", "--llm", "on", "--set", f"llm.base_url={model_server.url}",
+               "--set", "llm.model=test")
+    d.start()
+    model = start_model(daemon_bin, hook_path, d, tmp, 400, "steady", KFORGE_TEST_GELU="0")
+    try:
+        searches = wait_for("the softmax search to start", 240,
+                            lambda: [s for s in get_json(port, "/api/searches") if s.get("op") == "aten::_softmax"])
+        yield {"daemon": d, "port": port, "id": searches[0]["id"], "model": model_server}
+    finally:
+        model.kill()
+        model.wait()
+        assert d.stop() == 0, d.log_text()
+        model_server.close()
+
+
+def test_the_gui_api_serves_files_trees_candidates_and_events_and_refuses_bad_requests(searching, daemon_bin, tmp_path):
+    port, sid = searching["port"], searching["id"]
+    status, ctype, body = get(port, "/gui/")
+    assert status == 200 and ctype.startswith("text/html") and b"app.js" in body
+    assert get(port, "/gui/app.js")[0] == 200
+    assert get(port, "/gui/style.css")[1].startswith("text/css")
+    # The event stream: from event 0, the search's events so far, numbered; resumable from a number.
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+    conn.request("GET", "/api/events?since=0")
+    r = conn.getresponse()
+    assert r.status == 200 and r.getheader("Content-Type").startswith("text/event-stream")
+    first = b""
+    while b"\n\n" not in first:
+        first += r.read1(65536)
+    first = first.split(b"\n\n", 1)[0]
+    assert first.startswith(b"id: 1\n") and b"data: {" in first, first
+    event = json.loads(first.split(b"data: ", 1)[1])
+    assert event["event"] in ("node", "result", "published", "finished") and "signature" in event
+    conn.close()
+
+    # The tree grows; its nodes carry what the GUI draws.
+    tree = wait_for("three evaluated nodes", 300, lambda: (lambda t: t if t["evaluated"] >= 3 else None)(get_json(port, f"/api/tree/{sid}")))
+    assert tree["id"] == sid and tree["nodes"][0]["status"] == "root"
+    for n in tree["nodes"][1:]:
+        assert {"id", "parent", "proposer", "label", "status", "visits", "mean_reward", "on_best_path"} <= n.keys()
+    evaluated = [n for n in tree["nodes"][1:] if n["status"] not in ("pending", "in_flight")]
+    c = get_json(port, f"/api/candidate/{sid}/{evaluated[0]['id']}")
+    assert c["source"] and c["plan"]["launches"] and "outcome" in c and c["outcome"]["status"] == evaluated[0]["status"]
+    # No secret: the daemon has none here, but nothing names the key variable's value or a CURVE key.
+    assert "secret" not in json.dumps(c).lower()
+
+    # Bad requests: 4xx, never a crash or a hang; the daemon keeps answering.
+    assert get(port, f"/api/tree/{'0' * 32}")[0] == 404
+    assert get(port, "/api/tree/not-an-id")[0] == 404
+    assert get(port, f"/api/candidate/{sid}/999999")[0] == 404
+    assert get(port, f"/api/candidate/{sid}/0")[0] == 404
+    assert get(port, "/gui/../../etc/passwd")[0] == 404
+    assert get(port, "/gui/nothere.js")[0] == 404
+    assert get(port, "/api/events", headers={"Last-Event-ID": "x" * 40})[0] == 400
+    big = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+    big.request("POST", "/api/status", body=b"x" * (1 << 20))
+    assert 400 <= big.getresponse().status < 500
+    big.close()
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as s:   # garbage instead of HTTP
+        s.sendall(b"\x00\xff" * 4096 + b"\r\n\r\n")
+        s.recv(4096)
+    assert get(port, "/api/status")[0] == 200
+
+    # A listener anyone could reach is refused at start-up, naming the key.
+    r = subprocess.run([str(daemon_bin["kforged"]), "--http", "0.0.0.0:8123", "--state-dir", str(tmp_path / "s")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "daemon.http" in r.stderr and "127.0.0.1" in r.stderr, r.stderr
+
+
+def browser():
+    webdriver = pytest.importorskip("selenium.webdriver") if os.environ.get("CI") != "true" else __import__("selenium.webdriver").webdriver
+    chromium = shutil.which("chromium")
+    driver = shutil.which("chromedriver")
+    if not chromium or not driver:
+        if os.environ.get("CI") == "true":
+            pytest.fail("chromium and chromium-driver are not installed (scripts/bootstrap.sh installs them)")
+        pytest.skip("no chromium/chromedriver on this machine")
+    from selenium.webdriver.chrome.service import Service
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = chromium
+    for a in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1400,1000"):
+        opts.add_argument(a)
+    return webdriver.Chrome(service=Service(driver), options=opts)
+
+
+def test_a_browser_watches_the_search_and_audits_a_failed_candidate_and_its_repair(searching, build_dir):
+    from selenium.webdriver.common.by import By
+    port, sid = searching["port"], searching["id"]
+    shots = build_dir / "gui-screenshots"
+    shots.mkdir(exist_ok=True)
+    b = browser()
+    try:
+        def until(what, timeout, fn):
+            return wait_for(what, timeout, lambda: fn() or None)
+
+        # Overview: the signature is listed, with a link to its tree.
+        b.get(f"http://127.0.0.1:{port}/gui/")
+        until("the overview to list the softmax", 60, lambda: "aten::_softmax" in b.find_element(By.ID, "signatures").text)
+        until("the event stream to connect", 30, lambda: b.find_element(By.ID, "live").text == "live")
+        b.save_screenshot(str(shots / "overview.png"))
+
+        # The tree, live: it grows as evaluations finish, with no reload by the test.
+        b.find_element(By.CSS_SELECTOR, f'#searches a[href="#/search/{sid}"]').click()
+        until("the tree", 60, lambda: b.find_elements(By.CSS_SELECTOR, "#tree circle"))
+
+        def evaluated():
+            return len([e for e in b.find_elements(By.CSS_SELECTOR, "#tree circle[data-status]")
+                        if e.get_attribute("data-status") not in ("root", "pending", "in_flight")])
+        before = evaluated()
+        until("the tree to grow", 300, lambda: evaluated() > before)
+        # The LLM's first kernel does not compile: that node, and its repair, appear in time.
+        until("a failed node", 300, lambda: b.find_elements(By.CSS_SELECTOR, '#tree circle[data-status="compile_error"]'))
+        b.save_screenshot(str(shots / "tree.png"))
+
+        failed = b.find_element(By.CSS_SELECTOR, '#tree circle[data-status="compile_error"]')
+        failed_id = failed.get_attribute("data-node")
+        failed.click()
+        log = until("the compile log", 30, lambda: b.find_elements(By.ID, "build-log"))
+        assert "error" in log[0].text.lower(), log[0].text
+        b.save_screenshot(str(shots / "candidate-failed.png"))
+
+        # The repair of that node: its page shows the diff against the kernel that failed.
+        def repair():
+            t = get_json(port, f"/api/tree/{sid}")
+            return next((n for n in t["nodes"] if str(n["parent"]) == failed_id and n["proposer"] == "llm"), None)
+        r = until("the repair of the failed node", 300, repair)
+        b.get(f"http://127.0.0.1:{port}/gui/#/candidate/{sid}/{r['id']}")
+        d = until("the diff", 30, lambda: b.find_elements(By.CSS_SELECTOR, "#diff .add"))
+        assert any("answer" in e.text or "double s = 0;" in e.text for e in d), [e.text for e in d]
+        assert b.find_elements(By.CSS_SELECTOR, "#diff .del")
+        b.save_screenshot(str(shots / "candidate-diff.png"))
+    finally:
+        b.quit()
+    for name in ("overview", "tree", "candidate-failed", "candidate-diff"):
+        assert (shots / f"{name}.png").stat().st_size > 1000

@@ -11,6 +11,7 @@
 
 #include "cache/bundle.h"
 #include "cache/cache_dir.h"
+#include "cache/entry_json.h"
 #include "cache/store.h"
 #include "runtime/human_units.h"
 
@@ -155,43 +156,6 @@ StatusOr<Store> open_store(const std::string& cache_dir) {
   }
   KFORGE_ASSIGN_OR_RETURN(CacheDir dir, CacheDir::open(path));
   return Store::open(dir.path());
-}
-
-// The no-win records of an entry (Note [In-process win] in interposer/hook/swapper.h): processes
-// in which it was correct but not faster, so they run PyTorch's kernel. Unreadable: none shown.
-std::vector<Store::NoWinRecord> no_wins(const Store& store, const EntryKey& key) {
-  StatusOr<std::vector<Store::NoWinRecord>> r = store.no_win_records(key);
-  return r.ok() ? std::move(*r) : std::vector<Store::NoWinRecord>();
-}
-
-std::string describe_no_win(const Store::NoWinRecord& r) {
-  return "no win in process " + std::to_string(r.pid) + " (" + human_duration_ns(static_cast<double>(r.entry_ns)) + " vs " +
-         human_duration_ns(static_cast<double>(r.pytorch_ns)) + ")";
-}
-
-json no_wins_json(const std::vector<Store::NoWinRecord>& records) {
-  json list = json::array();
-  for (const Store::NoWinRecord& r : records) {
-    list.push_back(json{{"pid", r.pid}, {"entry_ns", r.entry_ns}, {"pytorch_ns", r.pytorch_ns},
-                        {"text", describe_no_win(r)}});
-  }
-  return list;
-}
-
-json entry_summary_json(const StoredEntry& e) {
-  return json{{"key", e.key.hex()},
-              {"signature", e.signature.to_string()},
-              {"op", e.signature.op},
-              {"backend", std::string(backend_name(e.environment.backend))},
-              {"arch", e.environment.arch},
-              {"state", std::string(entry_state_name(e.status.state))},
-              {"reason", e.status.reason},
-              {"pinned", e.status.pinned},
-              {"speedup", e.timings.speedup()},
-              {"baseline_ns", e.timings.baseline_ns},
-              {"candidate_ns", e.timings.candidate_ns},
-              {"last_use_unix_ms", e.status.last_use_unix_ms},
-              {"created_unix_ms", e.provenance.created_unix_ms}};
 }
 
 int cmd_ls(Store& store, const Parsed& p, std::ostream& out, std::ostream& err) {

@@ -94,6 +94,7 @@ struct Daemon::Impl {
   // events for /api/events.
   std::optional<GuiAssets> gui;
   std::string gui_error;
+  std::string gui_token;   // Note [GUI token]; empty: actions are refused (the file could not be written)
   EventLog event_log;
   std::atomic<int> event_streams{0};
 
@@ -222,6 +223,32 @@ void Daemon::Impl::add_gui_routes() {
     if (it == gui->files.end()) return json_error(res, 404, "no such file: " + name);
     res.set_header("Cache-Control", "no-cache");
     res.set_content(it->second.bytes, it->second.content_type);
+  });
+  if (StatusOr<std::string> t = write_gui_token(config.state_dir); t.ok()) {
+    gui_token = std::move(*t);
+  } else {
+    log("warn", "the GUI's actions are off: " + t.status().message());
+  }
+  http->Get("/api/cache", [this](const httplib::Request&, httplib::Response& res) {
+    StatusOr<Store> store = Store::open(config.cache_dir);
+    if (!store.ok()) return json_error(res, 500, store.status().message());
+    res.set_content(cache_json(*store).dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+  });
+  http->Post(R"(/api/cache/([0-9a-f]{32})/([a-z]{1,16}))", [this](const httplib::Request& req, httplib::Response& res) {
+    const std::string where = config.state_dir + "/gui-token";
+    if (gui_token.empty()) return json_error(res, 503, "the GUI's actions are off: " + where + " could not be written");
+    const std::string given = req.get_header_value("X-Kforge-Token");
+    if (given.empty()) return json_error(res, 401, "this action needs the token in " + where + " (header X-Kforge-Token)");
+    if (!token_matches(given, gui_token)) return json_error(res, 403, "wrong token: the current one is in " + where);
+    StatusOr<Store> store = Store::open(config.cache_dir);
+    if (!store.ok()) return json_error(res, 500, store.status().message());
+    StatusOr<nlohmann::ordered_json> after = cache_action(*store, req.matches[1].str(), req.matches[2].str());
+    if (!after.ok()) {
+      const bool missing = after.status().code() == StatusCode::kNotFound;
+      return json_error(res, missing ? 404 : 400, after.status().message());
+    }
+    log("info", "GUI: " + req.matches[2].str() + " of cache entry " + req.matches[1].str());
+    res.set_content(after->dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
   });
   http->Get("/api/searches", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(searches_json(config.state_dir).dump(-1, ' ', false, json::error_handler_t::replace), "application/json");

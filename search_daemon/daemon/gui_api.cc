@@ -1,6 +1,12 @@
 #include "search_daemon/daemon/gui_api.h"
 
+#include <fcntl.h>
+#include <sys/random.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <algorithm>
 #include <exception>
@@ -8,12 +14,14 @@
 #include <fstream>
 #include <sstream>
 
+#include "cache/entry_json.h"
 #include "search_daemon/proposers/llm/kernel_answer.h"
 
 namespace kforge::daemon {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+using nlohmann::ordered_json;
 
 // Note [Web GUI]
 // The GUI is three static files (search_daemon/daemon/gui/: plain HTML, CSS and JavaScript, no
@@ -218,6 +226,109 @@ std::optional<json> candidate_json(const SearchJournal::Contents& c, uint64_t no
   for (uint64_t ch : n.children) children.push_back(ch);
   j["children"] = std::move(children);
   return j;
+}
+
+ordered_json cache_json(const Store& store) {
+  ordered_json entries = ordered_json::array();
+  ordered_json unreadable = ordered_json::array();
+  StatusOr<std::vector<EntryKey>> keys = store.list();
+  if (!keys.ok()) return ordered_json{{"error", keys.status().message()}, {"entries", entries}, {"unreadable", unreadable}};
+  for (const EntryKey& k : *keys) {
+    StatusOr<StoredEntry> e = store.load(k);
+    if (!e.ok()) {
+      unreadable.push_back({{"key", k.hex()}, {"error", e.status().message()}});
+      continue;
+    }
+    ordered_json j = entry_summary_json(*e);
+    j["no_win"] = no_wins_json(no_wins(store, e->key));
+    j["proposer"] = e->provenance.proposer;
+    j["search_id"] = e->provenance.search_id;
+    j["host"] = e->provenance.host;
+    ordered_json blobs = ordered_json::array();
+    uint64_t bytes = e->manifest_bytes;
+    for (const BlobRef& b : e->blobs) {
+      blobs.push_back({{"name", b.name}, {"bytes", b.size}});
+      bytes += b.size;
+    }
+    j["blobs"] = std::move(blobs);
+    j["bytes"] = bytes;
+    entries.push_back(std::move(j));
+  }
+  std::sort(entries.begin(), entries.end(), [](const ordered_json& a, const ordered_json& b) {
+    return a.at("speedup").get<double>() > b.at("speedup").get<double>();
+  });
+  return ordered_json{{"root", store.root()}, {"entries", std::move(entries)}, {"unreadable", std::move(unreadable)}};
+}
+
+// Note [GUI token]
+// The GUI is read-only for anyone who can reach the loopback listener; what changes state (an
+// entry disabled, enabled, pinned or unpinned) needs a token only the daemon's user can read: 32
+// random bytes (getrandom), hex, written at every start to <state_dir>/gui-token (0600, in the
+// 0700 state directory) and sent in the X-Kforge-Token header. No token: 401; a wrong one: 403;
+// both name the file, never the token. The page keeps a pasted token in the tab's sessionStorage
+// only. The token is not a secret of anything else (no API key, no CURVE key is ever in a page).
+StatusOr<std::string> write_gui_token(const std::string& state_dir) {
+  std::error_code ec;
+  fs::create_directories(state_dir, ec);
+  if (ec) return unavailable("cannot create " + state_dir + ": " + ec.message());
+  ::chmod(state_dir.c_str(), 0700);
+  unsigned char raw[32];
+  size_t got = 0;
+  while (got < sizeof raw) {
+    const ssize_t n = ::getrandom(raw + got, sizeof raw - got, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return unavailable(std::string("getrandom: ") + std::strerror(errno));
+    }
+    got += static_cast<size_t>(n);
+  }
+  static const char* hex = "0123456789abcdef";
+  std::string token;
+  for (unsigned char c : raw) {
+    token += hex[c >> 4];
+    token += hex[c & 15];
+  }
+  const std::string path = state_dir + "/gui-token";
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) return unavailable("cannot write " + tmp + ": " + std::strerror(errno));
+  const bool ok = ::fchmod(fd, 0600) == 0 && ::write(fd, token.data(), token.size()) == static_cast<ssize_t>(token.size()) &&
+                  ::fsync(fd) == 0;
+  const int saved = errno;
+  ::close(fd);
+  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
+    ::unlink(tmp.c_str());
+    return unavailable("cannot write " + path + ": " + std::strerror(ok ? errno : saved));
+  }
+  return token;
+}
+
+bool token_matches(std::string_view given, std::string_view token) {
+  if (given.size() != token.size() || token.empty()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < token.size(); ++i) diff |= static_cast<unsigned char>(given[i] ^ token[i]);
+  return diff == 0;
+}
+
+StatusOr<ordered_json> cache_action(Store& store, const std::string& key_hex, const std::string& action) {
+  StatusOr<EntryKey> key = EntryKey::from_hex(key_hex);
+  if (!key.ok()) return invalid_argument("not an entry key: " + key.status().message());
+  StatusOr<StoredEntry> before = store.load(*key);
+  if (!before.ok()) return before.status();
+  Status s;
+  if (action == "disable") {
+    s = store.set_state(*key, EntryState::kDisabled, "disabled from the GUI");
+  } else if (action == "enable") {
+    s = store.set_state(*key, EntryState::kActive, "");
+  } else if (action == "pin" || action == "unpin") {
+    s = store.set_pinned(*key, action == "pin");
+  } else {
+    return invalid_argument("unknown action '" + action + "' (disable, enable, pin, unpin)");
+  }
+  if (!s.ok()) return s;
+  StatusOr<StoredEntry> after = store.load(*key);
+  if (!after.ok()) return after.status();
+  return entry_summary_json(*after);
 }
 
 void EventLog::append(std::string json_line) {

@@ -1,8 +1,9 @@
 // The web GUI's server side (Note [Web GUI] in gui_api.cc): its files and the JSON documents that
 // kforged's HTTP listener (daemon.http, loopback only) serves beside /metrics and /api/status.
-// Everything here is read-only: a search's documents come from its journal on disk, read as a
-// restarted daemon would read it (SearchJournal::read, never opened for writing), and live updates
-// from the EventLog of what the daemon published.
+// A search's documents come from its journal on disk, read as a restarted daemon would read it
+// (SearchJournal::read, never opened for writing), live updates from the EventLog of what the
+// daemon published, the cache page from the cache. The only writes are the cache actions, behind
+// the token (Note [GUI token]).
 //
 //   StatusOr<GuiAssets> assets = GuiAssets::load(default_gui_dir());
 //   json tree = tree_json(*SearchJournal::read(path));
@@ -23,11 +24,13 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "cache/store.h"
 #include "runtime/status.h"
 #include "search_daemon/daemon/journal.h"
 
@@ -62,6 +65,20 @@ nlohmann::json tree_json(const SearchJournal::Contents& c);
 // spreads, PyTorch's own error) and, for an LLM move, the conversation that wrote it. nullopt for
 // the root or a node the tree does not have.
 std::optional<nlohmann::json> candidate_json(const SearchJournal::Contents& c, uint64_t node);
+
+// /api/cache: every entry of the cache at `store` (entry_summary_json, its no-win records, its
+// proposer, host and search, its blobs' names and sizes), and the entries that cannot be read,
+// with why.
+nlohmann::ordered_json cache_json(const Store& store);
+
+// Note [GUI token] in gui_api.cc: a fresh random token in <state_dir>/gui-token (0600, the state
+// directory 0700), written at start-up; the actions need it. Returns the token.
+StatusOr<std::string> write_gui_token(const std::string& state_dir);
+// Whether `given` is the token, in time independent of where they differ.
+bool token_matches(std::string_view given, std::string_view token);
+// The entry's state after an action on it: "disable", "enable", "pin" or "unpin" (an entry named
+// by its 32-digit key). Errors name the action or entry that is wrong.
+StatusOr<nlohmann::ordered_json> cache_action(Store& store, const std::string& key_hex, const std::string& action);
 
 // The last `capacity` events the daemon published (the PUB socket's JSON), numbered from 1, for
 // /api/events (server-sent events; a page that reconnects sends the last number it saw).

@@ -44,7 +44,7 @@ search::Move move(const std::string& source, const std::string& label) {
 
 }  // namespace
 
-TEST_CASE("gui api: a tree shows each node's status, visits and the path to the best; a candidate its parent and logs") {
+TEST_CASE("gui api: a tree shows each node's status, visits and the path to the best, and a candidate its parent and logs") {
   TempDir dir("kforge-gui-api");
   const std::string state = (dir.path / "state").string();
   StatusOr<SearchJournal> j = SearchJournal::open(state, sig(), "mcts");

@@ -4,11 +4,14 @@ answer does not compile and whose repair does) propose, a real kforge-worker eva
 hooked model of test_daemon.py supplies the softmax signature.
 
 1. The HTTP API: the GUI's files, /api/searches, /api/tree, /api/candidate and /api/events (the
-   daemon's events as server-sent events, resumable by number); malformed, unknown and oversized
-   requests get 4xx answers and the daemon keeps serving; a non-loopback listener is refused.
+   daemon's events as server-sent events, resumable by number), /api/cache and its actions
+   (401 without the token, 403 with a wrong one, taking effect with it); malformed, unknown and
+   oversized requests get 4xx answers and the daemon keeps serving; a non-loopback listener is
+   refused.
 2. A browser (Debian's headless Chromium, driven by Selenium): the overview lists the signature,
    the tree grows as evaluations finish, clicking the failed node shows its compile log, the
-   repair's page shows its diff against the failed kernel. Each page's screenshot goes to
+   repair's page shows its diff against the failed kernel, the cache page refuses an action
+   without the daemon's token and carries it out with it. Each page's screenshot goes to
    <build>/gui-screenshots/.
 Synchronization: the daemon's own documents, polled with deadlines.
 """
@@ -160,6 +163,40 @@ def test_the_gui_api_serves_files_trees_candidates_and_events_and_refuses_bad_re
         s.recv(4096)
     assert get(port, "/api/status")[0] == 200
 
+    # The cache: the search's winner is listed; changing it needs the daemon's token.
+    d = searching["daemon"]
+    entry = wait_for("a published entry", 300, lambda: next((e for e in get_json(port, "/api/cache")["entries"]
+                                                              if e["op"] == "aten::_softmax"), None))
+    assert entry["state"] == "active" and entry["blobs"] and entry["bytes"] > 0 and entry["proposer"]
+    token_file = d.root / "state" / "gui-token"
+    assert token_file.stat().st_mode & 0o777 == 0o600
+    token = token_file.read_text()
+
+    def post(action, tok=None):
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/api/cache/{entry['key']}/{action}", method="POST",
+                                     headers={"X-Kforge-Token": tok} if tok is not None else {})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+    status, body = post("disable")
+    assert status == 401 and str(token_file) in body["error"] and token not in json.dumps(body)
+    status, body = post("disable", "0" * len(token))
+    assert status == 403 and token not in json.dumps(body)
+    assert next(e for e in get_json(port, "/api/cache")["entries"] if e["key"] == entry["key"])["state"] == "active"
+    assert post("explode", token)[0] == 400
+    assert post("disable", token) == (200, {**post("disable", token)[1]})   # idempotent
+    ls = subprocess.run([str(daemon_bin["kforge"]), "--cache-dir", str(d.root / "cache"), "cache", "ls", "--json"],
+                        capture_output=True, text=True, timeout=60)
+    assert next(e for e in json.loads(ls.stdout)["entries"] if e["key"] == entry["key"])["state"] == "disabled", ls.stdout
+    status, body = post("enable", token)
+    assert status == 200 and body["state"] == "active"
+    status, body = post("pin", token)
+    assert status == 200 and body["pinned"] is True
+    assert post("unpin", token)[1]["pinned"] is False
+    assert get(port, f"/api/cache/{entry['key']}/disable")[0] == 404   # only POST changes anything
+
     # A listener anyone could reach is refused at start-up, naming the key.
     r = subprocess.run([str(daemon_bin["kforged"]), "--http", "0.0.0.0:8123", "--state-dir", str(tmp_path / "s")],
                        capture_output=True, text=True, timeout=60)
@@ -187,10 +224,24 @@ def test_a_browser_watches_the_search_and_audits_a_failed_candidate_and_its_repa
     port, sid = searching["port"], searching["id"]
     shots = build_dir / "gui-screenshots"
     shots.mkdir(exist_ok=True)
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
     b = browser()
     try:
+        # The page renders after its fetches return, and re-renders on every event of its view:
+        # an element may not be there yet, or be replaced between finding and using it.
         def until(what, timeout, fn):
-            return wait_for(what, timeout, lambda: fn() or None)
+            def attempt():
+                try:
+                    return fn() or None
+                except (NoSuchElementException, StaleElementReferenceException):
+                    return None
+            return wait_for(what, timeout, attempt)
+
+        def click(what, css):
+            def attempt():
+                b.find_element(By.CSS_SELECTOR, css).click()
+                return True
+            until(what, 60, attempt)
 
         # Overview: the signature is listed, with a link to its tree.
         b.get(f"http://127.0.0.1:{port}/gui/")
@@ -199,23 +250,24 @@ def test_a_browser_watches_the_search_and_audits_a_failed_candidate_and_its_repa
         b.save_screenshot(str(shots / "overview.png"))
 
         # The tree, live: it grows as evaluations finish, with no reload by the test.
-        b.find_element(By.CSS_SELECTOR, f'#searches a[href="#/search/{sid}"]').click()
+        click("the search's link", f'#searches a[href="#/search/{sid}"]')
         until("the tree", 60, lambda: b.find_elements(By.CSS_SELECTOR, "#tree circle"))
 
-        def evaluated():
-            return len([e for e in b.find_elements(By.CSS_SELECTOR, "#tree circle[data-status]")
-                        if e.get_attribute("data-status") not in ("root", "pending", "in_flight")])
+        def evaluated():   # counted in the page, in one step: no element can go stale meanwhile
+            return b.execute_script(
+                "return [...document.querySelectorAll('#tree circle[data-status]')]"
+                ".filter(c => !['root', 'pending', 'in_flight'].includes(c.dataset.status)).length")
         before = evaluated()
         until("the tree to grow", 300, lambda: evaluated() > before)
         # The LLM's first kernel does not compile: that node, and its repair, appear in time.
         until("a failed node", 300, lambda: b.find_elements(By.CSS_SELECTOR, '#tree circle[data-status="compile_error"]'))
         b.save_screenshot(str(shots / "tree.png"))
 
-        failed = b.find_element(By.CSS_SELECTOR, '#tree circle[data-status="compile_error"]')
-        failed_id = failed.get_attribute("data-node")
-        failed.click()
-        log = until("the compile log", 30, lambda: b.find_elements(By.ID, "build-log"))
-        assert "error" in log[0].text.lower(), log[0].text
+        failed_id = until("the failed node's id", 30, lambda: b.find_element(
+            By.CSS_SELECTOR, '#tree circle[data-status="compile_error"]').get_attribute("data-node"))
+        click("the failed node", f'#tree circle[data-node="{failed_id}"]')
+        log = until("the compile log", 30, lambda: b.find_element(By.ID, "build-log").text)
+        assert "error" in log.lower(), log
         b.save_screenshot(str(shots / "candidate-failed.png"))
 
         # The repair of that node: its page shows the diff against the kernel that failed.
@@ -224,11 +276,37 @@ def test_a_browser_watches_the_search_and_audits_a_failed_candidate_and_its_repa
             return next((n for n in t["nodes"] if str(n["parent"]) == failed_id and n["proposer"] == "llm"), None)
         r = until("the repair of the failed node", 300, repair)
         b.get(f"http://127.0.0.1:{port}/gui/#/candidate/{sid}/{r['id']}")
-        d = until("the diff", 30, lambda: b.find_elements(By.CSS_SELECTOR, "#diff .add"))
-        assert any("answer" in e.text or "double s = 0;" in e.text for e in d), [e.text for e in d]
-        assert b.find_elements(By.CSS_SELECTOR, "#diff .del")
+        added = until("the diff", 30, lambda: [e.text for e in b.find_elements(By.CSS_SELECTOR, "#diff .add")])
+        assert any("answer" in t or "double s = 0;" in t for t in added), added
+        assert until("the diff's removed lines", 30, lambda: b.find_elements(By.CSS_SELECTOR, "#diff .del"))
         b.save_screenshot(str(shots / "candidate-diff.png"))
+
+        # The cache page: an action without the token is refused and says where the token is;
+        # with it, it takes effect.
+        b.get(f"http://127.0.0.1:{port}/gui/#/cache")
+        key = until("the cache's softmax entry", 300, lambda: next(
+            (r.get_attribute("data-key") for r in b.find_elements(By.CSS_SELECTOR, "#entries tr[data-key]") if "aten::_softmax" in r.text), None))
+
+        def state():
+            return b.find_element(By.CSS_SELECTOR, f'#entries tr[data-key="{key}"] .entry-state').text
+        click("disable", f'#entries tr[data-key="{key}"] button[data-action="disable"]')
+        until("the refusal", 30, lambda: "needs the token" in b.find_element(By.ID, "action-result").text)
+        assert until("the state", 30, state).startswith("active")
+        token = (searching["daemon"].root / "state" / "gui-token").read_text()
+
+        def paste():
+            field = b.find_element(By.ID, "token")
+            field.clear()
+            field.send_keys(token)
+            b.execute_script("arguments[0].dispatchEvent(new Event('change'))", field)
+            return b.execute_script("return sessionStorage.getItem('kforge-token')") == token
+        until("the token pasted", 30, paste)
+        click("disable", f'#entries tr[data-key="{key}"] button[data-action="disable"]')
+        until("the entry disabled", 30, lambda: state().startswith("disabled"))
+        b.save_screenshot(str(shots / "cache.png"))
+        click("enable", f'#entries tr[data-key="{key}"] button[data-action="enable"]')
+        until("the entry enabled again", 30, lambda: state().startswith("active"))
     finally:
         b.quit()
-    for name in ("overview", "tree", "candidate-failed", "candidate-diff"):
+    for name in ("overview", "tree", "candidate-failed", "candidate-diff", "cache"):
         assert (shots / f"{name}.png").stat().st_size > 1000

@@ -3,6 +3,7 @@
 //   #/                         overview: the daemon, its workers, processes and signatures, searches
 //   #/search/<id>              a search's tree, live
 //   #/candidate/<id>/<node>    one candidate: outcome, logs, timings, source, diff, plan, conversation
+//   #/cache                    the cache's entries; disable, enable, pin, unpin with the token
 // Live updates come from /api/events (server-sent events); EventSource reconnects by itself and
 // sends the last event number it saw, so a reconnecting page gets what it missed ("reset": too
 // much was missed, reload the view).
@@ -233,6 +234,49 @@ async function showCandidate(id, node) {
   view.innerHTML = h;
 }
 
+// ---- cache ------------------------------------------------------------------------------------
+
+// Note [GUI token] (gui_api.cc): the actions need the token the daemon writes to
+// <state_dir>/gui-token; the page keeps a pasted one in this tab only.
+function token() { return sessionStorage.getItem("kforge-token") || ""; }
+
+async function act(key, action) {
+  const out = document.getElementById("action-result");
+  const r = await fetch(`/api/cache/${key}/${action}`, {method: "POST", headers: {"X-Kforge-Token": token()}});
+  let j = {};
+  try { j = await r.json(); } catch (e) { j = {error: "HTTP " + r.status}; }
+  if (!r.ok) { out.className = "error"; out.textContent = `${action}: ${j.error || "HTTP " + r.status}`; return; }
+  await showCache();
+  const o = document.getElementById("action-result");
+  o.className = "";
+  o.textContent = `${action}: entry ${key} is ${j.state}${j.pinned ? ", pinned" : ""}`;
+}
+
+async function showCache() {
+  const c = await api("/api/cache");
+  let h = `<h1>Cache <span class="muted">${esc(c.root)}</span></h1>
+    <p>Token for actions: <input id="token" type="password" size="40" placeholder="contents of <state_dir>/gui-token"
+      value="${esc(token())}"> <span class="muted">(kept in this tab only)</span></p><p id="action-result"></p>`;
+  if (c.error) h += `<p class="error">${esc(c.error)}</p>`;
+  h += `<table id="entries"><tr><th>signature</th><th>state</th><th class="num">speedup</th><th class="num">PyTorch</th>
+    <th class="num">kernel</th><th>proposer</th><th class="num">size</th><th>in-process</th><th>actions</th></tr>`;
+  for (const e of c.entries) {
+    const noWin = (e.no_win || []).map((w) => esc(w.text)).join("<br>");
+    h += `<tr data-key="${esc(e.key)}"><td><code>${esc(e.signature)}</code><br><span class="muted">${esc(e.key)}</span></td>
+      <td class="entry-state">${esc(e.state)}${e.pinned ? ", pinned" : ""}${e.reason ? `<br><span class="muted">${esc(e.reason)}</span>` : ""}</td>
+      <td class="num">${fmtX(e.speedup)}</td><td class="num">${fmtTime(e.baseline_ns)}</td><td class="num">${fmtTime(e.candidate_ns)}</td>
+      <td>${esc(e.proposer)}</td><td class="num">${(e.bytes / 1024).toFixed(1)} KiB</td><td>${noWin || '<span class="muted">no no-win record</span>'}</td>
+      <td>${["disable", "enable", "pin", "unpin"].map((a) => `<button data-action="${a}">${a}</button>`).join(" ")}</td></tr>`;
+  }
+  h += `</table>`;
+  for (const u of c.unreadable || []) h += `<p class="error">${esc(u.key)}: ${esc(u.error)}</p>`;
+  view.innerHTML = h;
+  document.getElementById("token").addEventListener("change", (ev) => sessionStorage.setItem("kforge-token", ev.target.value.trim()));
+  for (const b of view.querySelectorAll("button[data-action]")) {
+    b.addEventListener("click", () => act(b.closest("tr").dataset.key, b.dataset.action));
+  }
+}
+
 // ---- routing and live updates -----------------------------------------------------------------
 
 let current = {name: "", args: []};
@@ -246,6 +290,9 @@ async function route() {
     } else if (parts[0] === "candidate" && /^[0-9a-f]{32}$/.test(parts[1] || "") && /^\d+$/.test(parts[2] || "")) {
       current = {name: "candidate", args: [parts[1], parts[2]]};
       await showCandidate(parts[1], parts[2]);
+    } else if (parts[0] === "cache") {
+      current = {name: "cache", args: []};
+      await showCache();
     } else {
       current = {name: "overview", args: []};
       await showOverview();
@@ -270,7 +317,7 @@ function connect() {
   es.onmessage = (m) => {
     let e;
     try { e = JSON.parse(m.data); } catch (err) { return; }
-    if (current.name === "overview") refreshSoon();
+    if (current.name === "overview" || (current.name === "cache" && e.event === "published")) refreshSoon();
     else if (current.name === "search" && e.signature === current.args[0]) refreshSoon();
     else if (current.name === "candidate" && e.signature === current.args[0] && String(e.node) === current.args[1]) refreshSoon();
   };

@@ -301,14 +301,9 @@ std::vector<Move> LlmProposer::propose_in_background(const ProposalRequest& r) {
   const Key key{r.signature->id(), r.parent};
   {
     std::lock_guard<std::mutex> lock(bg_mu_);
-    if (auto done = ready_.find(key); done != ready_.end()) {   // finished before anyone collected it
-      moves = std::move(done->second.moves);
-      if (done->second.retry_later && r.retry_later != nullptr) *r.retry_later = true;
-      ready_.erase(done);
-      if (outstanding_[key] > 0) *r.pending = true;
-      return moves;
-    }
-    if (outstanding_[key] > 0 || per_search_[key.first] >= options_.requests_per_search) {
+    if (ready_.count(key) != 0) return take_ready_locked(key, r);   // finished before anyone collected it
+    const auto search = per_search_.find(key.first);
+    if (outstanding_.count(key) != 0 || (search != per_search_.end() && search->second >= options_.requests_per_search)) {
       *r.pending = true;   // asked again once something of this search finishes
       return moves;
     }
@@ -324,8 +319,7 @@ std::vector<Move> LlmProposer::propose_in_background(const ProposalRequest& r) {
   }
   std::lock_guard<std::mutex> lock(bg_mu_);
   if (!e || stopping_) {
-    if (--outstanding_[key] == 0) outstanding_.erase(key);
-    if (--per_search_[key.first] == 0) per_search_.erase(key.first);
+    forget_locked(key);
     return moves;
   }
   e->generation = generation_[key.first];
@@ -364,8 +358,7 @@ void LlmProposer::serve() {
       --running_;
       running_list_.erase(std::find(running_list_.begin(), running_list_.end(), e));
       const Key key = e->key();
-      if (--outstanding_[key] == 0) outstanding_.erase(key);
-      if (--per_search_[key.first] == 0) per_search_.erase(key.first);
+      forget_locked(key);
       stale = generation_[key.first] != e->generation;
       if (!stale) {
         Answered& r = ready_[key];
@@ -388,18 +381,29 @@ void LlmProposer::serve() {
   }
 }
 
+std::vector<Move> LlmProposer::take_ready_locked(const Key& key, const ProposalRequest& r) {
+  std::vector<Move> moves;
+  if (auto done = ready_.find(key); done != ready_.end()) {
+    moves = std::move(done->second.moves);
+    if (done->second.retry_later && r.retry_later != nullptr) *r.retry_later = true;
+    ready_.erase(done);
+  }
+  if (r.pending != nullptr && outstanding_.count(key) != 0) *r.pending = true;
+  return moves;
+}
+
+void LlmProposer::forget_locked(const Key& key) {
+  if (auto o = outstanding_.find(key); o != outstanding_.end() && --o->second == 0) outstanding_.erase(o);
+  if (auto p = per_search_.find(key.first); p != per_search_.end() && --p->second == 0) per_search_.erase(p);
+}
+
 std::vector<Move> LlmProposer::collect(const ProposalRequest& r) {
   std::vector<Move> moves;
   if (r.signature == nullptr) return moves;
   try {
     const Key key{r.signature->id(), r.parent};
     std::lock_guard<std::mutex> lock(bg_mu_);
-    if (auto done = ready_.find(key); done != ready_.end()) {
-      moves = std::move(done->second.moves);
-      if (done->second.retry_later && r.retry_later != nullptr) *r.retry_later = true;
-      ready_.erase(done);
-    }
-    if (r.pending != nullptr && outstanding_.count(key) != 0) *r.pending = true;
+    moves = take_ready_locked(key, r);
   } catch (...) {
     moves.clear();
   }
@@ -417,9 +421,7 @@ void LlmProposer::release(const OpSignature& sig) {
         ++it;
         continue;
       }
-      const Key key = (*it)->key();
-      if (--outstanding_[key] == 0) outstanding_.erase(key);
-      if (--per_search_[id] == 0) per_search_.erase(id);
+      forget_locked((*it)->key());
       it = queue_.erase(it);
     }
     bool abandoned = false;

@@ -108,6 +108,11 @@ class LlmProposer final : public search::Proposer {
   Answered converse(const Expansion& e);
   std::vector<search::Move> propose_in_background(const search::ProposalRequest& request);
   void serve();   // a background thread's loop
+  // With bg_mu_ held: the moves finished for `key` (and their retry flag into request.retry_later),
+  // *request.pending set while more is outstanding for it; one conversation of `key` finished or
+  // dropped (the counts below, entries erased at zero so that they stay bounded).
+  std::vector<search::Move> take_ready_locked(const Key& key, const search::ProposalRequest& request);
+  void forget_locked(const Key& key);
   void log(std::string_view line) const;
   // Counts an answer against its signature's spend; the spend so far (Note [LLM provenance]).
   LlmSpend add_spend(const OpSignature& sig, const TokenUsage& usage);

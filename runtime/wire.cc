@@ -292,6 +292,21 @@ Status read_stats(const Reader& r, size_t signature_args, InputStats* s) {
   return Status();
 }
 
+Status read_entry_in_process(const Reader& r, EntryInProcess* e) {
+  KFORGE_RETURN_IF_ERROR(open_record(r, 5));
+  KFORGE_RETURN_IF_ERROR(read_entry_key(field(r, 0, "entry_key"), &e->entry_key));
+  const Reader state = field(r, 1, "state");
+  KFORGE_ASSIGN_OR_RETURN(e->state, state.str(kMaxStateChars));
+  if (e->state.empty()) return state.error("empty state");
+  for (char c : e->state) {
+    if (!((c >= 'a' && c <= 'z') || c == '_')) return state.error("a state is lowercase letters and '_'");
+  }
+  KFORGE_RETURN_IF_ERROR(read_uint(field(r, 2, "active_calls"), &e->active_calls));
+  KFORGE_RETURN_IF_ERROR(read_uint(field(r, 3, "pytorch_median_ns"), &e->pytorch_median_ns));
+  KFORGE_RETURN_IF_ERROR(read_uint(field(r, 4, "entry_median_ns"), &e->entry_median_ns));
+  return Status();
+}
+
 Status read_hot_entry(const Reader& r, HotEntry* e) {
   KFORGE_RETURN_IF_ERROR(open_record(r, 5));
   KFORGE_ASSIGN_OR_RETURN(e->signature, codec::read_op_signature(field(r, 0, "signature")));
@@ -303,8 +318,12 @@ Status read_hot_entry(const Reader& r, HotEntry* e) {
   }
   KFORGE_RETURN_IF_ERROR(read_uint(field(r, 3, "sampled_total_ns"), &e->sampled_total_ns));
   const size_t nargs = e->signature.args.size();
-  return read_list(field(r, 4, "input_stats"), kMaxStatsPerEntry, &e->input_stats,
-                   [nargs](const Reader& s, InputStats* out) { return read_stats(s, nargs, out); });
+  KFORGE_RETURN_IF_ERROR(read_list(field(r, 4, "input_stats"), kMaxStatsPerEntry, &e->input_stats,
+                                   [nargs](const Reader& s, InputStats* out) { return read_stats(s, nargs, out); }));
+  // Appended later: absent (an older hook) means none.
+  KFORGE_ASSIGN_OR_RETURN(size_t fields, r.array_size());
+  if (fields > 5) KFORGE_RETURN_IF_ERROR(read_list(field(r, 5, "in_process"), 1, &e->in_process, read_entry_in_process));
+  return Status();
 }
 
 StatusOr<WireMessage> read_hot_report(const Reader& b) {
@@ -450,7 +469,7 @@ void pack_body(Packer& pk, const HotReport& m) {
   pk.pack_uint64(m.reports_dropped);
   pk.pack_array(static_cast<uint32_t>(m.entries.size()));
   for (const HotEntry& e : m.entries) {
-    pk.pack_array(5);
+    pk.pack_array(6);
     codec::pack(pk, e.signature);
     pk.pack_uint64(e.calls);
     pk.pack_uint64(e.sampled_calls);
@@ -466,6 +485,15 @@ void pack_body(Packer& pk, const HotReport& m) {
       pk.pack_uint64(s.nan_count);
       pk.pack_uint64(s.inf_count);
       pk.pack_f64(s.zero_fraction);
+    }
+    pk.pack_array(static_cast<uint32_t>(e.in_process.size()));
+    for (const EntryInProcess& p : e.in_process) {
+      pk.pack_array(5);
+      pack_string(pk, p.entry_key);
+      pack_string(pk, p.state);
+      pk.pack_uint64(p.active_calls);
+      pk.pack_uint64(p.pytorch_median_ns);
+      pk.pack_uint64(p.entry_median_ns);
     }
   }
   pk.pack_array(static_cast<uint32_t>(m.gpus_in_use.size()));

@@ -121,12 +121,32 @@ struct InputStats {
 // One hot signature. Counters are cumulative since the process started, so a lost report loses
 // no counts; the daemon takes differences. Encoded as
 // [signature, calls, sampled_calls, sampled_total_ns, input_stats].
+// What the process does with the cache entry it loaded for a signature (the hook's swapper): how
+// the daemon and its GUI know which kernels run where, confirmed or not, and the time they save.
+// Encoded as [entry_key, state, active_calls, pytorch_median_ns, entry_median_ns].
+struct EntryInProcess {
+  std::string entry_key;            // 1..kMaxEntryKeyChars lowercase hex digits
+  std::string state;                // shadow | active | no_win | disabled (1..kMaxStateChars of
+                                    // lowercase letters and '_')
+  uint64_t active_calls = 0;        // calls the entry served (cumulative)
+  // Note [In-process win]: the medians of the trial's timed calls in this process once it ended
+  // (0: not yet, or no timing phase).
+  uint64_t pytorch_median_ns = 0;
+  uint64_t entry_median_ns = 0;
+  friend bool operator==(const EntryInProcess&, const EntryInProcess&) = default;
+};
+inline constexpr size_t kMaxStateChars = 16;
+
+// Encoded as [signature, calls, sampled_calls, sampled_total_ns, input_stats, in_process]; the
+// sixth, an array of zero or one EntryInProcess, was appended later (an entry of 5, from an older
+// hook, has none).
 struct HotEntry {
   OpSignature signature;              // in OpSignature's canonical nested form
   uint64_t calls = 0;                 // intercepted calls
   uint64_t sampled_calls = 0;         // calls that were timed; at most `calls`
   uint64_t sampled_total_ns = 0;      // total device time of the timed calls
   std::vector<InputStats> input_stats;  // at most kMaxStatsPerEntry
+  std::vector<EntryInProcess> in_process{};   // zero or one: the entry loaded for this signature
   friend bool operator==(const HotEntry&, const HotEntry&) = default;
 };
 

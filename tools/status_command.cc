@@ -75,6 +75,16 @@ void print_table(const json& st, std::ostream& out) {
   for (const json& p : st["processes"]) {
     out << "  pid " << p.value("pid", 0) << "  torch " << p.value("torch", "") << "  " << (p.value("attached", false) ? "attached" : "gone")
         << "  reports " << p.value("reports", 0) << " (" << p.value("reports_dropped", 0) << " dropped by the hook)\n";
+    // What it runs from the cache, as its reports say (Note [Time saved] in daemon_status.cc).
+    if (const json k = p.value("kernels", json::object()); k.is_object() && !k.empty()) {
+      std::string states;
+      for (const auto& [state, n] : k.items()) {
+        states += (states.empty() ? "" : ", ") + std::to_string(n.is_number_unsigned() ? n.get<uint64_t>() : 0) + " " + state;
+      }
+      const double saved = p.value("saved_ns", 0.0);
+      out << "      kernels: " << states << "; estimated time saved "
+          << (saved > 0 ? human_duration_ns(saved) : std::string("none yet")) << "\n";
+    }
     if (!p.value("shares_cache", true)) {
       const std::string dir = p.value("cache_dir", "");
       out << "      its cache " << (dir.empty() ? std::string("(none)") : dir)
@@ -101,6 +111,14 @@ void print_table(const json& st, std::ostream& out) {
                   best > 0 ? (fixed(best, 2) + "x").c_str() : "-", s.value("signature", "?").c_str());
     out << line;
     if (!s.value("note", "").empty()) out << "               " << s.value("note", "") << "\n";
+    for (const json& w : s.value("in_process", json::array())) {
+      out << "               pid " << w.value("pid", 0) << ": entry " << w.value("entry", "").substr(0, 12) << " "
+          << (w.value("state", "") == "no_win" ? std::string("no win in this process") : w.value("state", ""));
+      if (const double e = w.value("entry_median_ns", 0.0), t = w.value("pytorch_median_ns", 0.0); e > 0 && t > 0) {
+        out << " (" << human_duration_ns(e) << " vs PyTorch " << human_duration_ns(t) << " there)";
+      }
+      out << "\n";
+    }
     if (const uint64_t shared = s.value("shared_gpu_timings", 0ull); shared > 0) {
       out << "               " << shared << (shared == 1 ? " timing" : " timings")
           << " shared the GPU with a serving process: speedups may be noisier\n";

@@ -232,10 +232,20 @@ void start() noexcept {
     InputSampler* sampler = hook->sampler;
     hook->timer = new CudaTimer();
     CudaTimer* timer = hook->timer;
-    options.before_round = [sampler, timer, gpus](int32_t pid, RoundExtras& extras) {
+    options.before_round = [sampler, timer, gpus, swapper](int32_t pid, RoundExtras& extras) {
       sampler->drain(pid, extras);
       timer->collect(extras);
       extras.gpus_in_use = gpus->current();
+      // What runs where, for the daemon's status and GUI (wire::EntryInProcess). States are the
+      // swapper's own words (shadow, active, no_win, disabled); one the decoder would refuse is
+      // left out rather than cost the whole report.
+      for (SwapStats::Entry& e : swapper->stats().entries) {
+        const bool ok_state = !e.state.empty() && e.state.size() <= wire::kMaxStateChars &&
+                              e.state.find_first_not_of("abcdefghijklmnopqrstuvwxyz_") == std::string::npos;
+        if (!ok_state || e.key.empty()) continue;
+        extras.in_process.emplace_back(
+            e.id, wire::EntryInProcess{e.key, e.state, e.active_calls, e.pytorch_median_ns, e.entry_median_ns});
+      }
     };
     hook->recorder = new Recorder(std::move(options));
     Recorder* recorder = hook->recorder;

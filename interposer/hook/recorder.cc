@@ -367,6 +367,21 @@ void Recorder::build_and_offer_reports() {
       ++n;
       total += ns;
     }
+    {
+      std::unordered_map<SignatureId, wire::EntryInProcess, IdHash> now;
+      for (auto& [id, e] : extras.in_process) now[id] = std::move(e);
+      auto resend = [this](const SignatureId& id) {
+        if (auto it = last_reported_calls_.find(id); it != last_reported_calls_.end()) it->second = UINT64_MAX;
+      };
+      for (const auto& [id, e] : now) {
+        auto before = in_process_.find(id);
+        if (before == in_process_.end() || !(before->second == e)) resend(id);
+      }
+      for (const auto& [id, e] : in_process_) {
+        if (now.find(id) == now.end()) resend(id);
+      }
+      in_process_ = std::move(now);
+    }
     gpus_in_use_ = std::move(extras.gpus_in_use);
     gpus = gpus_in_use_;
     // A report the client dropped (no daemon connected yet, or a slow one) carried counts that
@@ -394,6 +409,7 @@ void Recorder::build_and_offer_reports() {
       changed.push_back(wire::HotEntry{*tot.signature, tot.calls, tot.sampled_calls, tot.sampled_ns,
                                        stats == input_stats_.end() ? std::vector<wire::InputStats>{}
                                                                    : stats->second});
+      if (const auto p = in_process_.find(id); p != in_process_.end()) changed.back().in_process.push_back(p->second);
     }
   } catch (...) {
     return;   // out of memory: try again next interval (counts are cumulative)
@@ -534,6 +550,7 @@ void Recorder::after_fork_child() noexcept {
   r->reports_offered_ = 0;
   r->last_reported_calls_.clear();
   r->input_stats_.clear();
+  r->in_process_.clear();
   r->device_timed_.clear();
   r->gpus_in_use_.clear();
   r->gpus_offered_ = std::vector<std::string>{};

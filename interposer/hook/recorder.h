@@ -135,6 +135,9 @@ struct RoundExtras {
   // The GPUs this process uses now (ActiveGpus::current()): every report carries them, and a
   // change is reported even in a round with no counts to report.
   std::vector<std::string> gpus_in_use;
+  // What the process does with the cache entries it loaded (Swapper::stats), the whole current
+  // set: each signature's HotEntry carries its own, and a change is reported at once.
+  std::vector<std::pair<SignatureId, wire::EntryInProcess>> in_process;
 };
 
 // What the background thread needs that the hook knows at load.
@@ -308,6 +311,7 @@ class Recorder {
   uint64_t reports_offered_ = 0;
   std::unordered_map<SignatureId, uint64_t, IdHash> last_reported_calls_;
   std::unordered_map<SignatureId, std::vector<wire::InputStats>, IdHash> input_stats_;
+  std::unordered_map<SignatureId, wire::EntryInProcess, IdHash> in_process_;
   std::unordered_map<SignatureId, std::pair<uint64_t, uint64_t>, IdHash> device_timed_;   // calls, ns
   uint64_t extras_offered_ = 0;
   uint64_t extras_refused_ = 0;

@@ -234,12 +234,26 @@ void Daemon::Impl::add_gui_routes() {
     if (!store.ok()) return json_error(res, 500, store.status().message());
     res.set_content(cache_json(*store).dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
   });
-  http->Post(R"(/api/cache/([0-9a-f]{32})/([a-z]{1,16}))", [this](const httplib::Request& req, httplib::Response& res) {
+  // Note [GUI token]: whether the request may change state; when not, the answer is written.
+  auto authorized = [this](const httplib::Request& req, httplib::Response& res) {
     const std::string where = config.state_dir + "/gui-token";
-    if (gui_token.empty()) return json_error(res, 503, "the GUI's actions are off: " + where + " could not be written");
+    if (gui_token.empty()) {
+      json_error(res, 503, "the GUI's actions are off: " + where + " could not be written");
+      return false;
+    }
     const std::string given = req.get_header_value("X-Kforge-Token");
-    if (given.empty()) return json_error(res, 401, "this action needs the token in " + where + " (header X-Kforge-Token)");
-    if (!token_matches(given, gui_token)) return json_error(res, 403, "wrong token: the current one is in " + where);
+    if (given.empty()) {
+      json_error(res, 401, "this action needs the token in " + where + " (header X-Kforge-Token)");
+      return false;
+    }
+    if (!token_matches(given, gui_token)) {
+      json_error(res, 403, "wrong token: the current one is in " + where);
+      return false;
+    }
+    return true;
+  };
+  http->Post(R"(/api/cache/([0-9a-f]{32})/([a-z]{1,16}))", [this, authorized](const httplib::Request& req, httplib::Response& res) {
+    if (!authorized(req, res)) return;
     StatusOr<Store> store = Store::open(config.cache_dir);
     if (!store.ok()) return json_error(res, 500, store.status().message());
     StatusOr<nlohmann::ordered_json> after = cache_action(*store, req.matches[1].str(), req.matches[2].str());
@@ -249,6 +263,26 @@ void Daemon::Impl::add_gui_routes() {
     }
     log("info", "GUI: " + req.matches[2].str() + " of cache entry " + req.matches[1].str());
     res.set_content(after->dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+  });
+  // Stops a running search for good: its evaluations in flight finish, its journal is marked done
+  // (a restarted daemon does not resume it), its signature is not searched again.
+  http->Post(R"(/api/search/([0-9a-f]{32})/stop)", [this, authorized](const httplib::Request& req, httplib::Response& res) {
+    if (!authorized(req, res)) return;
+    StatusOr<SignatureId> id = SignatureId::from_hex(req.matches[1].str());
+    if (!id.ok()) return json_error(res, 400, "not a signature id: " + id.status().message());
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      auto it = sessions.find(*id);
+      if (it == sessions.end() || it->second->finished()) {
+        return json_error(res, 409, "no search of " + req.matches[1].str() + " is running");
+      }
+      it->second->stop_for_good("stopped from the GUI");
+    }
+    log("info", "GUI: stop of the search of " + req.matches[1].str());
+    res.set_content(json{{"id", req.matches[1].str()}, {"stopping", true}}.dump(), "application/json");
+  });
+  http->Get("/api/progress", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(progress_json(config.state_dir).dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
   });
   http->Get("/api/searches", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(searches_json(config.state_dir).dump(-1, ' ', false, json::error_handler_t::replace), "application/json");

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "runtime/version.h"
@@ -36,15 +37,39 @@ std::string status_document(const StatusInputs& in, std::optional<uint32_t> limi
                      {"jobs", s.jobs}, {"restarts", s.restarts}, {"bandwidth_bytes_per_s", s.bandwidth_bytes_per_s}});
   }
   j["slots"] = slots;
+  // Note [Time saved]: what the kernels running in each process saved it, by its own trial's
+  // medians: active calls x (PyTorch's median - the entry's). An estimate (the trial's calls stand
+  // for the later ones), never measured per call; 0 where the trial timed nothing.
+  struct InProcess {
+    double saved_ns = 0;
+    std::map<std::string, uint64_t> states;   // entries by state
+  };
+  std::map<uint64_t, InProcess> by_key;
+  for (const auto& [id, r] : hot.signatures()) {
+    for (const auto& [key, pp] : r.by_process) {
+      for (const wire::EntryInProcess& e : pp.in_process) {
+        InProcess& ip = by_key[key];
+        ++ip.states[e.state];
+        if (e.pytorch_median_ns > e.entry_median_ns && e.entry_median_ns > 0) {
+          ip.saved_ns += static_cast<double>(e.active_calls) * static_cast<double>(e.pytorch_median_ns - e.entry_median_ns);
+        }
+      }
+    }
+  }
+  std::map<uint64_t, int32_t> pid_of;   // process key -> the pid its Hello gave
   json procs = json::array();
   size_t attached = 0;
   for (const auto& [peer, p] : hot.processes()) {
+    pid_of[p.key] = p.hello.pid;
     attached += p.gone ? 0 : 1;
     procs.push_back({{"pid", p.hello.pid}, {"peer_pid", p.peer_pid}, {"torch", p.hello.torch_version},
                      {"reports", p.reports}, {"reports_dropped", p.reports_dropped}, {"sequence_gaps", p.sequence_gaps},
                      {"signatures", p.signatures}, {"signatures_refused", p.signatures_refused},
                      {"attached", !p.gone}, {"goodbye", p.goodbye_reason}, {"gpus", p.gpus_in_use},
                      {"cache_dir", p.hello.cache_dir}, {"shares_cache", p.shares_cache}});
+    const auto ip = by_key.find(p.key);
+    procs.back()["kernels"] = ip == by_key.end() ? json::object() : json(ip->second.states);
+    procs.back()["saved_ns"] = ip == by_key.end() ? 0.0 : ip->second.saved_ns;
   }
   j["processes"] = procs;
   j["processes_attached"] = attached;
@@ -79,6 +104,20 @@ std::string status_document(const StatusInputs& in, std::optional<uint32_t> limi
            {"best_speedup", r.best_speedup},
            {"entry", r.entry_key},
            {"note", r.note}};
+    // Where its entries run: per process (at most kMaxInProcessRows), the entry, its state there
+    // and that process's trial medians.
+    constexpr size_t kMaxInProcessRows = 32;
+    json where = json::array();
+    for (const auto& [key, pp] : r.by_process) {
+      for (const wire::EntryInProcess& e : pp.in_process) {
+        if (where.size() >= kMaxInProcessRows) break;
+        const auto pid = pid_of.find(key);
+        where.push_back({{"pid", pid == pid_of.end() ? 0 : pid->second}, {"entry", e.entry_key}, {"state", e.state},
+                         {"active_calls", e.active_calls}, {"pytorch_median_ns", e.pytorch_median_ns},
+                         {"entry_median_ns", e.entry_median_ns}});
+      }
+    }
+    s["in_process"] = std::move(where);
     if (std::optional<SessionProgress> p = in.progress(r.id)) {
       s["search"] = {{"state", session_state_name(p->state)}, {"nodes", p->nodes}, {"evaluated", p->evaluated}, {"in_flight", p->in_flight},
                      {"best_speedup", p->best_speedup}, {"best", p->best_label}};

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "cache/entry_json.h"
+#include "runtime/op_catalog.h"
 #include "search_daemon/proposers/llm/kernel_answer.h"
 
 namespace kforge::daemon {
@@ -32,6 +33,8 @@ using nlohmann::ordered_json;
 //   /api/searches               every search's journal, summarized;
 //   /api/tree/<signature id>    one search's tree (tree_json);
 //   /api/candidate/<id>/<node>  one candidate (candidate_json);
+//   /api/progress               per search, its best speedup over time (progress_json);
+//   /api/cache                  the cache's entries (cache_json);
 //   /api/events                 server-sent events: every event the daemon publishes on its PUB
 //                               socket (node, result, published, finished), numbered; a page that
 //                               reconnects sends Last-Event-ID and gets what it missed, or an event
@@ -39,7 +42,8 @@ using nlohmann::ordered_json;
 // The journals are the source of the trees: they hold every node and outcome as they happen
 // (fdatasync'ed), so the GUI shows exactly what a restarted daemon would resume, and the search
 // threads share nothing with the HTTP threads. Reads are SearchJournal::read (never opened for
-// writing; a record being written is a torn tail, ignored). Everything is read-only; the listener
+// writing; a record being written is a torn tail, ignored). Everything is read-only but the
+// actions behind the token (Note [GUI token]: the cache's, and stopping a search); the listener
 // is loopback only (daemon.http), requests are bounded (64 KiB, 5 s timeouts), paths outside these
 // forms are 404, a signature id is 32 hex digits and a node a number, so no request names a file.
 
@@ -141,6 +145,50 @@ json searches_json(const std::string& state_dir) {
   return out;
 }
 
+json progress_json(const std::string& state_dir) {
+  json out = json::array();
+  for (const std::string& path : SearchJournal::list(state_dir)) {
+    StatusOr<SearchJournal::Contents> c = SearchJournal::read(path);
+    if (!c.ok()) continue;   // /api/searches names it
+    // Evaluations in the order they finished: by time where journaled, else by node id (the order
+    // of submission, close to it).
+    std::vector<const search::Node*> done;
+    for (const search::Node& n : c->tree.nodes()) {
+      if (n.id != 0 && n.outcome) done.push_back(&n);
+    }
+    std::stable_sort(done.begin(), done.end(), [](const search::Node* a, const search::Node* b) {
+      const uint64_t ta = a->outcome->finished_unix_ms, tb = b->outcome->finished_unix_ms;
+      if (ta != 0 && tb != 0) return ta < tb;
+      return a->id < b->id;
+    });
+    json points = json::array();
+    double best = 1.0;
+    uint64_t last_ms = 0;
+    for (size_t k = 0; k < done.size(); ++k) {
+      const search::Outcome& o = *done[k]->outcome;
+      if (o.finished_unix_ms != 0) last_ms = o.finished_unix_ms;
+      if (!o.improves() || o.speedup <= best) continue;
+      best = o.speedup;
+      json t = nullptr;
+      if (o.finished_unix_ms != 0 && c->created_unix_ms != 0 && o.finished_unix_ms >= c->created_unix_ms) {
+        t = static_cast<double>(o.finished_unix_ms - c->created_unix_ms) / 1000.0;
+      }
+      points.push_back({{"t_s", t}, {"evaluation", k + 1}, {"speedup", o.speedup}, {"node", done[k]->id}, {"label", done[k]->move.label}});
+    }
+    json j = {{"id", fs::path(path).stem().string()},
+              {"signature", c->signature.to_string()},
+              {"op", c->signature.op},
+              {"evaluated", done.size()},
+              {"done", c->done},
+              {"points", std::move(points)}};
+    j["last_t_s"] = last_ms != 0 && c->created_unix_ms != 0 && last_ms >= c->created_unix_ms
+                        ? json(static_cast<double>(last_ms - c->created_unix_ms) / 1000.0)
+                        : json(nullptr);
+    out.push_back(std::move(j));
+  }
+  return out;
+}
+
 json tree_json(const SearchJournal::Contents& c) {
   const search::SearchTree& tree = c.tree;
   // Per node: outcomes in its subtree and the sum of their rewards (Note [MCTS]'s N and W).
@@ -215,6 +263,8 @@ std::optional<json> candidate_json(const SearchJournal::Contents& c, uint64_t no
             {"entry_points", spec.entry_points},
             {"compile_options", spec.compile_options},
             {"plan", std::move(plan)},
+            {"backend", std::string(backend_name(c.signature.target.backend))},
+            {"op_bytes", catalog::op_cost(c.signature).bytes},
             {"parent_label", n.parent == 0 ? "PyTorch's kernel" : c.tree.node(n.parent).move.label},
             {"parent_source", n.parent == 0 ? std::string() : c.tree.node(n.parent).move.spec.source}};
   if (n.outcome) j["outcome"] = outcome_json(*n.outcome);
@@ -252,6 +302,9 @@ ordered_json cache_json(const Store& store) {
     }
     j["blobs"] = std::move(blobs);
     j["bytes"] = bytes;
+    // The fewest bytes the operator moves (the catalog's cost model): with the entry's time, its
+    // achieved bandwidth for the roofline chart.
+    j["op_bytes"] = catalog::op_cost(e->signature).bytes;
     entries.push_back(std::move(j));
   }
   std::sort(entries.begin(), entries.end(), [](const ordered_json& a, const ordered_json& b) {
@@ -262,7 +315,7 @@ ordered_json cache_json(const Store& store) {
 
 // Note [GUI token]
 // The GUI is read-only for anyone who can reach the loopback listener; what changes state (an
-// entry disabled, enabled, pinned or unpinned) needs a token only the daemon's user can read: 32
+// entry disabled, enabled, pinned or unpinned; a search stopped) needs a token only the daemon's user can read: 32
 // random bytes (getrandom), hex, written at every start to <state_dir>/gui-token (0600, in the
 // 0700 state directory) and sent in the X-Kforge-Token header. No token: 401; a wrong one: 403;
 // both name the file, never the token. The page keeps a pasted token in the tab's sessionStorage

@@ -2,8 +2,8 @@
 // kforged's HTTP listener (daemon.http, loopback only) serves beside /metrics and /api/status.
 // A search's documents come from its journal on disk, read as a restarted daemon would read it
 // (SearchJournal::read, never opened for writing), live updates from the EventLog of what the
-// daemon published, the cache page from the cache. The only writes are the cache actions, behind
-// the token (Note [GUI token]).
+// daemon published, the cache page from the cache. The only writes are the cache actions and
+// stopping a search (daemon.cc), behind the token (Note [GUI token]).
 //
 //   StatusOr<GuiAssets> assets = GuiAssets::load(default_gui_dir());
 //   json tree = tree_json(*SearchJournal::read(path));
@@ -55,6 +55,12 @@ std::string default_gui_dir();
 // in flight, done and why, best speedup and its label); unreadable journals listed with the error.
 nlohmann::json searches_json(const std::string& state_dir);
 
+// /api/progress: per search, the best speedup over time (the charts page): one point per
+// evaluation that raised the best (a published kind: measured, significant, believable), with its
+// time since the search began (null for outcomes journaled before times were kept) and its
+// evaluation's rank; plus the search's start and its evaluations so far.
+nlohmann::json progress_json(const std::string& state_dir);
+
 // /api/tree/<id>: the tree's nodes with their status ("pending", "in_flight" or the outcome's
 // eval status name), speedup, proposer, label, prior, visits and mean reward (Note [Reward]) of
 // their subtree, and whether they are the best node or on the path to it.
@@ -62,7 +68,8 @@ nlohmann::json tree_json(const SearchJournal::Contents& c);
 
 // /api/candidate/<id>/<node>: one node in full: its source, compile options, launch plan, its
 // parent's source (for the diff), its outcome (message, compile log, failed check, times and
-// spreads, PyTorch's own error) and, for an LLM move, the conversation that wrote it. nullopt for
+// spreads, PyTorch's own error), the catalog's fewest bytes for the operator (its achieved
+// bandwidth) and, for an LLM move, the conversation that wrote it. nullopt for
 // the root or a node the tree does not have.
 std::optional<nlohmann::json> candidate_json(const SearchJournal::Contents& c, uint64_t node);
 

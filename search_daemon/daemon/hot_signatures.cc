@@ -224,6 +224,7 @@ uint64_t HotSignatures::on_report(const std::string& peer, const wire::HotReport
     pp.calls = e.calls;
     pp.sampled_calls = e.sampled_calls;
     pp.sampled_ns = e.sampled_total_ns;
+    pp.in_process = e.in_process;
     if (!e.input_stats.empty()) r->input_stats = e.input_stats;
   }
   return refused;

@@ -109,6 +109,9 @@ struct SignatureRecord {
     uint64_t calls = 0;
     uint64_t sampled_calls = 0;
     uint64_t sampled_ns = 0;
+    // The latest report's wire::HotEntry::in_process: the cache entry this process runs or tries
+    // for the signature, in its state, with its own trial's medians (none: PyTorch's kernel).
+    std::vector<wire::EntryInProcess> in_process{};
   };
   static constexpr uint64_t kDeparted = 0;
   std::map<uint64_t, PerProcess> by_process;

@@ -73,6 +73,8 @@ Status apply_record(std::string_view payload, SearchJournal::Contents& c, size_t
     KFORGE_ASSIGN_OR_RETURN(std::string sig, r.field(2, "signature").bin(1u << 20));
     KFORGE_ASSIGN_OR_RETURN(c.signature, OpSignature::decode(sig));
     KFORGE_ASSIGN_OR_RETURN(c.strategy, r.field(3, "strategy").str(64));
+    KFORGE_ASSIGN_OR_RETURN(int64_t created, r.field(4, "created_unix_ms").i64());
+    c.created_unix_ms = created > 0 ? static_cast<uint64_t>(created) : 0;
     return Status();
   }
   if (kind == "node") {
@@ -135,6 +137,9 @@ Status apply_record(std::string_view payload, SearchJournal::Contents& c, size_t
       KFORGE_ASSIGN_OR_RETURN(o.candidate_spread, r.field(14, "candidate_spread").f64());
       KFORGE_ASSIGN_OR_RETURN(o.torch_max_abs_error, r.field(15, "torch_max_abs_error").f64());
       KFORGE_ASSIGN_OR_RETURN(o.torch_rel_error, r.field(16, "torch_rel_error").f64());
+    }
+    if (fields > 17) {   // journals written before it was kept have 17 fields
+      KFORGE_ASSIGN_OR_RETURN(o.finished_unix_ms, r.field(17, "finished_unix_ms").u64());
     }
     c.tree.set_outcome(id, std::move(o));
     c.tree.node(id).virtual_loss = 0;
@@ -302,7 +307,7 @@ Status SearchJournal::append_submitted(uint64_t id) {
 Status SearchJournal::append_outcome(uint64_t id, const search::Outcome& o) {
   msgpack::sbuffer buf;
   Packer pk(buf);
-  pk.pack_array(17);
+  pk.pack_array(18);
   pk.pack_text("outcome");
   pk.pack_uint64(id);
   pk.pack_uint8(static_cast<uint8_t>(o.status));
@@ -322,6 +327,7 @@ Status SearchJournal::append_outcome(uint64_t id, const search::Outcome& o) {
   pk.pack_f64(o.candidate_spread);
   pk.pack_f64(o.torch_max_abs_error);
   pk.pack_f64(o.torch_rel_error);
+  pk.pack_uint64(o.finished_unix_ms);
   return append(std::string(buf.data(), buf.size()));
 }
 

@@ -17,11 +17,12 @@
 //   ["submit", id]          the node was handed to a worker (in flight until its outcome)
 //   ["outcome", id, status, speedup, noise_band, significant, baseline_ns, candidate_ns,
 //    failed_check, message, build_log, shared_gpu_pids, implausible, baseline_spread,
-//    candidate_spread, torch_max_abs_error, torch_rel_error]
+//    candidate_spread, torch_max_abs_error, torch_rel_error, finished_unix_ms]
 //       shared_gpu_pids (Outcome::shared_gpu_pids, an array of pids), implausible
 //       (Outcome::implausible), the two spreads and PyTorch's two errors were appended later: an outcome of 11, 12 or 13
 //       fields, from an older daemon, has none of those after its last; an older daemon ignores
-//       the fields it does not know.
+//       the fields it does not know. finished_unix_ms (Outcome::finished_unix_ms) came later still:
+//       an outcome of 17 fields has none (0).
 //   ["done", reason]
 // Only the last record can be torn (a write the kill cut short, or one not yet synced when the power
 // went): reading stops there, the file is truncated to the last whole record and appending goes
@@ -58,6 +59,7 @@ class SearchJournal {
   struct Contents {
     OpSignature signature;
     std::string strategy;
+    uint64_t created_unix_ms = 0;   // the header's: when the search began
     search::SearchTree tree;
     bool done = false;
     std::string done_reason;

@@ -63,6 +63,14 @@ void SearchSession::stop() {
   cv_.notify_all();
 }
 
+void SearchSession::stop_for_good(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    final_reason_ = reason.empty() ? "stopped for good" : reason;
+  }
+  stop();
+}
+
 void SearchSession::join() {
   if (thread_.joinable()) thread_.join();
 }
@@ -152,8 +160,9 @@ void SearchSession::run() {
       const search::SearchTree& tree = strategy->tree();
       const bool budget_left = tree.evaluated() + in_flight < ctx_.options.max_evaluations;
       if (stop_.load()) {
-        end_reason = "stopped";
-        stopped = true;
+        std::lock_guard<std::mutex> lock(mu_);
+        stopped = final_reason_.empty();
+        end_reason = stopped ? "stopped" : final_reason_;
       }
       else if (Clock::now() >= deadline) end_reason = "wall-time budget of " + std::to_string(ctx_.max_seconds) + " s spent";
       else if (!budget_left && in_flight == 0) end_reason = "evaluation budget of " + std::to_string(ctx_.options.max_evaluations) + " spent";
@@ -251,6 +260,9 @@ void SearchSession::run() {
       for (auto& [node, r, where] : ready) {
         --in_flight;
         search::Outcome o = search::outcome_of(r);
+        o.finished_unix_ms = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                       std::chrono::system_clock::now().time_since_epoch())
+                                                       .count());
         // Timed on a GPU a serving process used meanwhile: flagged (the daemon counts and logs it).
         if (r.timing.runs > 0 && !where.uuid.empty()) o.shared_gpu_pids = where.serving_pids;
         if (o.measured() && o.implausible.empty()) o.implausible = implausible_against_observed(r.timing);

@@ -97,6 +97,9 @@ class SearchSession {
   void start();
   // Asks the search to end: nothing new is submitted, in-flight evaluations are awaited.
   void stop();
+  // Ends the search for good (a person asked, from the GUI): in-flight evaluations finish first,
+  // then the journal is marked done with `reason`, so a restarted daemon does not resume it.
+  void stop_for_good(const std::string& reason);
   void join();
   bool finished() const noexcept { return finished_.load(); }
   SessionProgress progress() const;
@@ -125,6 +128,7 @@ class SearchSession {
   SessionContext ctx_;
   std::thread thread_;
   std::atomic<bool> stop_{false};
+  std::string final_reason_;   // guarded by mu_: set by stop_for_good()
   std::atomic<bool> finished_{false};
 
   mutable std::mutex mu_;

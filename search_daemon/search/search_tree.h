@@ -70,6 +70,9 @@ struct Outcome {
   // worker's cost-model check, or the session's against what serving processes observe). Such a
   // candidate is correct, but its speed is unknown: reward 0, never published.
   std::string implausible;
+  // When the daemon received it (Unix ms; journaled): the GUI's best-speedup-over-time chart. 0:
+  // unknown (an outcome journaled before it was kept, or one made outside a daemon's session).
+  uint64_t finished_unix_ms = 0;
 
   bool measured() const noexcept { return status == eval::EvalStatus::kMeasured; }
   // Faster than PyTorch's kernel beyond the noise, by a timing that can be believed: a candidate

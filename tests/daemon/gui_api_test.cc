@@ -93,6 +93,8 @@ TEST_CASE("gui api: a tree shows each node's status, visits and the path to the 
   CHECK(cand->at("plan").at("launches").at(0).at("entry") == "k");
   CHECK(cand->at("origin").at("model") == "m");
   CHECK(cand->at("outcome").at("speedup") == 2.0);
+  CHECK(cand->at("op_bytes").get<double>() == 2.0 * 8 * 32 * 4);   // [8,32] float32 read once, written once
+  CHECK(cand->at("backend") == "cpu");
   std::optional<nlohmann::json> failed = candidate_json(*c, broken);
   REQUIRE(failed);
   CHECK(failed->at("outcome").at("build_log") == "kernel.cc:2: error: expected ';'");
@@ -105,6 +107,50 @@ TEST_CASE("gui api: a tree shows each node's status, visits and the path to the 
   CHECK(all[0].at("evaluated") == 2);
   CHECK(all[0].at("in_flight") == 1);
   CHECK(all[0].at("best_speedup") == 2.0);
+}
+
+TEST_CASE("gui api: progress steps up at each evaluation that beat the best, in the order they finished") {
+  TempDir dir("kforge-gui-api");
+  const std::string state = (dir.path / "state").string();
+  StatusOr<SearchJournal> j = SearchJournal::open(state, sig(), "mcts");
+  REQUIRE(j.ok());
+  search::SearchTree tree;
+  std::vector<uint64_t> ids;
+  for (int k = 0; k < 4; ++k) {
+    ids.push_back(tree.add(0, move("extern \"C\" void k(const void*, void* const*) {}\n// " + std::to_string(k), "t" + std::to_string(k))));
+    REQUIRE(j->append_node(tree.node(ids.back())).ok());
+  }
+  StatusOr<SearchJournal::Contents> header = SearchJournal::read(SearchJournal::path_for(state, sig().id()));
+  REQUIRE(header.ok());
+  const uint64_t t0 = header->created_unix_ms;
+  auto measured = [&](double speedup, bool significant, uint64_t after_ms) {
+    search::Outcome o;
+    o.status = eval::EvalStatus::kMeasured;
+    o.speedup = speedup;
+    o.significant = significant;
+    o.finished_unix_ms = t0 + after_ms;
+    return o;
+  };
+  // Node 3 finished first (1.5x at 2 s), node 1 next (1.4x: not better), node 2 (2.0x but not
+  // significant: not a win), node 4 last (1.8x at 9 s).
+  REQUIRE(j->append_outcome(ids[2], measured(1.5, true, 2000)).ok());
+  REQUIRE(j->append_outcome(ids[0], measured(1.4, true, 4000)).ok());
+  REQUIRE(j->append_outcome(ids[1], measured(2.0, false, 6000)).ok());
+  REQUIRE(j->append_outcome(ids[3], measured(1.8, true, 9000)).ok());
+
+  const nlohmann::json p = progress_json(state);
+  REQUIRE(p.size() == 1);
+  CHECK(p[0].at("evaluated") == 4);
+  CHECK(p[0].at("last_t_s") == 9.0);
+  const nlohmann::json& pts = p[0].at("points");
+  REQUIRE(pts.size() == 2);
+  CHECK(pts[0].at("speedup") == 1.5);
+  CHECK(pts[0].at("t_s") == 2.0);
+  CHECK(pts[0].at("evaluation") == 1);
+  CHECK(pts[0].at("node") == ids[2]);
+  CHECK(pts[1].at("speedup") == 1.8);
+  CHECK(pts[1].at("t_s") == 9.0);
+  CHECK(pts[1].at("evaluation") == 4);
 }
 
 TEST_CASE("gui api: the event log numbers events, resumes after a number, says what was dropped, and closes") {

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 
@@ -213,6 +214,7 @@ TEST_CASE("journal: an outcome keeps the serving processes its timing shared a G
   CHECK_FALSE(c->tree.node(3).outcome->improves());   // correct, but its speed is not to be believed
   REQUIRE(c->tree.node(4).outcome);
   CHECK(c->tree.node(4).outcome->speedup == Approx(1.1));
+  CHECK(c->tree.node(4).outcome->finished_unix_ms == 0);   // an older outcome has no time
   CHECK(c->tree.node(4).outcome->shared_gpu_pids.empty());
   CHECK(c->tree.node(4).outcome->implausible.empty());
   CHECK(c->tree.node(1).outcome->shared_gpu_pids.empty());
@@ -235,6 +237,7 @@ TEST_CASE("journal: a node keeps its origin, and an outcome its spreads and PyTo
     o.candidate_spread = 0.02;
     o.torch_max_abs_error = 2.5e-7;
     o.torch_rel_error = 1e-7;
+    o.finished_unix_ms = 1796000000123;
     REQUIRE(j->append_outcome(id, o).ok());
   }
   StatusOr<SearchJournal> j = SearchJournal::open(t.path.string(), sig(), "mcts");
@@ -247,4 +250,12 @@ TEST_CASE("journal: a node keeps its origin, and an outcome its spreads and PyTo
   CHECK(tree.node(1).outcome->candidate_spread == Approx(0.02));
   CHECK(tree.node(1).outcome->torch_max_abs_error == Approx(2.5e-7));
   CHECK(tree.node(1).outcome->torch_rel_error == Approx(1e-7));
+  CHECK(tree.node(1).outcome->finished_unix_ms == 1796000000123);
+  // The header's start time is read back too (the GUI's time axis).
+  StatusOr<SearchJournal::Contents> c = SearchJournal::read(j->path());
+  REQUIRE(c.ok());
+  const auto now_ms = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+  CHECK(c->created_unix_ms > now_ms - 600000);
+  CHECK(c->created_unix_ms <= now_ms);
 }

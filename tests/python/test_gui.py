@@ -196,6 +196,26 @@ def test_the_gui_api_serves_files_trees_candidates_and_events_and_refuses_bad_re
     assert status == 200 and body["pinned"] is True
     assert post("unpin", token)[1]["pinned"] is False
     assert get(port, f"/api/cache/{entry['key']}/disable")[0] == 404   # only POST changes anything
+    assert entry["op_bytes"] > 0
+
+    # Progress for the charts: the search's best over time, stepping up at its wins.
+    prog = next(p for p in get_json(port, "/api/progress") if p["id"] == sid)
+    assert prog["evaluated"] >= 3 and prog["points"], prog
+    assert all(p["t_s"] is not None and p["t_s"] >= 0 for p in prog["points"])
+    assert [p["speedup"] for p in prog["points"]] == sorted(p["speedup"] for p in prog["points"])
+    assert prog["points"][-1]["speedup"] == max(p["speedup"] for p in prog["points"])
+
+    # The hooked model loads the entry and says so in its reports: the status document shows it
+    # per signature (its state and trial medians there) and per process (the estimate of time saved).
+    def loaded():
+        st = get_json(port, "/api/status")
+        sig = next((x for x in st["signatures"] if x["id"] == sid), None)
+        rows = [w for w in (sig or {}).get("in_process", []) if w["entry"] == entry["key"]]
+        return (st, rows) if rows else None
+    st, rows = wait_for("the model to report the entry it runs", 180, loaded)
+    assert rows[0]["state"] in ("shadow", "active", "no_win", "disabled") and rows[0]["pid"] > 0, rows
+    proc = next(p for p in st["processes"] if p["pid"] == rows[0]["pid"])
+    assert sum(proc["kernels"].values()) >= 1 and proc["saved_ns"] >= 0, proc
 
     # A listener anyone could reach is refused at start-up, naming the key.
     r = subprocess.run([str(daemon_bin["kforged"]), "--http", "0.0.0.0:8123", "--state-dir", str(tmp_path / "s")],
@@ -279,6 +299,9 @@ def test_a_browser_watches_the_search_and_audits_a_failed_candidate_and_its_repa
         added = until("the diff", 30, lambda: [e.text for e in b.find_elements(By.CSS_SELECTOR, "#diff .add")])
         assert any("answer" in t or "double s = 0;" in t for t in added), added
         assert until("the diff's removed lines", 30, lambda: b.find_elements(By.CSS_SELECTOR, "#diff .del"))
+        # Measured, its bandwidth against the copy bandwidth the worker measured.
+        bw = until("the repair's bandwidth", 180, lambda: b.find_element(By.ID, "bandwidth").text)
+        assert "GB/s" in bw and "of the copy bandwidth" in bw, bw
         b.save_screenshot(str(shots / "candidate-diff.png"))
 
         # The cache page: an action without the token is refused and says where the token is;
@@ -306,7 +329,117 @@ def test_a_browser_watches_the_search_and_audits_a_failed_candidate_and_its_repa
         b.save_screenshot(str(shots / "cache.png"))
         click("enable", f'#entries tr[data-key="{key}"] button[data-action="enable"]')
         until("the entry enabled again", 30, lambda: state().startswith("active"))
+        # Where it runs: the model's process, as its reports say.
+        until("the in-process column to name the model", 180, lambda: "pid " in b.find_element(
+            By.CSS_SELECTOR, f'#entries tr[data-key="{key}"] .in-process').text)
+
+        # Charts: the search's best speedup over time, and the active entry's bandwidth against
+        # the copy bandwidth the CPU worker measured.
+        b.get(f"http://127.0.0.1:{port}/gui/#/charts")
+        until("the progress chart", 60, lambda: b.find_elements(By.CSS_SELECTOR, f'#progress-chart path.series[data-search="{sid}"]'))
+        share = until("the roofline row", 60, lambda: b.find_element(By.CSS_SELECTOR, f'#roofline tr[data-key="{key}"]').text)
+        assert "%" in share and "GB/s" in share, share
+        b.save_screenshot(str(shots / "charts.png"))
+
+        # The overview's processes: the model runs a kernel from the cache.
+        b.get(f"http://127.0.0.1:{port}/gui/")
+        until("the model's kernels on the overview", 60, lambda: any(
+            "none" not in r.text for r in b.find_elements(By.CSS_SELECTOR, "#processes tr[data-pid]")))
+        b.save_screenshot(str(shots / "overview-processes.png"))
     finally:
         b.quit()
-    for name in ("overview", "tree", "candidate-failed", "candidate-diff", "cache"):
+    for name in ("overview", "tree", "candidate-failed", "candidate-diff", "cache", "charts", "overview-processes"):
         assert (shots / f"{name}.png").stat().st_size > 1000
+
+
+class SilentModel:
+    """An OpenAI-compatible server that holds every request until it is closed: a search whose only
+    proposer is the LLM waits for it, searching, for as long as the test needs."""
+
+    def __init__(self):
+        self.release = threading.Event()
+        self.requests = 0
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                outer.requests += 1
+                outer.release.wait(600)
+                self.send_error(503)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self):
+        self.release.set()
+        self.server.shutdown()
+
+
+def test_stopping_a_search_from_the_gui_needs_the_token_and_ends_it_for_good(daemon_bin, hook_path, tmp_path, build_dir):
+    from selenium.webdriver.common.by import By
+    root = private_root(tmp_path)
+    silent = SilentModel()
+    port = free_port()
+    d = Daemon(daemon_bin, root, "--templates", "off", "--llm", "on", "--set", f"llm.base_url={silent.url}",
+               "--set", "llm.model=test", "--http", f"127.0.0.1:{port}", "--set", "search.concurrent_searches=1")
+    d.start()
+    model = start_model(daemon_bin, hook_path, d, tmp_path, 400, "steady", KFORGE_TEST_GELU="0")
+    b = None
+    try:
+        search = wait_for("the softmax search, waiting for the model", 240, lambda: next(
+            (s for s in get_json(port, "/api/searches") if s.get("op") == "aten::_softmax" and not s["done"]), None))
+        wait_for("the model to be asked", 120, lambda: silent.requests >= 1)
+        sid = search["id"]
+        token = (root / "state" / "gui-token").read_text()
+
+        def post(path, tok=None):
+            req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method="POST",
+                                         headers={"X-Kforge-Token": tok} if tok is not None else {})
+            try:
+                with urllib.request.urlopen(req, timeout=10) as r:
+                    return r.status, json.loads(r.read())
+            except urllib.error.HTTPError as e:
+                body = e.read()
+                return e.code, json.loads(body) if body else {}   # no route: an empty 404
+        status, body = post(f"/api/search/{sid}/stop")
+        assert status == 401 and "gui-token" in body["error"], body
+        assert post(f"/api/search/{sid}/stop", "f" * len(token))[0] == 403
+        assert post(f"/api/search/{'0' * 32}/stop", token)[0] == 409   # no such search running
+        assert post(f"/api/search/{sid[:31]}/stop", token)[0] == 404
+        assert not next(s for s in get_json(port, "/api/searches") if s["id"] == sid)["done"]   # refused: still searching
+
+        # The page's button, with the token pasted into the tab.
+        b = browser()
+        b.get(f"http://127.0.0.1:{port}/gui/#/search/{sid}")
+        b.execute_script("sessionStorage.setItem('kforge-token', arguments[0])", token)
+        b.get(f"http://127.0.0.1:{port}/gui/#/search/{sid}")
+        b.refresh()
+        button = wait_for("the stop button", 60, lambda: b.find_elements(By.ID, "stop-search"))
+        button[0].click()
+        wait_for("the page to say it stops", 30, lambda: "stopping" in b.find_element(By.ID, "action-result").text)
+        shots = build_dir / "gui-screenshots"
+        shots.mkdir(exist_ok=True)
+        b.save_screenshot(str(shots / "search-stopping.png"))
+        done = wait_for("the search to end", 60, lambda: next(
+            (s for s in get_json(port, "/api/searches") if s["id"] == sid and s["done"]), None))
+        assert done["done_reason"] == "stopped from the GUI", done
+        assert post(f"/api/search/{sid}/stop", token)[0] == 409   # nothing left to stop
+        sig = wait_for("the signature's state to follow", 30, lambda: next(
+            (s for s in get_json(port, "/api/status")["signatures"] if s["id"] == sid and "GUI" in s["note"]), None))
+        # Done, not observed: the scheduler only starts observed signatures, and the journal says
+        # done, so a restarted daemon does not resume it either.
+        assert "stopped from the GUI" in sig["note"] and sig["state"] in ("done", "published"), sig
+    finally:
+        if b is not None:
+            b.quit()
+        model.kill()
+        model.wait()
+        silent.close()
+        assert d.stop() == 0, d.log_text()
+    assert "GUI: stop of the search of " + sid in d.log_text()

@@ -685,7 +685,7 @@ def test_input_statistics_and_captured_inputs_reach_a_daemon(hook_path, dev, cap
             if mtype == 2:
                 # Counters are cumulative: a report built while the child was still calling has
                 # fewer calls, and a later one supersedes it.
-                for sig, calls, _, _, input_stats in body[3]:
+                for sig, calls, _, _, input_stats, *_ in body[3]:   # [..., in_process] appended later
                     if input_stats:
                         stats_by_sig[sig[1]] = (calls, input_stats)
             elif mtype == 3:

@@ -96,6 +96,7 @@ HotReport hot_report(size_t n_entries = 4) {
     m.entries[1].input_stats = {stats(0, 0.5), stats(1, -0.25), stats(2, 3.0)};
     m.entries[1].input_stats[2].nan_count = 7;
     m.entries[1].input_stats[2].min = std::numeric_limits<double>::quiet_NaN();
+    m.entries[1].in_process = {EntryInProcess{std::string(32, 'c'), "active", 9000, 183000, 61000}};
   }
   return m;
 }
@@ -373,6 +374,48 @@ TEST_CASE("wire: GPU UUIDs appended to Hello's devices and to HotReport decode, 
   REQUIRE(decode(encode(none)).ok());
 }
 
+TEST_CASE("wire: what a process runs for a signature decodes, an older hook's entries without it too, and bad values are named") {
+  const std::string report = encode(hot_report());
+  auto now = decode(report);
+  REQUIRE(now.ok());
+  const HotReport& got = std::get<HotReport>(*now);
+  REQUIRE(got.entries[1].in_process.size() == 1);
+  CHECK(got.entries[1].in_process[0].state == "active");
+  CHECK(got.entries[1].in_process[0].active_calls == 9000);
+  CHECK(got.entries[1].in_process[0].pytorch_median_ns == 183000);
+  CHECK(got.entries[1].in_process[0].entry_median_ns == 61000);
+  CHECK(got.entries[0].in_process.empty());
+
+  // An older hook's entries have 5 fields: none is loaded, as far as the daemon knows.
+  auto old = decode(mutate(report, {3, 3, 1}, with_length(5)));
+  REQUIRE(old.ok());
+  CHECK(std::get<HotReport>(*old).entries[1].in_process.empty());
+  CHECK(std::get<HotReport>(*old).entries[1].calls == 2000);
+
+  struct Case {
+    std::string bytes;
+    std::string reason;
+  };
+  const std::vector<Case> cases = {
+      {mutate(report, {3, 3, 1, 5}, with_string("active")), "HotReport.entries[1].in_process: expected array, got string"},
+      {mutate(report, {3, 3, 1, 5, 0}, with_length(4)), "HotReport.entries[1].in_process[0]: expected 5 fields, got 4"},
+      {mutate(report, {3, 3, 1, 5, 0, 0}, with_string("XYZ")),
+       "HotReport.entries[1].in_process[0].entry_key: entry key must be lowercase hex digits"},
+      {mutate(report, {3, 3, 1, 5, 0, 1}, with_string("<script>")),
+       "HotReport.entries[1].in_process[0].state: a state is lowercase letters and '_'"},
+      {mutate(report, {3, 3, 1, 5, 0, 1}, with_string("")), "HotReport.entries[1].in_process[0].state: empty state"},
+      {mutate(report, {3, 3, 1, 5, 0, 1}, with_string("a_state_far_too_long")),
+       "HotReport.entries[1].in_process[0].state: string of 20 bytes exceeds 16"},
+      {mutate(report, {3, 3, 1, 5, 0, 2}, with_int(-1)), "HotReport.entries[1].in_process[0].active_calls: expected unsigned integer, got negative"},
+  };
+  for (const Case& c : cases) CHECK(message_of(decode(c.bytes)) == c.reason);
+
+  // At most one per signature.
+  HotReport two = hot_report(2);
+  two.entries[1].in_process.push_back(two.entries[1].in_process[0]);
+  CHECK(message_of(decode(encode(two))) == "HotReport.entries[1].in_process: 2 elements exceed the limit of 1");
+}
+
 TEST_CASE("wire: malformed GPU UUIDs are rejected with their path") {
   const std::string h = encode(hello());
   const std::string report = encode(hot_report());
@@ -528,7 +571,7 @@ TEST_CASE("wire: declared lengths are bounded before anything is allocated") {
   SECTION("the same bomb deep inside a valid-looking report") {
     std::string bytes = encode(hot_report(1));
     // Replace the entries array header and everything after it by an array16 of 65535.
-    const std::string entries_hdr = bytes_of({0x91, 0x95});   // entries: [ [sig, ...] ]
+    const std::string entries_hdr = bytes_of({0x91, 0x96});   // entries: [ [sig, ..., in_process] ]
     size_t at = bytes.find(entries_hdr);
     REQUIRE(at != std::string::npos);
     bytes = bytes.substr(0, at) + bytes_of({0xdc, 0xff, 0xff});

@@ -4,6 +4,7 @@
 //   #/search/<id>              a search's tree, live
 //   #/candidate/<id>/<node>    one candidate: outcome, logs, timings, source, diff, plan, conversation
 //   #/cache                    the cache's entries; disable, enable, pin, unpin with the token
+//   #/charts                   best speedup over time per signature; the active kernels' roofline
 // Live updates come from /api/events (server-sent events); EventSource reconnects by itself and
 // sends the last event number it saw, so a reconnecting page gets what it missed ("reset": too
 // much was missed, reload the view).
@@ -33,6 +34,14 @@ function fmtTime(ns) {
   return ns.toFixed(0) + " ns";
 }
 function fmtX(x) { return x ? x.toFixed(2) + "x" : ""; }
+function fmtBw(bytesPerNs) { return bytesPerNs ? (bytesPerNs).toFixed(1) + " GB/s" : ""; }
+
+// Where an entry runs (the status document's in_process rows): "pid 12 active, 2.1 us vs 3.0 us".
+function inProcessText(rows) {
+  return rows.map((w) => `pid ${esc(w.pid)} ${esc(w.state)}` +
+    (w.entry_median_ns ? `, ${fmtTime(w.entry_median_ns)} vs PyTorch ${fmtTime(w.pytorch_median_ns)}` : "") +
+    (w.active_calls ? `, ${esc(w.active_calls)} calls served` : "")).join("<br>");
+}
 function pct(x) { return (100 * (x || 0)).toFixed(1) + "%"; }
 
 // ---- overview ---------------------------------------------------------------------------------
@@ -52,20 +61,24 @@ async function showOverview() {
       <td class="num">${esc(s.jobs)}</td><td class="num">${esc(s.restarts)}</td><td>${esc((s.serving_pids || []).join(", "))}</td></tr>`;
   }
   h += `</table></div><div><h2>Processes</h2><table id="processes"><tr><th class="num">pid</th><th>attached</th>
-    <th>torch</th><th>GPUs</th><th class="num">signatures</th><th class="num">reports</th></tr>`;
+    <th>torch</th><th>GPUs</th><th class="num">signatures</th><th class="num">reports</th><th>kernels</th>
+    <th class="num" title="active calls x (PyTorch's median - the kernel's), both timed in that process's trial">time saved (est.)</th></tr>`;
   for (const p of st.processes || []) {
-    h += `<tr><td class="num">${esc(p.pid)}</td><td>${p.attached ? "yes" : "gone " + esc(p.goodbye)}</td>
+    const kernels = Object.entries(p.kernels || {}).map(([state, n]) => `${n} ${esc(state)}`).join(", ");
+    h += `<tr data-pid="${esc(p.pid)}"><td class="num">${esc(p.pid)}</td><td>${p.attached ? "yes" : "gone " + esc(p.goodbye)}</td>
       <td>${esc(p.torch)}</td><td>${esc((p.gpus || []).join(", "))}</td><td class="num">${esc(p.signatures)}</td>
-      <td class="num">${esc(p.reports)}</td></tr>`;
+      <td class="num">${esc(p.reports)}</td><td>${kernels || '<span class="muted">none</span>'}</td>
+      <td class="num saved">${p.saved_ns ? fmtTime(p.saved_ns) : "-"}</td></tr>`;
   }
   h += `</table></div></div>`;
   h += `<h2>Hot signatures</h2><table id="signatures"><tr><th>signature</th><th>state</th><th class="num">time share</th>
-    <th class="num">calls</th><th class="num">mean</th><th class="num">evaluations</th><th class="num">best</th><th>search</th></tr>`;
+    <th class="num">calls</th><th class="num">mean</th><th class="num">evaluations</th><th class="num">best</th><th>in processes</th><th>search</th></tr>`;
   for (const s of st.signatures || []) {
     const searched = searches.some((x) => x.id === s.id);
     h += `<tr data-signature="${esc(s.id)}"><td><code>${esc(s.signature)}</code></td><td>${esc(s.state)}${s.note ? ` <span class="muted">${esc(s.note)}</span>` : ""}</td>
       <td class="num">${pct(s.time_share)}</td><td class="num">${esc(s.calls)}</td><td class="num">${fmtTime(s.mean_ns)}</td>
       <td class="num">${esc(s.evaluations)}</td><td class="num">${fmtX(s.best_speedup)}</td>
+      <td>${inProcessText(s.in_process || []) || '<span class="muted">PyTorch\'s kernel</span>'}</td>
       <td>${searched ? `<a href="#/search/${esc(s.id)}">tree</a>` : ""}</td></tr>`;
   }
   h += `</table>`;
@@ -130,6 +143,10 @@ async function showTree(id) {
     <p class="legend"><span>circle size: visits (evaluations below)</span><span style="color:#16a34a">faster</span>
     <span style="color:#5b7ea6">measured, not faster</span><span style="color:#dc2626">failed</span>
     <span style="color:#d97706">in flight</span><span>pending</span><span style="color:#c8a400">path to the best</span></p>` + svg;
+  if (!t.done) {
+    h += `<p>${tokenBox()} <button id="stop-search">stop this search</button>
+      <span class="muted">(its evaluations in flight finish; it is not resumed or searched again)</span></p><p id="action-result"></p>`;
+  }
   h += `<h2>Nodes</h2><table id="nodes"><tr><th class="num">id</th><th class="num">parent</th><th>proposer</th><th>label</th>
     <th>status</th><th class="num">speedup</th><th class="num">visits</th><th class="num">mean reward</th></tr>`;
   for (const n of t.nodes) {
@@ -144,6 +161,17 @@ async function showTree(id) {
   view.innerHTML = h;
   for (const c of view.querySelectorAll("circle[data-node]")) {
     if (c.dataset.node !== "0") c.addEventListener("click", () => { location.hash = `#/candidate/${id}/${c.dataset.node}`; });
+  }
+  wireTokenBox();
+  const stop = document.getElementById("stop-search");
+  if (stop) {
+    stop.addEventListener("click", async () => {
+      const j = await post(`/api/search/${id}/stop`);
+      const out = document.getElementById("action-result");
+      if (j.error) { out.className = "error"; out.textContent = "stop: " + j.error; return; }
+      out.className = "";
+      out.textContent = "stopping: the evaluations in flight finish first";
+    });
   }
 }
 
@@ -186,8 +214,11 @@ function diff(a, b) {
 }
 
 async function showCandidate(id, node) {
-  const c = await api(`/api/candidate/${id}/${node}`);
+  const [c, st] = await Promise.all([api(`/api/candidate/${id}/${node}`), api("/api/status")]);
   const o = c.outcome;
+  // The copy bandwidth this daemon's workers measured on the candidate's kind of device.
+  const copy = Math.max(0, ...(st.slots || []).filter((s) => (c.backend === "cpu") === (s.device === "cpu"))
+    .map((s) => s.bandwidth_bytes_per_s || 0)) / 1e9;   // bytes per ns
   let h = `<p><a href="#/search/${id}">&larr; the search of <code>${esc(c.signature)}</code></a></p>
     <h1>Node ${c.id}: ${esc(c.label)}</h1>
     <p class="muted">proposer ${esc(c.proposer)}, prior ${c.prior.toFixed(2)}, parent
@@ -205,6 +236,12 @@ async function showCandidate(id, node) {
         <tr><th>this kernel</th><td>${fmtTime(o.candidate_ns)} <span class="muted">spread ${pct(o.candidate_spread)}</span></td></tr>
         <tr><th>speedup</th><td>${o.speedup.toFixed(3)}x <span class="muted">noise band ${pct(o.noise_band)},
           ${o.significant ? "significant" : "not significant"}</span></td></tr>`;
+      if (c.op_bytes && o.candidate_ns) {
+        const k = c.op_bytes / o.candidate_ns, t = c.op_bytes / o.baseline_ns;
+        h += `<tr><th>bandwidth</th><td id="bandwidth">${fmtBw(k)}${copy ? ` = ${pct(k / copy)} of the copy bandwidth (${fmtBw(copy)})` : ""}
+          <span class="muted">PyTorch ${fmtBw(t)}${copy ? ` = ${pct(t / copy)}` : ""}; ${(c.op_bytes / 1048576).toFixed(2)} MiB,
+          every input read once and every output written once</span></td></tr>`;
+      }
     }
     if (o.torch_max_abs_error) {
       h += `<tr><th>PyTorch's own error</th><td>max abs ${o.torch_max_abs_error.toExponential(3)}, rel ${o.torch_rel_error.toExponential(3)}
@@ -239,13 +276,27 @@ async function showCandidate(id, node) {
 // Note [GUI token] (gui_api.cc): the actions need the token the daemon writes to
 // <state_dir>/gui-token; the page keeps a pasted one in this tab only.
 function token() { return sessionStorage.getItem("kforge-token") || ""; }
+function tokenBox() {
+  return `Token for actions: <input id="token" type="password" size="40" placeholder="contents of <state_dir>/gui-token"
+      value="${esc(token())}"> <span class="muted">(kept in this tab only)</span>`;
+}
+function wireTokenBox() {
+  const t = document.getElementById("token");
+  if (t) t.addEventListener("change", (ev) => sessionStorage.setItem("kforge-token", ev.target.value.trim()));
+}
+// A state-changing request with the token: the answer's JSON, or {error}.
+async function post(path) {
+  const r = await fetch(path, {method: "POST", headers: {"X-Kforge-Token": token()}});
+  let j = {};
+  try { j = await r.json(); } catch (e) { j = {error: "HTTP " + r.status}; }
+  if (!r.ok && !j.error) j.error = "HTTP " + r.status;
+  return j;
+}
 
 async function act(key, action) {
   const out = document.getElementById("action-result");
-  const r = await fetch(`/api/cache/${key}/${action}`, {method: "POST", headers: {"X-Kforge-Token": token()}});
-  let j = {};
-  try { j = await r.json(); } catch (e) { j = {error: "HTTP " + r.status}; }
-  if (!r.ok) { out.className = "error"; out.textContent = `${action}: ${j.error || "HTTP " + r.status}`; return; }
+  const j = await post(`/api/cache/${key}/${action}`);
+  if (j.error) { out.className = "error"; out.textContent = `${action}: ${j.error}`; return; }
   await showCache();
   const o = document.getElementById("action-result");
   o.className = "";
@@ -253,28 +304,136 @@ async function act(key, action) {
 }
 
 async function showCache() {
-  const c = await api("/api/cache");
+  const [c, st] = await Promise.all([api("/api/cache"), api("/api/status")]);
+  // Where each entry runs, as the processes report it (the status document's in_process rows).
+  const where = new Map();
+  for (const s of st.signatures || []) {
+    for (const w of s.in_process || []) {
+      if (!where.has(w.entry)) where.set(w.entry, []);
+      where.get(w.entry).push(w);
+    }
+  }
   let h = `<h1>Cache <span class="muted">${esc(c.root)}</span></h1>
-    <p>Token for actions: <input id="token" type="password" size="40" placeholder="contents of <state_dir>/gui-token"
-      value="${esc(token())}"> <span class="muted">(kept in this tab only)</span></p><p id="action-result"></p>`;
+    <p>${tokenBox()}</p><p id="action-result"></p>`;
   if (c.error) h += `<p class="error">${esc(c.error)}</p>`;
   h += `<table id="entries"><tr><th>signature</th><th>state</th><th class="num">speedup</th><th class="num">PyTorch</th>
     <th class="num">kernel</th><th>proposer</th><th class="num">size</th><th>in-process</th><th>actions</th></tr>`;
   for (const e of c.entries) {
-    const noWin = (e.no_win || []).map((w) => esc(w.text)).join("<br>");
+    const noWin = [inProcessText(where.get(e.key) || [])].concat((e.no_win || []).map((w) => esc(w.text)))
+      .filter((x) => x).join("<br>");
     h += `<tr data-key="${esc(e.key)}"><td><code>${esc(e.signature)}</code><br><span class="muted">${esc(e.key)}</span></td>
       <td class="entry-state">${esc(e.state)}${e.pinned ? ", pinned" : ""}${e.reason ? `<br><span class="muted">${esc(e.reason)}</span>` : ""}</td>
       <td class="num">${fmtX(e.speedup)}</td><td class="num">${fmtTime(e.baseline_ns)}</td><td class="num">${fmtTime(e.candidate_ns)}</td>
-      <td>${esc(e.proposer)}</td><td class="num">${(e.bytes / 1024).toFixed(1)} KiB</td><td>${noWin || '<span class="muted">no no-win record</span>'}</td>
+      <td>${esc(e.proposer)}</td><td class="num">${(e.bytes / 1024).toFixed(1)} KiB</td><td class="in-process">${noWin || '<span class="muted">not loaded by an attached process; no no-win record</span>'}</td>
       <td>${["disable", "enable", "pin", "unpin"].map((a) => `<button data-action="${a}">${a}</button>`).join(" ")}</td></tr>`;
   }
   h += `</table>`;
   for (const u of c.unreadable || []) h += `<p class="error">${esc(u.key)}: ${esc(u.error)}</p>`;
   view.innerHTML = h;
-  document.getElementById("token").addEventListener("change", (ev) => sessionStorage.setItem("kforge-token", ev.target.value.trim()));
+  wireTokenBox();
   for (const b of view.querySelectorAll("button[data-action]")) {
     b.addEventListener("click", () => act(b.closest("tr").dataset.key, b.dataset.action));
   }
+}
+
+// ---- charts -----------------------------------------------------------------------------------
+
+const PALETTE = ["#2563eb", "#16a34a", "#dc2626", "#d97706", "#7c3aed", "#0891b2", "#be185d", "#4d7c0f", "#9333ea", "#475569"];
+
+// Best speedup over time, one step line per search: it starts at 1x (PyTorch's kernel) and steps up
+// at each evaluation that beat the best. Time since the search began where the journal has it,
+// else the evaluation's rank.
+function progressChart(series) {
+  const byTime = series.every((s) => s.points.every((p) => p.t_s !== null) && (s.points.length === 0 || s.last_t_s !== null));
+  const xOf = (p) => byTime ? p.t_s : p.evaluation;
+  const end = (s) => byTime ? (s.last_t_s || 0) : s.evaluated;
+  const xMax = Math.max(1, ...series.map(end), ...series.flatMap((s) => s.points.map(xOf)));
+  const yMax = Math.max(1.2, ...series.flatMap((s) => s.points.map((p) => p.speedup))) * 1.08;
+  const W = 760, H = 300, L = 52, R = 16, T = 12, B = 40;
+  const X = (x) => L + (W - L - R) * x / xMax, Y = (y) => T + (H - T - B) * (1 - (y - 1) / (yMax - 1));
+  let svg = `<svg id="progress-chart" class="chart" width="${W}" height="${H}" viewBox="0 0 ${W} ${H}">`;
+  for (let k = 0; k <= 4; ++k) {
+    const y = 1 + (yMax - 1) * k / 4;
+    svg += `<line class="grid" x1="${L}" x2="${W - R}" y1="${Y(y)}" y2="${Y(y)}"/><text x="${L - 6}" y="${Y(y) + 4}" text-anchor="end">${y.toFixed(2)}x</text>`;
+  }
+  for (let k = 0; k <= 5; ++k) {
+    const x = xMax * k / 5;
+    svg += `<text x="${X(x)}" y="${H - B + 16}" text-anchor="middle">${byTime ? x.toFixed(0) + " s" : x.toFixed(0)}</text>`;
+  }
+  svg += `<text x="${(L + W - R) / 2}" y="${H - 4}" text-anchor="middle">${byTime ? "time since the search began" : "evaluations"}</text>`;
+  series.forEach((s, i) => {
+    let d = `M${X(0)},${Y(1)}`, y = 1;
+    for (const p of s.points) { d += ` H${X(xOf(p))} V${Y(p.speedup)}`; y = p.speedup; }
+    d += ` H${X(Math.max(end(s), s.points.length ? xOf(s.points[s.points.length - 1]) : 0))}`;
+    svg += `<path class="series" data-search="${esc(s.id)}" d="${d}" stroke="${PALETTE[i % PALETTE.length]}"><title>${esc(s.signature)}: best ${y.toFixed(3)}x</title></path>`;
+    for (const p of s.points) svg += `<circle cx="${X(xOf(p))}" cy="${Y(p.speedup)}" r="3" fill="${PALETTE[i % PALETTE.length]}"><title>${esc(p.label)}: ${p.speedup.toFixed(3)}x</title></circle>`;
+  });
+  return svg + `</svg>`;
+}
+
+// Each active entry's achieved bandwidth (the catalog's fewest bytes over its measured time) as a
+// share of the copy bandwidth its device measured, beside PyTorch's kernel's on the same bytes.
+function rooflineChart(rows) {
+  const W = 760, rowH = 34, L = 250, R = 70, H = 30 + rows.length * rowH;
+  const X = (f) => L + (W - L - R) * Math.min(1, f);
+  let svg = `<svg id="roofline-chart" class="chart" width="${W}" height="${H}" viewBox="0 0 ${W} ${H}">`;
+  for (let k = 0; k <= 4; ++k) svg += `<line class="grid" x1="${X(k / 4)}" x2="${X(k / 4)}" y1="14" y2="${H - 4}"/><text x="${X(k / 4)}" y="11" text-anchor="middle">${25 * k}%</text>`;
+  rows.forEach((r, i) => {
+    const y = 18 + i * rowH;
+    svg += `<text x="${L - 8}" y="${y + 14}" text-anchor="end">${esc(r.label)}</text>`;
+    svg += `<rect class="torch" x="${L}" y="${y + 2}" width="${X(r.torch) - L}" height="9"><title>PyTorch ${pct(r.torch)}</title></rect>`;
+    svg += `<rect class="kforge" x="${L}" y="${y + 13}" width="${X(r.kforge) - L}" height="11"><title>kforge ${pct(r.kforge)}</title></rect>`;
+    svg += `<text x="${X(r.kforge) + 4}" y="${y + 22}">${pct(r.kforge)}</text>`;
+  });
+  return svg + `</svg>`;
+}
+
+async function showCharts() {
+  const [progress, c, st] = await Promise.all([api("/api/progress"), api("/api/cache"), api("/api/status")]);
+  let h = `<h1>Charts</h1><h2>Best speedup over time, per signature</h2>`;
+  if (progress.length === 0) {
+    h += `<p class="muted">No search has run yet.</p>`;
+  } else {
+    h += progressChart(progress);
+    h += `<p class="legend">${progress.map((s, i) => `<span><span style="color:${PALETTE[i % PALETTE.length]}">&#9632;</span>
+      <a href="#/search/${esc(s.id)}"><code>${esc(s.op)}</code></a> ${s.points.length ? s.points[s.points.length - 1].speedup.toFixed(2) + "x" : "no win yet"}
+      <span class="muted">(${esc(s.evaluated)} evaluated)</span></span>`).join("")}</p>`;
+  }
+  h += `<h2>Roofline: active kernels' bandwidth as a share of the device's copy bandwidth</h2>`;
+  const bw = new Map();
+  for (const s of st.slots || []) if (s.bandwidth_bytes_per_s) bw.set(s.arch, s.bandwidth_bytes_per_s);
+  const rows = [], unknown = [];
+  for (const e of c.entries || []) {
+    if (e.state !== "active" || !e.op_bytes || !e.candidate_ns) continue;
+    const copy = bw.get(e.arch);
+    if (!copy) { unknown.push(e); continue; }
+    const perNs = copy / 1e9;   // bytes per ns
+    const args = e.signature.replace(/^[^(]*/, "");
+    rows.push({label: `${e.op.replace(/^aten::/, "")} ${args.length > 30 ? args.slice(0, 29) + "\u2026" : args}`, key: e.key,
+      kforge: e.op_bytes / e.candidate_ns / perNs, torch: e.baseline_ns ? e.op_bytes / e.baseline_ns / perNs : 0,
+      gbs: e.op_bytes / e.candidate_ns, copy: copy / 1e9});
+  }
+  if (rows.length) {
+    h += rooflineChart(rows) + `<p class="legend"><span><span style="color:#98a2b3">&#9632;</span> PyTorch's kernel</span>
+      <span><span style="color:#2563eb">&#9632;</span> the active kernel</span><span class="muted">fewest bytes the operator moves
+      (every input read once, every output written once) over the measured time</span></p>`;
+    h += `<table id="roofline"><tr><th>entry</th><th class="num">bytes</th><th class="num">kernel</th><th class="num">achieved</th>
+      <th class="num">copy bandwidth</th><th class="num">share</th><th class="num">PyTorch's share</th></tr>`;
+    for (const r of rows) {
+      const e = c.entries.find((x) => x.key === r.key);
+      h += `<tr data-key="${esc(r.key)}"><td><code>${esc(e.signature)}</code></td><td class="num">${(e.op_bytes / 1048576).toFixed(2)} MiB</td>
+        <td class="num">${fmtTime(e.candidate_ns)}</td><td class="num">${fmtBw(r.gbs)}</td><td class="num">${fmtBw(r.copy)}</td>
+        <td class="num">${pct(r.kforge)}</td><td class="num">${pct(r.torch)}</td></tr>`;
+    }
+    h += `</table>`;
+  } else {
+    h += `<p class="muted" id="roofline-none">No active entry with a measured time on a device whose copy bandwidth this daemon measured.</p>`;
+  }
+  if (unknown.length) {
+    h += `<p class="muted">Not shown, no worker of this daemon measured their device's copy bandwidth: ${unknown.map((e) =>
+      `<code>${esc(e.op)}</code> (${esc(e.arch)})`).join(", ")}</p>`;
+  }
+  view.innerHTML = h;
 }
 
 // ---- routing and live updates -----------------------------------------------------------------
@@ -290,6 +449,9 @@ async function route() {
     } else if (parts[0] === "candidate" && /^[0-9a-f]{32}$/.test(parts[1] || "") && /^\d+$/.test(parts[2] || "")) {
       current = {name: "candidate", args: [parts[1], parts[2]]};
       await showCandidate(parts[1], parts[2]);
+    } else if (parts[0] === "charts") {
+      current = {name: "charts", args: []};
+      await showCharts();
     } else if (parts[0] === "cache") {
       current = {name: "cache", args: []};
       await showCache();
@@ -317,7 +479,7 @@ function connect() {
   es.onmessage = (m) => {
     let e;
     try { e = JSON.parse(m.data); } catch (err) { return; }
-    if (current.name === "overview" || (current.name === "cache" && e.event === "published")) refreshSoon();
+    if (current.name === "overview" || current.name === "charts" || (current.name === "cache" && e.event === "published")) refreshSoon();
     else if (current.name === "search" && e.signature === current.args[0]) refreshSoon();
     else if (current.name === "candidate" && e.signature === current.args[0] && String(e.node) === current.args[1]) refreshSoon();
   };

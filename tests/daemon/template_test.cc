@@ -1672,6 +1672,8 @@ TEST_CASE("templates: CUDA instances of every family pass the worker's verificat
       plan(softmax(B, d, {2, 3, 40}, log, 2), 2, 2);
       plan(softmax(B, d, {2, 1000, 7}, log, 1), 2, 1);
       plan(softmax(B, d, {4, 64, 9, 9}, log, 1), 1, 1);
+      plan(softmax(B, d, {3, 300, 64}, log, 1), 2, 3);    // Note [Split columns]: vectors, split columns
+      plan(softmax(B, d, {2, 4099, 24}, log, 1), 2, 2);   // long columns, a partial tile
     }
     for (const OpSignature& s : {softmax(B, d, {37, 40}, false), layer_norm(B, d, {37, 72}, true, false)}) {
       OpSignature t = s;

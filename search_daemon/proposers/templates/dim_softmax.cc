@@ -3,15 +3,16 @@
 // product of the sizes after dim), each of the outer * inner columns normalized over its len
 // elements, inner apart in memory. That is a softmax over channels of an NCHW map, over the
 // heads or the sequence of a [B, S, H] tensor, a log_softmax over dim 0 of a [classes, batch]
-// matrix. A column's elements are read by one thread (CUDA: neighbouring threads take
-// neighbouring columns, so each of the len steps is one coalesced row of the [len, inner] slice;
-// CPU: a chunk of KF_CHUNK neighbouring columns per pass, so the inner loops vectorize).
+// matrix. CUDA: neighbouring threads take neighbouring columns, so each of the len steps is one
+// coalesced row of the [len, inner] slice, and several threads may share a column (Note [Split
+// columns]); CPU: a chunk of KF_CHUNK neighbouring columns per pass, so the inner loops vectorize.
 //
-// Two passes over the column for the max and the sum of exp(x - max), accumulated in double for
-// float32 and float for 16-bit data (kf_acc; Note [Template arithmetic] in template_family.cc),
-// then a pass that writes; the non-finite cases and KF_SAFE behave as in row_softmax.cc's two-pass
-// kernel (Note [Online softmax], Note [Safe softmax] there): a NaN or +inf in the column makes it
-// NaN, a column of -inf is NaN (softmax) or 0 (KF_SAFE).
+// Sums of exp(x - max) are accumulated in double for float32 and float for 16-bit data (kf_acc;
+// Note [Template arithmetic] in template_family.cc). CUDA reads each element twice (a running max
+// and sum, then the pass that writes), the CPU three times (max, sum, write). The non-finite
+// cases and KF_SAFE behave as in row_softmax.cc's two-pass kernel (Note [Online softmax], Note
+// [Safe softmax] there): a NaN or +inf in the column makes it NaN, a column of -inf is NaN
+// (softmax) or 0 (KF_SAFE).
 #include <algorithm>
 
 #include "search_daemon/proposers/templates/softmax_call.h"
@@ -22,8 +23,14 @@ namespace kforge::search::templates {
 namespace {
 
 const char* const kCudaDimSoftmax = R"kf(
-// KF_LOG: log_softmax; KF_SAFE: _safe_softmax. Thread t takes column t: outer index t / inner,
-// inner index t % inner.
+// KF_LOG: log_softmax; KF_SAFE: _safe_softmax. Note [Split columns]: a block takes a tile of
+// KF_TX * KF_VEC neighbouring columns of one outer index (thread x: KF_VEC of them, in one
+// access), and KF_SPLIT threads share each column's len elements (thread y takes every
+// KF_SPLIT-th). One pass reads each element once into a running max and sum (Note [Online
+// softmax] in row_softmax.cc), the block combines its KF_SPLIT partials per column in shared
+// memory, and a second pass writes.
+#define KF_TX (KF_BLOCK / KF_SPLIT)
+#define KF_TILE (KF_TX * KF_VEC)
 __device__ __forceinline__ float kf_exp_shifted(float x, float m) {
 #if KF_SAFE
   return x == KF_NEG_INF ? 0.0f : expf(x - m);
@@ -32,34 +39,100 @@ __device__ __forceinline__ float kf_exp_shifted(float x, float m) {
 #endif
 }
 extern "C" __global__ void __launch_bounds__(KF_BLOCK)
-kf_dim_softmax(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 columns, kf_i64 len, kf_i64 inner) {
-  const kf_i64 t = (kf_i64)blockIdx.x * KF_BLOCK + threadIdx.x;
-  if (t >= columns) return;
-  const kf_i64 o = t / inner;
-  const kf_i64 base = o * len * inner + (t - o * inner);
-  const kf_t* __restrict__ xc = x + base;
-  kf_t* __restrict__ yc = y + base;
-  float m = KF_NEG_INF;
-  for (kf_i64 l = 0; l < len; ++l) {
-    const float v = kf_to_float(xc[l * inner]);
-    m = v != v ? v : fmaxf(m, v);   // fmaxf alone would drop a NaN
-    if (m != m) break;
+kf_dim_softmax(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 len, kf_i64 inner, kf_i64 tiles) {
+  __shared__ float sm_max[KF_SPLIT][KF_TILE];
+  __shared__ kf_acc sm_sum[KF_SPLIT][KF_TILE];
+  const int tx = threadIdx.x % KF_TX, ty = threadIdx.x / KF_TX;
+  const kf_i64 o = blockIdx.x / tiles;
+  const kf_i64 c0 = (blockIdx.x - o * tiles) * KF_TILE + (kf_i64)tx * KF_VEC;   // inner % KF_VEC == 0
+  const bool live = c0 < inner;
+  const kf_i64 base = o * len * inner + c0;   // element (o, 0, c0); a multiple of KF_VEC
+  // Running max and sum of exp(v - max) per column. A NaN or +inf makes the column NaN (as the
+  // two-pass softmax does: inf - inf), flagged by a max of NaN; a -inf adds nothing.
+  float m[KF_VEC];
+  kf_acc s[KF_VEC];
+#pragma unroll
+  for (int k = 0; k < KF_VEC; ++k) m[k] = KF_NEG_INF, s[k] = 0;
+  if (live) {
+#pragma unroll 4
+    for (kf_i64 l = ty; l < len; l += KF_SPLIT) {
+      float v[KF_VEC];
+      kf_load<KF_VEC>(x + base + l * inner, 0, v);
+#pragma unroll
+      for (int k = 0; k < KF_VEC; ++k) {
+        if (!(v[k] < __int_as_float(0x7f800000))) {   // NaN or +inf
+          m[k] = __int_as_float(0x7fffffff);
+        } else if (v[k] > m[k]) {   // never true once m is NaN
+          s[k] = s[k] * (kf_acc)expf(m[k] - v[k]) + (kf_acc)1;
+          m[k] = v[k];
+        } else if (v[k] != KF_NEG_INF) {
+          s[k] += (kf_acc)expf(v[k] - m[k]);
+        }
+      }
+    }
   }
-  kf_acc s = 0;
-  for (kf_i64 l = 0; l < len; ++l) s += (kf_acc)kf_exp_shifted(kf_to_float(xc[l * inner]), m);
-  const bool dead = KF_SAFE && s == (kf_acc)0;   // every element -inf
+#pragma unroll
+  for (int k = 0; k < KF_VEC; ++k) {
+    sm_max[ty][tx * KF_VEC + k] = m[k];
+    sm_sum[ty][tx * KF_VEC + k] = s[k];
+  }
+  __syncthreads();
+  // The first row of threads combines the KF_SPLIT partials of its columns into row 0; every
+  // thread of a column then reads the same max and sum.
+  if (ty == 0) {
+#pragma unroll
+    for (int k = 0; k < KF_VEC; ++k) {
+      const int c = tx * KF_VEC + k;
+      float mm = KF_NEG_INF;
+      bool bad = false;
+      for (int j = 0; j < KF_SPLIT; ++j) {
+        const float pm = sm_max[j][c];
+        bad |= pm != pm;
+        mm = fmaxf(mm, pm);
+      }
+      kf_acc ss = 0;
+      if (!bad && mm != KF_NEG_INF) {
+        for (int j = 0; j < KF_SPLIT; ++j) {
+          const float pm = sm_max[j][c];
+          if (pm != KF_NEG_INF) ss += sm_sum[j][c] * (kf_acc)expf(pm - mm);
+        }
+      }
+      sm_max[0][c] = bad ? __int_as_float(0x7fffffff) : mm;
+      sm_sum[0][c] = ss;
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < KF_VEC; ++k) {
+    m[k] = sm_max[0][tx * KF_VEC + k];
+    s[k] = sm_sum[0][tx * KF_VEC + k];
+  }
+  if (!live) return;
+  // A column of -inf only: softmax and log_softmax give NaN (-inf - -inf), _safe_softmax 0.
+  float r[KF_VEC];
+#pragma unroll
+  for (int k = 0; k < KF_VEC; ++k) {
+    const bool nan = m[k] != m[k] || (!KF_SAFE && m[k] == KF_NEG_INF);
 #if KF_LOG
-  const float ls = (float)kf_log(s);
-  for (kf_i64 l = 0; l < len; ++l) {
-    const float v = kf_to_float(xc[l * inner]);
-    yc[l * inner] = kf_from_float(dead ? 0.0f : (v - m) - ls);
-  }
+    r[k] = nan ? __int_as_float(0x7fffffff) : (float)kf_log(s[k]);
 #else
-  const float r = (float)((kf_acc)1 / s);
-  for (kf_i64 l = 0; l < len; ++l) {
-    yc[l * inner] = kf_from_float(dead ? 0.0f : kf_exp_shifted(kf_to_float(xc[l * inner]), m) * r);
-  }
+    r[k] = nan ? __int_as_float(0x7fffffff) : (m[k] == KF_NEG_INF ? 0.0f : (float)((kf_acc)1 / s[k]));
 #endif
+  }
+#pragma unroll 4
+  for (kf_i64 l = ty; l < len; l += KF_SPLIT) {
+    float v[KF_VEC];
+    kf_load<KF_VEC>(x + base + l * inner, 0, v);
+#pragma unroll
+    for (int k = 0; k < KF_VEC; ++k) {
+#if KF_LOG
+      v[k] = (v[k] - m[k]) - r[k];
+#else
+      v[k] = r[k] != r[k] ? r[k] : (r[k] == 0.0f ? 0.0f : kf_exp_shifted(v[k], m[k]) * r[k]);
+#endif
+    }
+    kf_store<KF_VEC>(y + base + l * inner, 0, v);
+  }
 }
 )kf";
 
@@ -130,42 +203,80 @@ int64_t softmax_dim(const OpSignature& sig, Softmax kind, Backend backend) {
 
 // ---- CUDA ------------------------------------------------------------------------------------------
 
+// Note [Split columns]: the knobs are the block, how many threads share a column (split) and how
+// many neighbouring columns a thread takes in one access (vec). Few columns and long ones (a
+// softmax over the channels of a small batch, over 4096 positions of 64 x 512) leave one thread per
+// column with too little parallelism to cover the memory latency: splitting each column over
+// threads brings the whole GPU in, at the price of one combine in shared memory per block.
 class DimSoftmaxCuda final : public FamilyBase {
  public:
   explicit DimSoftmaxCuda(Softmax kind)
-      : FamilyBase(softmax_family_name(kind, Backend::kCuda, "_dim"), Backend::kCuda, {Knob{"block", {64, 128, 256, 512}, {}}}),
+      : FamilyBase(softmax_family_name(kind, Backend::kCuda, "_dim"), Backend::kCuda,
+                   {Knob{"block", {64, 128, 256, 512}, {}}, Knob{"split", {1, 2, 4, 8, 16, 32}, {}},
+                    Knob{"vec", {1, 2, 4, 8}, {}}}),
         kind_(kind) {}
 
   bool applies(const OpSignature& sig) const override { return softmax_dim(sig, kind_, Backend::kCuda) >= 0; }
 
   bool valid(const OpSignature& sig, std::span<const int64_t> v) const override {
-    const TensorMeta& x = *tensor_arg(sig, 0);
-    const int64_t columns = x.numel() / x.sizes[static_cast<size_t>(softmax_dim(sig, kind_, Backend::kCuda))];
-    return v[0] <= std::max<int64_t>(64, pow2_ceil(columns));   // no block mostly idle
+    const Shape e = shape(sig);
+    const int64_t block = v[0], split = v[1], vec = v[2];
+    if (e.inner % vec != 0 || !vector_fits(sig, vec)) return false;
+    if (split > std::max<int64_t>(1, pow2_ceil(e.len))) return false;   // threads with no element
+    const int64_t tile = block / split * vec;
+    return tile <= std::max(vec, pow2_ceil(e.inner));   // no tile mostly past the last column
   }
 
   double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
-    (void)sig;
-    return closeness(static_cast<double>(v[0]), 256, 0.3);
+    const Shape e = shape(sig);
+    const int64_t block = v[0], split = v[1], vec = v[2];
+    const int64_t bytes = dtype_size_bytes(tensor_arg(sig, 0)->dtype);
+    // The widest access the columns allow, up to 16 bytes.
+    int64_t best_vec = 1;
+    for (int64_t w : {2, 4, 8}) {
+      if (e.inner % w == 0 && vector_fits(sig, w)) best_vec = w;
+    }
+    // Enough threads to cover the latency (about 2^17 on an H200), and at least 8 elements each.
+    const int64_t column_threads = std::max<int64_t>(1, e.outer * e.inner / best_vec);
+    int64_t ideal_split = std::clamp<int64_t>(pow2_ceil((int64_t{1} << 17) / column_threads), 1, 32);
+    while (ideal_split > 1 && e.len / ideal_split < 8) ideal_split /= 2;
+    const double row_bytes = static_cast<double>(std::min<int64_t>(block / split * vec, e.inner) * bytes);
+    return closeness(static_cast<double>(vec), static_cast<double>(best_vec), 0.5) *
+           closeness(static_cast<double>(split), static_cast<double>(ideal_split), 0.4) *
+           closeness(static_cast<double>(block), 256, 0.3) * closeness(std::min(row_bytes, 128.0), 128, 0.2);
   }
 
   KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {
     const TensorMeta& x = *tensor_arg(sig, 0);
     const DimSplit e = split_at_dim(x, softmax_dim(sig, kind_, Backend::kCuda));
-    std::vector<std::string> options = {dtype_define(x.dtype), define("KF_BLOCK", v[0])};
+    std::vector<std::string> options = {dtype_define(x.dtype), define("KF_BLOCK", v[0]), define("KF_SPLIT", v[1]),
+                                        define("KF_VEC", v[2])};
     for (std::string& d : softmax_kind_defines(kind_)) options.push_back(std::move(d));
     KernelSpec s = one_launch_spec(Backend::kCuda, std::string(kCudaPrelude) + kCudaDimSoftmax, "kf_dim_softmax", options);
     s.plan.outputs = {OutputSpec::like(0)};
     Launch& l = s.plan.launches[0];
-    const std::string columns = "(" + e.outer + ") * (" + e.inner + ")";
-    l.grid[0] = "ceil_div(" + columns + ", " + std::to_string(v[0]) + ")";
+    const std::string tiles = "ceil_div(" + e.inner + ", " + std::to_string(v[0] / v[1] * v[2]) + ")";
+    l.grid[0] = "(" + e.outer + ") * " + tiles;
     l.block[0] = std::to_string(v[0]);
-    l.args = {ArgBinding::input(0), ArgBinding::output(0), ArgBinding::size(columns), ArgBinding::size(e.len),
-              ArgBinding::size(e.inner)};
+    l.args = {ArgBinding::input(0), ArgBinding::output(0), ArgBinding::size(e.len), ArgBinding::size(e.inner),
+              ArgBinding::size(tiles)};
     return s;
   }
 
  private:
+  struct Shape {
+    int64_t outer = 1, len = 1, inner = 1;
+  };
+  Shape shape(const OpSignature& sig) const {
+    const TensorMeta& x = *tensor_arg(sig, 0);
+    const int64_t d = softmax_dim(sig, kind_, Backend::kCuda);
+    Shape s;
+    s.len = x.sizes[static_cast<size_t>(d)];
+    s.inner = split_at_dim(x, d).inner_size;
+    s.outer = s.len * s.inner > 0 ? x.numel() / (s.len * s.inner) : 0;
+    return s;
+  }
+
   Softmax kind_;
 };
 

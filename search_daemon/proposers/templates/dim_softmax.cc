@@ -38,6 +38,35 @@ __device__ __forceinline__ float kf_exp_shifted(float x, float m) {
   return expf(x - m);
 #endif
 }
+#define KF_U (16 / KF_VEC)   // accesses in flight per thread: 16 elements (more spill at 8 x 4)
+// One element of each of the thread's columns into its running max and sum. A NaN or +inf makes
+// the column NaN (as the two-pass softmax does: inf - inf), flagged by a max of NaN; a -inf adds
+// nothing.
+__device__ __forceinline__ void kf_online(float (&m)[KF_VEC], kf_acc (&s)[KF_VEC], const float (&v)[KF_VEC]) {
+#pragma unroll
+  for (int k = 0; k < KF_VEC; ++k) {
+    if (!(v[k] < __int_as_float(0x7f800000))) {   // NaN or +inf
+      m[k] = __int_as_float(0x7fffffff);
+    } else if (v[k] > m[k]) {   // never true once m is NaN
+      s[k] = s[k] * (kf_acc)expf(m[k] - v[k]) + (kf_acc)1;
+      m[k] = v[k];
+    } else if (v[k] != KF_NEG_INF) {
+      s[k] += (kf_acc)expf(v[k] - m[k]);
+    }
+  }
+}
+// The written values, in place: r is 1 / sum (softmax; 0 for a column _safe_softmax zeroes) or
+// log(sum) (log_softmax), NaN for a NaN column.
+__device__ __forceinline__ void kf_normalize(float (&v)[KF_VEC], const float (&m)[KF_VEC], const float (&r)[KF_VEC]) {
+#pragma unroll
+  for (int k = 0; k < KF_VEC; ++k) {
+#if KF_LOG
+    v[k] = (v[k] - m[k]) - r[k];
+#else
+    v[k] = r[k] != r[k] ? r[k] : (r[k] == 0.0f ? 0.0f : kf_exp_shifted(v[k], m[k]) * r[k]);
+#endif
+  }
+}
 extern "C" __global__ void __launch_bounds__(KF_BLOCK)
 kf_dim_softmax(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 len, kf_i64 inner, kf_i64 tiles) {
   __shared__ float sm_max[KF_SPLIT][KF_TILE];
@@ -47,28 +76,26 @@ kf_dim_softmax(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 len, kf_
   const kf_i64 c0 = (blockIdx.x - o * tiles) * KF_TILE + (kf_i64)tx * KF_VEC;   // inner % KF_VEC == 0
   const bool live = c0 < inner;
   const kf_i64 base = o * len * inner + c0;   // element (o, 0, c0); a multiple of KF_VEC
-  // Running max and sum of exp(v - max) per column. A NaN or +inf makes the column NaN (as the
-  // two-pass softmax does: inf - inf), flagged by a max of NaN; a -inf adds nothing.
+  // Running max and sum of exp(v - max) per column (kf_online).
   float m[KF_VEC];
   kf_acc s[KF_VEC];
 #pragma unroll
   for (int k = 0; k < KF_VEC; ++k) m[k] = KF_NEG_INF, s[k] = 0;
   if (live) {
-#pragma unroll 4
-    for (kf_i64 l = ty; l < len; l += KF_SPLIT) {
+    // KF_U accesses issued before any is used: enough bytes in flight per thread to cover the
+    // memory latency with the few threads a column split leaves.
+    kf_i64 l = ty;
+    for (; l + (KF_U - 1) * KF_SPLIT < len; l += KF_U * KF_SPLIT) {
+      float v[KF_U][KF_VEC];
+#pragma unroll
+      for (int u = 0; u < KF_U; ++u) kf_load<KF_VEC>(x + base + (l + u * KF_SPLIT) * inner, 0, v[u]);
+#pragma unroll
+      for (int u = 0; u < KF_U; ++u) kf_online(m, s, v[u]);
+    }
+    for (; l < len; l += KF_SPLIT) {
       float v[KF_VEC];
       kf_load<KF_VEC>(x + base + l * inner, 0, v);
-#pragma unroll
-      for (int k = 0; k < KF_VEC; ++k) {
-        if (!(v[k] < __int_as_float(0x7f800000))) {   // NaN or +inf
-          m[k] = __int_as_float(0x7fffffff);
-        } else if (v[k] > m[k]) {   // never true once m is NaN
-          s[k] = s[k] * (kf_acc)expf(m[k] - v[k]) + (kf_acc)1;
-          m[k] = v[k];
-        } else if (v[k] != KF_NEG_INF) {
-          s[k] += (kf_acc)expf(v[k] - m[k]);
-        }
-      }
+      kf_online(m, s, v);
     }
   }
 #pragma unroll
@@ -119,18 +146,21 @@ kf_dim_softmax(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 len, kf_
     r[k] = nan ? __int_as_float(0x7fffffff) : (m[k] == KF_NEG_INF ? 0.0f : (float)((kf_acc)1 / s[k]));
 #endif
   }
-#pragma unroll 4
-  for (kf_i64 l = ty; l < len; l += KF_SPLIT) {
+  kf_i64 l = ty;
+  for (; l + (KF_U - 1) * KF_SPLIT < len; l += KF_U * KF_SPLIT) {
+    float v[KF_U][KF_VEC];
+#pragma unroll
+    for (int u = 0; u < KF_U; ++u) kf_load<KF_VEC>(x + base + (l + u * KF_SPLIT) * inner, 0, v[u]);
+#pragma unroll
+    for (int u = 0; u < KF_U; ++u) {
+      kf_normalize(v[u], m, r);
+      kf_store<KF_VEC>(y + base + (l + u * KF_SPLIT) * inner, 0, v[u]);
+    }
+  }
+  for (; l < len; l += KF_SPLIT) {
     float v[KF_VEC];
     kf_load<KF_VEC>(x + base + l * inner, 0, v);
-#pragma unroll
-    for (int k = 0; k < KF_VEC; ++k) {
-#if KF_LOG
-      v[k] = (v[k] - m[k]) - r[k];
-#else
-      v[k] = r[k] != r[k] ? r[k] : (r[k] == 0.0f ? 0.0f : kf_exp_shifted(v[k], m[k]) * r[k]);
-#endif
-    }
+    kf_normalize(v, m, r);
     kf_store<KF_VEC>(y + base + l * inner, 0, v);
   }
 }

@@ -243,7 +243,9 @@ int run_demo_command(const std::vector<std::string>& args, std::ostream& out, st
   // daemon's one worker takes one core and the model the other (demo.py runs one torch thread).
   req.extra_args = {"--devices", device == "cpu" ? "cpu" : "auto", "--max-evaluations", device == "cpu" ? "8" : "16",
                     "--min-calls", "20"};
-  out << "demo: " << device << ", search budget " << minutes << " min; the demo's daemon, cache and journals are in "
+  // Progress goes to stderr (the model's lines too, demo.py): stdout is the report, or with --json
+  // one JSON document.
+  err << "demo: " << device << ", search budget " << minutes << " min; the demo's daemon, cache and journals are in "
       << home << "\n" << std::flush;
   StatusOr<DaemonHandle> d = ensure_daemon(*layout, req, err);
   if (!d.ok()) {
@@ -265,7 +267,7 @@ int run_demo_command(const std::vector<std::string>& args, std::ostream& out, st
   HookedResult r;
   json daemon_status;
   {
-    SearchWatch watch(d->endpoint, control, out);
+    SearchWatch watch(d->endpoint, control, err);
     r = run_hooked(how,
                    {python, script, "--device", device, "--search-seconds", std::to_string(minutes * 60), "--control",
                     control, "--result", result_path},

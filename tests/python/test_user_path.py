@@ -172,7 +172,8 @@ def test_demo_runs_on_the_cpu(build_dir, env, tmp_path):
     before/after and the output check, and exits 0 only with the output within the criterion."""
     r = kforge(build_dir, env, "demo", "--device", "cpu", "--minutes", "0.5", "--json", timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    res = json.loads(r.stdout[r.stdout.index("\n{") + 1:])
+    res = json.loads(r.stdout)   # stdout is the JSON document alone; progress goes to stderr
+    assert "demo: cpu, search budget" in r.stderr and "steps, kernels in this process" in r.stderr
     assert res["check"]["passed"] and res["before_median_ms"] > 0 and res["after_median_ms"] > 0
     assert len(res["before_ms"]) == len(res["after_ms"]) >= 10
     assert set(res["operators"]) == {"aten::_softmax", "aten::native_layer_norm"}   # KFORGE_OPS on the CPU

@@ -185,7 +185,7 @@ def main():
         result["gpu"] = torch.cuda.get_device_name()
 
     def emit(msg):
-        print(f"demo: {msg}", flush=True)
+        print(f"demo: {msg}", file=sys.stderr, flush=True)
 
     # 1. search
     t0 = time.monotonic()

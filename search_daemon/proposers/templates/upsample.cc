@@ -35,19 +35,32 @@ namespace kforge::search::templates {
 namespace {
 
 const char* const kCudaUpsampleNearest = R"kf(
-// Output element i (KF_ITEMS per thread, KF_BLOCK apart, in the output's storage order); KF_SH and
-// KF_SW the float scales (Note [Nearest source index]).
+// Output group g (KF_ITEMS per thread, KF_BLOCK apart) of KF_VEC neighbouring output elements in
+// the output's storage order, written in one access: KF_VEC columns of one output row (OW a
+// multiple of KF_VEC), or KF_VEC channels of one pixel when channels-last (C a multiple, and then
+// one access reads them too). KF_SH and KF_SW the float scales (Note [Nearest source index]).
 extern "C" __global__ void __launch_bounds__(KF_BLOCK)
 kf_upsample_nearest(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 n) {
   const kf_i64 first = (kf_i64)blockIdx.x * (KF_BLOCK * KF_ITEMS) + threadIdx.x;
 #pragma unroll
   for (int it = 0; it < KF_ITEMS; ++it) {
-    const kf_i64 i = first + (kf_i64)it * KF_BLOCK;
+    const kf_i64 g = first + (kf_i64)it * KF_BLOCK;
+    const kf_i64 i = g * KF_VEC;
     if (i >= n) continue;
     KF_POSITION(i, oh, ow, base)
     const kf_i64 ih = min((kf_i64)floorf((float)oh * KF_SH), (kf_i64)KF_H - 1);
+#if KF_CL
     const kf_i64 iw = min((kf_i64)floorf((float)ow * KF_SW), (kf_i64)KF_W - 1);
-    y[i] = x[base + KF_AT(ih, iw)];
+    reinterpret_cast<kf_vec<KF_VEC>*>(y)[g] = *reinterpret_cast<const kf_vec<KF_VEC>*>(x + base + KF_AT(ih, iw));
+#else
+    kf_vec<KF_VEC> r;
+#pragma unroll
+    for (int k = 0; k < KF_VEC; ++k) {
+      const kf_i64 iw = min((kf_i64)floorf((float)(ow + k) * KF_SW), (kf_i64)KF_W - 1);
+      r.v[k] = x[base + KF_AT(ih, iw)];
+    }
+    reinterpret_cast<kf_vec<KF_VEC>*>(y)[g] = r;
+#endif
   }
 }
 )kf";
@@ -261,13 +274,13 @@ std::string upsample_family(Backend backend, bool bilinear) {
 
 // ---- CUDA ------------------------------------------------------------------------------------------
 
-enum UpsampleCudaKnob : size_t { kBlock, kItems };
+enum UpsampleCudaKnob : size_t { kBlock, kItems, kVec };
 
 class UpsampleCuda final : public FamilyBase {
  public:
   explicit UpsampleCuda(bool bilinear)
       : FamilyBase(upsample_family(Backend::kCuda, bilinear), Backend::kCuda,
-                   {Knob{"block", {64, 128, 256, 512}, {}}, Knob{"items", {1, 2, 4, 8}, {}}}),
+                   {Knob{"block", {64, 128, 256, 512}, {}}, Knob{"items", {1, 2, 4, 8}, {}}, Knob{"vec", {1, 2, 4, 8}, {}}}),
         bilinear_(bilinear) {}
 
   bool applies(const OpSignature& sig) const override {
@@ -277,25 +290,39 @@ class UpsampleCuda final : public FamilyBase {
   bool valid(const OpSignature& sig, std::span<const int64_t> v) const override {
     const UpsampleArgs a = *upsample_args(sig, Backend::kCuda, bilinear_);
     const int64_t n = a.x->sizes[0] * a.x->sizes[1] * a.oh * a.ow;
-    return v[kBlock] * v[kItems] <= std::max<int64_t>(64, pow2_ceil(n));
+    if (v[kVec] > 1) {
+      // Nearest only: groups of whole vectors within an output row (or a pixel's channels).
+      if (bilinear_ || (a.channels_last ? a.x->sizes[1] : a.ow) % v[kVec] != 0 || !vector_fits(sig, v[kVec])) return false;
+    }
+    return v[kBlock] * v[kItems] * v[kVec] <= std::max<int64_t>(64, pow2_ceil(n));
   }
 
   double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
-    (void)sig;
-    return closeness(static_cast<double>(v[kBlock]), 256, 0.3) * closeness(static_cast<double>(v[kItems]), 4, 0.3);
+    // 16-byte stores where they fit (the output is most of the traffic: 4x the input at 2x), and
+    // about 4 elements' work per thread.
+    const UpsampleArgs a = *upsample_args(sig, Backend::kCuda, bilinear_);
+    const int64_t bytes = dtype_size_bytes(a.x->dtype);
+    int64_t best_vec = 1;
+    for (int64_t w : {2, 4, 8}) {
+      if (!bilinear_ && (a.channels_last ? a.x->sizes[1] : a.ow) % w == 0 && vector_fits(sig, w) && w * bytes <= 16) best_vec = w;
+    }
+    return closeness(static_cast<double>(v[kBlock]), 256, 0.3) *
+           closeness(static_cast<double>(v[kItems] * v[kVec]), static_cast<double>(std::max<int64_t>(4, best_vec)), 0.3) *
+           closeness(static_cast<double>(v[kVec]), static_cast<double>(best_vec), 0.5);
   }
 
   KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {
     const UpsampleArgs a = *upsample_args(sig, Backend::kCuda, bilinear_);
     std::vector<std::string> options = {dtype_define(a.x->dtype), define("KF_BLOCK", v[kBlock]),
                                         define("KF_ITEMS", v[kItems])};
+    if (!bilinear_) options.push_back(define("KF_VEC", v[kVec]));
     for (std::string& d : upsample_defines(a)) options.push_back(std::move(d));
     KernelSpec s = one_launch_spec(Backend::kCuda, upsample_source(Backend::kCuda, bilinear_), upsample_entry(bilinear_),
                                    options);
     s.plan.outputs = {image_output(a.x->dtype, a.oh, a.ow, a.channels_last)};
     Launch& l = s.plan.launches[0];
     const std::string n = size_name(0, 0) + " * " + size_name(0, 1) + " * " + std::to_string(a.oh * a.ow);
-    l.grid[0] = "ceil_div(" + n + ", " + std::to_string(v[kBlock] * v[kItems]) + ")";
+    l.grid[0] = "ceil_div(" + n + ", " + std::to_string(v[kBlock] * v[kItems] * v[kVec]) + ")";
     l.block[0] = std::to_string(v[kBlock]);
     l.args = {ArgBinding::input(0), ArgBinding::output(0), ArgBinding::size(n)};
     return s;

@@ -13,6 +13,15 @@
 //   [floor(o * H / OH), ceil((o + 1) * H / OH)).
 // The averages sum in kf_acc (double for float32 on CUDA, double on CPU; PyTorch sums in float):
 // at least as accurate, which is what the worker's criterion asks.
+//
+// Note [Whole windows]
+// ~~~~~~~~~~~~~~~~~~~~
+// A window's loop has bounds known only at run time (padding and the input's edges clip it), so
+// the CUDA kernels would issue its loads one after the other, each add or compare waiting for its
+// load: a 3x3 window paid nine memory latencies in a row. Most windows lie wholly inside the input;
+// for them the CUDA kernels load all KH x KW elements first (the loops unrolled over the
+// compiled-in window) and then reduce in the general loop's order with its comparison or sum, so
+// the result, the index and the divisor are the ones the general loop gives.
 // A channels-last input (KF_CL) gives a channels-last output, as PyTorch's kernels return it: the
 // CUDA kernels number output elements in storage order (channel innermost), the CPU kernels take
 // rows of [N, OH] and walk each window once for all channels.
@@ -47,6 +56,31 @@ kf_max_pool2d(const kf_t* __restrict__ x, kf_t* __restrict__ y, long long* __res
     if (i >= n) continue;
     KF_POSITION(i, oh, ow, base)
     const kf_t* __restrict__ xp = x + base;
+    // Note [Whole windows]: a window inside the input, its loads issued together.
+    const kf_i64 h0 = oh * KF_SH - KF_PH, w0 = ow * KF_SW - KF_PW;
+    if (h0 >= 0 && w0 >= 0 && h0 + (KF_KH - 1) * KF_DH < KF_H && w0 + (KF_KW - 1) * KF_DW < KF_W) {
+      float v[KF_KH][KF_KW];
+#pragma unroll
+      for (int a = 0; a < KF_KH; ++a) {
+#pragma unroll
+        for (int b = 0; b < KF_KW; ++b) v[a][b] = kf_to_float(xp[KF_AT(h0 + a * KF_DH, w0 + b * KF_DW)]);
+      }
+      kf_i64 best = h0 * KF_W + w0;
+      float m = KF_NEG_INF;
+#pragma unroll
+      for (int a = 0; a < KF_KH; ++a) {
+#pragma unroll
+        for (int b = 0; b < KF_KW; ++b) {
+          if (v[a][b] > m || v[a][b] != v[a][b]) {
+            m = v[a][b];
+            best = (h0 + a * KF_DH) * KF_W + w0 + b * KF_DW;
+          }
+        }
+      }
+      y[i] = kf_from_float(m);
+      idx[i] = best;
+      continue;
+    }
     KF_WINDOW(oh, ow, hs, he, ws, we)
     kf_i64 best = hs * KF_W + ws;
     float m = KF_NEG_INF;
@@ -169,6 +203,28 @@ kf_mean_pool2d(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 n) {
     if (i >= n) continue;
     KF_POSITION(i, oh, ow, base)
     const kf_t* __restrict__ xp = x + base;
+#ifdef KF_KH
+    // Note [Whole windows]: avg_pool2d's window inside the input, its loads issued together; the
+    // sum in the general loop's order, the divisor what the general case counts there.
+    const kf_i64 h0 = oh * KF_SH - KF_PH, w0 = ow * KF_SW - KF_PW;
+    if (h0 >= 0 && w0 >= 0 && h0 + KF_KH <= KF_H && w0 + KF_KW <= KF_W) {
+      float v[KF_KH][KF_KW];
+#pragma unroll
+      for (int a = 0; a < KF_KH; ++a) {
+#pragma unroll
+        for (int b = 0; b < KF_KW; ++b) v[a][b] = kf_to_float(xp[KF_AT(h0 + a, w0 + b)]);
+      }
+      kf_acc sum = 0;
+#pragma unroll
+      for (int a = 0; a < KF_KH; ++a) {
+#pragma unroll
+        for (int b = 0; b < KF_KW; ++b) sum += v[a][b];
+      }
+      const kf_i64 div = KF_DIVISOR != 0 ? (kf_i64)KF_DIVISOR : (kf_i64)(KF_KH * KF_KW);
+      y[i] = kf_from_float((float)(sum / (kf_acc)div));
+      continue;
+    }
+#endif
     KF_MEAN_WINDOW(oh, ow, hs, he, ws, we, div)
     kf_acc sum = 0;
     for (kf_i64 h = hs; h < he; ++h) {

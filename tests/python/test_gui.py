@@ -67,8 +67,8 @@ def wait_for(what, timeout, fn):
     raise AssertionError(f"timed out after {timeout} s waiting for {what}; last: {str(last)[:2000]}")
 
 
-class ScriptedModel:
-    """An OpenAI-compatible server: the first answer does not compile, every later one does."""
+class ModelServer:
+    """An OpenAI-compatible server on a free loopback port; answer() says what each request gets."""
 
     def __init__(self):
         self.requests = 0
@@ -78,18 +78,43 @@ class ScriptedModel:
             def do_POST(self):
                 self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 outer.requests += 1
-                source = BROKEN_SOURCE if outer.requests == 1 else LLM_SOURCE.replace("double m", f"/* answer {outer.requests} */ double m")
-                send_kernel_answer(self, source, dict(LLM_PLAN, summary=f"one row per block (answer {outer.requests})"))
+                outer.answer(self, outer.requests)
 
             def log_message(self, *args):
                 pass
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
 
     def close(self):
         self.server.shutdown()
+
+
+class ScriptedModel(ModelServer):
+    """The first answer does not compile, every later one does."""
+
+    def answer(self, handler, n):
+        source = BROKEN_SOURCE if n == 1 else LLM_SOURCE.replace("double m", f"/* answer {n} */ double m")
+        send_kernel_answer(handler, source, dict(LLM_PLAN, summary=f"one row per block (answer {n})"))
+
+
+class SilentModel(ModelServer):
+    """Holds every request until it is closed: a search whose only proposer is the LLM waits for
+    it, searching, for as long as the test needs."""
+
+    def __init__(self):
+        self.release = threading.Event()
+        super().__init__()
+
+    def answer(self, handler, n):
+        self.release.wait(600)
+        handler.send_error(503)
+
+    def close(self):
+        self.release.set()
+        super().close()
 
 
 @pytest.fixture(scope="module")
@@ -351,34 +376,6 @@ def test_a_browser_watches_the_search_and_audits_a_failed_candidate_and_its_repa
     for name in ("overview", "tree", "candidate-failed", "candidate-diff", "cache", "charts", "overview-processes"):
         assert (shots / f"{name}.png").stat().st_size > 1000
 
-
-class SilentModel:
-    """An OpenAI-compatible server that holds every request until it is closed: a search whose only
-    proposer is the LLM waits for it, searching, for as long as the test needs."""
-
-    def __init__(self):
-        self.release = threading.Event()
-        self.requests = 0
-        outer = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self):
-                self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                outer.requests += 1
-                outer.release.wait(600)
-                self.send_error(503)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def close(self):
-        self.release.set()
-        self.server.shutdown()
 
 
 def test_stopping_a_search_from_the_gui_needs_the_token_and_ends_it_for_good(daemon_bin, hook_path, tmp_path, build_dir):

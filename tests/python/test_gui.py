@@ -50,6 +50,19 @@ def get(port, path, headers=None, timeout=10):
         return e.code, e.headers.get("Content-Type", ""), e.read()
 
 
+def post(port, path, token=None):
+    """A POST with the GUI token header when given: (status, the answer's JSON; {} for an empty
+    answer, as httplib gives for a path no route matches)."""
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method="POST",
+                                 headers={"X-Kforge-Token": token} if token is not None else {})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        body = e.read()
+        return e.code, json.loads(body) if body else {}
+
+
 def get_json(port, path):
     status, _, body = get(port, path)
     assert status == 200, (path, status, body[:500])
@@ -197,29 +210,23 @@ def test_the_gui_api_serves_files_trees_candidates_and_events_and_refuses_bad_re
     assert token_file.stat().st_mode & 0o777 == 0o600
     token = token_file.read_text()
 
-    def post(action, tok=None):
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/api/cache/{entry['key']}/{action}", method="POST",
-                                     headers={"X-Kforge-Token": tok} if tok is not None else {})
-        try:
-            with urllib.request.urlopen(req, timeout=10) as r:
-                return r.status, json.loads(r.read())
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read())
-    status, body = post("disable")
+    def act(action, tok=None):
+        return post(port, f"/api/cache/{entry['key']}/{action}", tok)
+    status, body = act("disable")
     assert status == 401 and str(token_file) in body["error"] and token not in json.dumps(body)
-    status, body = post("disable", "0" * len(token))
+    status, body = act("disable", "0" * len(token))
     assert status == 403 and token not in json.dumps(body)
     assert next(e for e in get_json(port, "/api/cache")["entries"] if e["key"] == entry["key"])["state"] == "active"
-    assert post("explode", token)[0] == 400
-    assert post("disable", token) == (200, {**post("disable", token)[1]})   # idempotent
+    assert act("explode", token)[0] == 400
+    assert act("disable", token) == (200, {**act("disable", token)[1]})   # idempotent
     ls = subprocess.run([str(daemon_bin["kforge"]), "--cache-dir", str(d.root / "cache"), "cache", "ls", "--json"],
                         capture_output=True, text=True, timeout=60)
     assert next(e for e in json.loads(ls.stdout)["entries"] if e["key"] == entry["key"])["state"] == "disabled", ls.stdout
-    status, body = post("enable", token)
+    status, body = act("enable", token)
     assert status == 200 and body["state"] == "active"
-    status, body = post("pin", token)
+    status, body = act("pin", token)
     assert status == 200 and body["pinned"] is True
-    assert post("unpin", token)[1]["pinned"] is False
+    assert act("unpin", token)[1]["pinned"] is False
     assert get(port, f"/api/cache/{entry['key']}/disable")[0] == 404   # only POST changes anything
     assert entry["op_bytes"] > 0
 
@@ -395,20 +402,13 @@ def test_stopping_a_search_from_the_gui_needs_the_token_and_ends_it_for_good(dae
         sid = search["id"]
         token = (root / "state" / "gui-token").read_text()
 
-        def post(path, tok=None):
-            req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method="POST",
-                                         headers={"X-Kforge-Token": tok} if tok is not None else {})
-            try:
-                with urllib.request.urlopen(req, timeout=10) as r:
-                    return r.status, json.loads(r.read())
-            except urllib.error.HTTPError as e:
-                body = e.read()
-                return e.code, json.loads(body) if body else {}   # no route: an empty 404
-        status, body = post(f"/api/search/{sid}/stop")
+        def stop(search_id, tok=None):
+            return post(port, f"/api/search/{search_id}/stop", tok)
+        status, body = stop(sid)
         assert status == 401 and "gui-token" in body["error"], body
-        assert post(f"/api/search/{sid}/stop", "f" * len(token))[0] == 403
-        assert post(f"/api/search/{'0' * 32}/stop", token)[0] == 409   # no such search running
-        assert post(f"/api/search/{sid[:31]}/stop", token)[0] == 404
+        assert stop(sid, "f" * len(token))[0] == 403
+        assert stop("0" * 32, token)[0] == 409   # no such search running
+        assert stop(sid[:31], token)[0] == 404   # no route: an empty 404
         assert not next(s for s in get_json(port, "/api/searches") if s["id"] == sid)["done"]   # refused: still searching
 
         # The page's button, with the token pasted into the tab.
@@ -426,7 +426,7 @@ def test_stopping_a_search_from_the_gui_needs_the_token_and_ends_it_for_good(dae
         done = wait_for("the search to end", 60, lambda: next(
             (s for s in get_json(port, "/api/searches") if s["id"] == sid and s["done"]), None))
         assert done["done_reason"] == "stopped from the GUI", done
-        assert post(f"/api/search/{sid}/stop", token)[0] == 409   # nothing left to stop
+        assert stop(sid, token)[0] == 409   # nothing left to stop
         sig = wait_for("the signature's state to follow", 30, lambda: next(
             (s for s in get_json(port, "/api/status")["signatures"] if s["id"] == sid and "GUI" in s["note"]), None))
         # Done, not observed: the scheduler only starts observed signatures, and the journal says

@@ -532,7 +532,10 @@ TEST_CASE("templates: supports() accepts exactly the signatures some family hand
     for (const OpSignature& s : signatures(b)) {
       INFO(name_of(s));
       CHECK(p.supports(s));
-      CHECK(templates_for(s).size() == 1);
+      // One family, and for a long softmax row also its split family (Note [Split rows]).
+      size_t general = 0;
+      for (const KernelTemplate* t : templates_for(s)) general += t->family().ends_with("_split") ? 0 : 1;
+      CHECK(general == 1);
     }
   }
   const Backend G = Backend::kCuda, C = Backend::kCpu;
@@ -770,10 +773,90 @@ TEST_CASE("templates: vector widths only where alignment and sizes allow them", 
   for (const OpSignature& s : {softmax(G, DType::kFloat32, {4, 50257}), softmax(G, DType::kFloat16, {512, 1000})}) {
     const int64_t cols = std::get<TensorMeta>(s.args[0].value).sizes.back();
     for (const TemplateConfig& c : enumerate_space(s)) {
+      if (c.family != "softmax") continue;   // softmax_split holds no row in registers
       const int64_t threads = knob(c, "map") == 1 ? knob(c, "row_lanes") : knob(c, "block");
       if (knob(c, "cache") == 1) CHECK(threads * 32 >= cols);
       if (knob(c, "map") == 0) CHECK(knob(c, "row_lanes") == 32);   // one value where it means nothing
     }
+  }
+}
+
+TEST_CASE("templates: long rows split over blocks, read once into shared memory, at any alignment", "[templates]") {
+  const Backend G = Backend::kCuda;
+  const KernelTemplate& t = *find_template("softmax_split");
+  CHECK(find_template("log_softmax_split") != nullptr);
+  CHECK(find_template("safe_softmax_split") != nullptr);
+  CHECK(find_template("cpu.softmax_split") == nullptr);
+  // Long last dimensions only: short rows and other dimensions are the row and dim families'.
+  CHECK(t.applies(softmax(G, DType::kBFloat16, {8, 262144})));
+  CHECK(t.applies(softmax(G, DType::kBFloat16, {4096, 50257})));
+  CHECK_FALSE(t.applies(softmax(G, DType::kBFloat16, {4096, 1024})));
+  CHECK_FALSE(t.applies(softmax(G, DType::kBFloat16, {4, 4096, 8}, false, 1)));
+  CHECK_FALSE(t.applies(softmax(Backend::kCpu, DType::kFloat32, {8, 262144})));
+  // Odd rows and a 2-byte-aligned input still take 16-byte accesses (a scalar head and tail).
+  for (const OpSignature& s : {softmax(G, DType::kBFloat16, {4096, 50257}), softmax(G, DType::kBFloat16, {8, 4099}, false, -1, 2)}) {
+    std::set<int64_t> vecs;
+    for (const TemplateConfig& c : enumerate_space(s, t)) vecs.insert(knob(c, "vec"));
+    CHECK(vecs == std::set<int64_t>{1, 2, 4, 8});
+  }
+  auto best = [&](const OpSignature& s) {
+    std::vector<TemplateConfig> space = enumerate_space(s, t);
+    REQUIRE(!space.empty());
+    return *std::max_element(space.begin(), space.end(), [&](const TemplateConfig& a, const TemplateConfig& b) {
+      return t.prior(s, a.values) < t.prior(s, b.values);
+    });
+  };
+  // 8 rows of 262,144: split so that every SM has blocks, each chunk copied to shared memory.
+  {
+    const OpSignature s = softmax(G, DType::kBFloat16, {8, 262144});
+    const TemplateConfig c = best(s);
+    CHECK(knob(c, "split") == 32);
+    CHECK(knob(c, "cache") == 1);
+    CHECK(knob(c, "vec") == 8);
+    const KernelSpec spec = t.instantiate(s, c.values);
+    REQUIRE(spec.plan.launches.size() == 2);
+    CHECK(spec.entry_points == std::vector<std::string>{"kf_split_stats", "kf_split_write"});
+    const StatusOr<ResolvedLaunchPlan> r = spec.resolve(s);
+    REQUIRE(r.ok());
+    CHECK(r->launches[0].grid[0] == 8 * 32);
+    CHECK(r->launches[1].grid[0] == 8 * 32);
+    CHECK(r->launches[0].shared_mem_bytes == 8192 * 2 + 32);   // the chunk's copy
+    CHECK(r->launches[1].shared_mem_bytes == 0);
+    REQUIRE(r->scratch.size() == 1);
+    CHECK(r->scratch[0].bytes == 8 * 32 * 16);   // a (max, sum) pair of doubles per chunk
+  }
+  // GPT-2's logits: a row per block, the whole row in shared memory, one launch.
+  {
+    const OpSignature s = softmax(G, DType::kBFloat16, {4096, 50257});
+    const TemplateConfig c = best(s);
+    CHECK(knob(c, "split") == 1);
+    CHECK(knob(c, "cache") == 1);
+    const StatusOr<ResolvedLaunchPlan> r = t.instantiate(s, c.values).resolve(s);
+    REQUIRE(r.ok());
+    REQUIRE(r->launches.size() == 1);
+    CHECK(r->launches[0].grid[0] == 4096);
+    CHECK(r->launches[0].shared_mem_bytes == 50264 * 2 + 32);
+    CHECK(r->scratch.empty());
+  }
+  // A row too long for shared memory is cached only in chunks that fit; a spec resolved for a
+  // longer row than the one it was made for streams (no shared memory, told so by its argument).
+  {
+    const OpSignature s = softmax(G, DType::kFloat32, {2, 1 << 17});
+    for (const TemplateConfig& c : enumerate_space(s, t)) {
+      if (knob(c, "cache") == 1) CHECK(knob(c, "split") >= 2);
+    }
+    const OpSignature shorter = softmax(G, DType::kFloat32, {2, 16384});
+    const std::vector<int64_t> v = {1, 1024, 4, 1};
+    REQUIRE(is_valid(t, shorter, v));
+    const KernelSpec spec = t.instantiate(shorter, v);
+    const StatusOr<ResolvedLaunchPlan> fits = spec.resolve(shorter);
+    REQUIRE(fits.ok());
+    CHECK(fits->launches[0].shared_mem_bytes == 16384 * 4 + 32);
+    CHECK(fits->launches[0].args.back().int_value == 1);
+    const StatusOr<ResolvedLaunchPlan> streams = spec.resolve(s);
+    REQUIRE(streams.ok());
+    CHECK(streams->launches[0].shared_mem_bytes == 0);
+    CHECK(streams->launches[0].args.back().int_value == 0);
   }
 }
 
@@ -977,24 +1060,25 @@ TEST_CASE("templates: the space is closed under neighbours and covers what is va
         CHECK(knobs_changed(n, c) == 1);
       }
     }
-    // Brute force over the whole knob domain: exactly the valid points are listed.
-    const KernelTemplate& t = *templates_for(s).at(0);
+    // Brute force over every family's whole knob domain: exactly the valid points are listed.
     size_t valid = 0;
-    std::vector<size_t> idx(t.knobs().size(), 0);
-    for (bool more = true; more;) {
-      std::vector<int64_t> v;
-      for (size_t k = 0; k < idx.size(); ++k) v.push_back(t.knobs()[k].values[idx[k]]);
-      if (is_valid(t, s, v)) {
-        ++valid;
-        CHECK(in_space.count(TemplateConfig{std::string(t.family()), v}) == 1);
-      }
-      more = false;
-      for (size_t k = idx.size(); k-- > 0;) {
-        if (++idx[k] < t.knobs()[k].values.size()) {
-          more = true;
-          break;
+    for (const KernelTemplate* t : templates_for(s)) {
+      std::vector<size_t> idx(t->knobs().size(), 0);
+      for (bool more = true; more;) {
+        std::vector<int64_t> v;
+        for (size_t k = 0; k < idx.size(); ++k) v.push_back(t->knobs()[k].values[idx[k]]);
+        if (is_valid(*t, s, v)) {
+          ++valid;
+          CHECK(in_space.count(TemplateConfig{std::string(t->family()), v}) == 1);
         }
-        idx[k] = 0;
+        more = false;
+        for (size_t k = idx.size(); k-- > 0;) {
+          if (++idx[k] < t->knobs()[k].values.size()) {
+            more = true;
+            break;
+          }
+          idx[k] = 0;
+        }
       }
     }
     CHECK(valid == space.size());
@@ -1051,6 +1135,7 @@ TEST_CASE("templates: the CUDA families compile with NVRTC for sm_90 over their 
       sigs.push_back(softmax(Backend::kCuda, d, {512, 1024}, log));
       sigs.push_back(softmax(Backend::kCuda, d, {512, 1000}, log));
       sigs.push_back(softmax(Backend::kCuda, d, {8, 64, 32, 32}, log, 1));
+      sigs.push_back(softmax(Backend::kCuda, d, {8, 65536}, log));   // softmax_split, split and whole
     }
     sigs.push_back(layer_norm(Backend::kCuda, d, {512, 1024}));
     sigs.push_back(layer_norm(Backend::kCuda, d, {512, 1000}, false, false));
@@ -1139,7 +1224,8 @@ TEST_CASE("templates: the CUDA families compile with NVRTC for sm_90 over their 
       std::vector<int64_t> paths = {-1};
       for (size_t k = 0; k < knobs.size(); ++k) {
         keys.push_back({static_cast<int64_t>(k), c.values[k]});
-        if (knobs[k].name == "map" || knobs[k].name == "row_lanes" || knobs[k].name == "cache") {
+        if (knobs[k].name == "map" || knobs[k].name == "row_lanes" || knobs[k].name == "cache" ||
+            (knobs[k].name == "split" && c.values[k] <= 2)) {
           paths.push_back(c.values[k]);
         }
       }
@@ -1272,33 +1358,38 @@ void verify_all(const std::string& device, const std::vector<std::pair<OpSignatu
 // with nan_inf_positions, so the captured trial is what decides (Note [Safe softmax]).
 // With `columns`, the same values as the columns of a [33, 6] tensor normalized over dim 0
 // (dim_softmax.cc's families).
-void check_safe_softmax_rows(const std::string& device, Backend b, const std::string& arch, bool columns = false) {
-  OpSignature sig = columns ? safe_softmax(b, DType::kFloat32, {33, 6}, 0) : safe_softmax(b, DType::kFloat32, {6, 33});
+// Rows of -inf, of -inf and a NaN, and mostly -inf, through safe_softmax's instances (with
+// `columns` over dimension 0; with `long_rows` 4099 elements long, through softmax_split's paths:
+// split 1 and 4, cached and streamed, so that whole chunks are -inf, Note [Split rows]).
+void check_safe_softmax_rows(const std::string& device, Backend b, const std::string& arch, bool columns = false,
+                             bool long_rows = false) {
+  const int cols = long_rows ? 4099 : 33;
+  OpSignature sig = columns ? safe_softmax(b, DType::kFloat32, {cols, 6}, 0) : safe_softmax(b, DType::kFloat32, {6, cols});
   sig.target.arch = arch;
-  std::vector<float> x(6 * 33);
+  std::vector<float> x(static_cast<size_t>(6 * cols));
   std::mt19937 rng(7);
   std::normal_distribution<float> normal;
   for (float& v : x) v = normal(rng);
   const float inf = std::numeric_limits<float>::infinity();
-  for (int c = 0; c < 33; ++c) x[c] = -inf;                                  // row 0: all -inf
-  for (int c = 0; c < 33; ++c) x[33 + c] = c == 5 ? std::nanf("") : -inf;     // row 1: -inf and a NaN
-  for (int c = 0; c < 30; ++c) x[2 * 33 + c] = -inf;                         // row 2: three finite
-  for (int c = 0; c < 33; ++c) x[3 * 33 + c] = c == 32 ? 1.5f : -inf;        // row 3: one finite
+  for (int c = 0; c < cols; ++c) x[c] = -inf;                                        // row 0: all -inf
+  for (int c = 0; c < cols; ++c) x[cols + c] = c == 5 ? std::nanf("") : -inf;        // row 1: -inf and a NaN
+  for (int c = 0; c < cols - 3; ++c) x[2 * cols + c] = -inf;                         // row 2: three finite
+  for (int c = 0; c < cols; ++c) x[3 * cols + c] = c == cols - 1 ? 1.5f : -inf;      // row 3: one finite
   wire::CapturedInputs cap;
   cap.pid = 1;
   cap.signature_id = sig.id();
   wire::CapturedTensor t;
   t.arg_index = 0;
   t.dtype = DType::kFloat32;
-  t.sizes = {6, 33};
-  t.strides = {33, 1};
+  t.sizes = {6, cols};
+  t.strides = {cols, 1};
   if (columns) {
     std::vector<float> xt(x.size());
     for (int r = 0; r < 6; ++r) {
-      for (int c = 0; c < 33; ++c) xt[c * 6 + r] = x[r * 33 + c];
+      for (int c = 0; c < cols; ++c) xt[static_cast<size_t>(c * 6 + r)] = x[static_cast<size_t>(r * cols + c)];
     }
     x = std::move(xt);
-    t.sizes = {33, 6};
+    t.sizes = {cols, 6};
     t.strides = {6, 1};
   }
   t.bytes.assign(reinterpret_cast<const char*>(x.data()), x.size() * sizeof(float));
@@ -1317,7 +1408,23 @@ void check_safe_softmax_rows(const std::string& device, Backend b, const std::st
     j.captured = {cap};
     return w.evaluate(j);
   };
-  const std::vector<Move> moves = instances(sig, 2, 2, 31);
+  std::vector<Move> moves;
+  if (long_rows) {
+    const KernelTemplate& split = *find_template("safe_softmax_split");
+    for (int64_t n : {1, 4}) {
+      for (int64_t cache : {0, 1}) {
+        std::optional<TemplateConfig> best;
+        for (const TemplateConfig& c : enumerate_space(sig, split)) {
+          if (knob(c, "split") != n || knob(c, "cache") != cache) continue;
+          if (!best || split.prior(sig, c.values) > split.prior(sig, best->values)) best = c;
+        }
+        REQUIRE(best.has_value());
+        moves.push_back(*TemplateProposer::move_for(sig, *best));
+      }
+    }
+  } else {
+    moves = instances(sig, 2, 2, 31);
+  }
   REQUIRE(!moves.empty());
   for (const Move& m : moves) {
     INFO(m.label);
@@ -1480,6 +1587,7 @@ TEST_CASE("templates: safe_softmax writes 0 for rows of -inf and NaN for rows wi
   const std::string arch = env_or_empty("KFORGE_TEST_CUDA_ARCH").empty() ? "sm_90" : env_or_empty("KFORGE_TEST_CUDA_ARCH");
   check_safe_softmax_rows("cuda:0", Backend::kCuda, arch);
   check_safe_softmax_rows("cuda:0", Backend::kCuda, arch, true);
+  check_safe_softmax_rows("cuda:0", Backend::kCuda, arch, false, true);
 }
 
 namespace {
@@ -1674,6 +1782,24 @@ TEST_CASE("templates: CUDA instances of every family pass the worker's verificat
       plan(softmax(B, d, {4, 64, 9, 9}, log, 1), 1, 1);
       plan(softmax(B, d, {3, 300, 64}, log, 1), 2, 3);    // Note [Split columns]: vectors, split columns
       plan(softmax(B, d, {2, 4099, 24}, log, 1), 2, 2);   // long columns, a partial tile
+      // Note [Split rows]: split 1 and more, cached and streamed, the widest and the narrowest
+      // access, on odd rows, an input aligned only to its element, and a row in 64 chunks.
+      for (OpSignature s : {softmax(B, d, {3, 4099}, log), softmax(B, d, {3, 4099}, log, -1, static_cast<uint32_t>(dtype_size_bytes(d))),
+                            softmax(B, d, {2, 65537}, log)}) {
+        s.target.arch = arch;
+        const KernelTemplate& t = *find_template(log ? "log_softmax_split" : "softmax_split");
+        std::map<std::vector<int64_t>, TemplateConfig> best;
+        for (const TemplateConfig& c : enumerate_space(s, t)) {
+          const int64_t vec = knob(c, "vec");
+          if (vec != 1 && vec * dtype_size_bytes(d) != 16) continue;
+          const std::vector<int64_t> key = {knob(c, "split") == 1 ? 1 : knob(c, "split") == 64 ? 64 : 2, knob(c, "cache"), vec};
+          auto [it, fresh] = best.emplace(key, c);
+          if (!fresh && t.prior(s, c.values) > t.prior(s, it->second.values)) it->second = c;
+        }
+        std::vector<Move> moves;
+        for (const auto& [key, c] : best) moves.push_back(*TemplateProposer::move_for(s, c));
+        work.emplace_back(s, std::move(moves));
+      }
     }
     for (const OpSignature& s : {softmax(B, d, {37, 40}, false), layer_norm(B, d, {37, 72}, true, false)}) {
       OpSignature t = s;

@@ -8,8 +8,6 @@
 
 namespace kforge::search::templates {
 
-namespace {
-
 // Note [Online softmax]
 // ~~~~~~~~~~~~~~~~~~~~~
 // The online variant keeps a running (max m, sum s of exp(x - m)) and rescales s when the max
@@ -27,7 +25,10 @@ namespace {
 // two-pass sum skips -inf elements (exp(-inf - m) is 0 for a finite m anyway), and the online sum
 // never adds one while the max is -inf, so in both the row sum is 0 exactly when every element is
 // -inf (any other row has its max's exp(0) = 1 in the sum, or a NaN), and such a row is written as 0.
-const char* const kCudaSoftmax = R"kf(
+
+// The element functions of the CUDA softmax kernels (here and split_softmax.cc): the shifted exp,
+// the online state's steps and merges, the row's online reduction, the written value.
+const char* const kCudaSoftmaxMath = R"kf(
 // Rows mapped as kCudaRowMapping says; KF_ONLINE: Note [Online softmax]; KF_VEC elements per
 // access (cols % KF_VEC == 0); KF_ITEMS vectors per thread kept in registers when the row fits (0:
 // always stream from memory); KF_LOG: log_softmax; KF_SAFE: _safe_softmax (Note [Safe softmax]).
@@ -101,7 +102,11 @@ __device__ __forceinline__ float kf_finish(kf_acc s) {
   return (float)((kf_acc)1 / s);
 #endif
 }
+)kf";
 
+namespace {
+
+const char* const kCudaSoftmax = R"kf(
 extern "C" __global__ void __launch_bounds__(KF_BLOCK)
 kf_softmax(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 rows, kf_i64 cols) {
   __shared__ float red_m[32];
@@ -339,7 +344,7 @@ class SoftmaxCuda final : public CudaRowFamily {
     KernelSpec s = one_launch_spec(Backend::kCuda, "", "kf_softmax", {});
     Launch& l = s.plan.launches[0];
     map_rows(x, v, options, l);
-    s.source = std::string(kCudaPrelude) + kCudaRowMapping + kCudaSoftmax;
+    s.source = std::string(kCudaPrelude) + kCudaRowMapping + kCudaSoftmaxMath + kCudaSoftmax;
     s.compile_options = std::move(options);
     s.plan.outputs = {OutputSpec::like(0)};
     const std::string rows = rows_expr(x);

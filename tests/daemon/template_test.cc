@@ -661,6 +661,8 @@ TEST_CASE("templates: the CUDA cumsum family refuses float16 and takes the other
   CHECK(families(cumsum(Backend::kCuda, DType::kBFloat16, {4, 1001}, -1)) == std::set<std::string>{"cumsum"});
   CHECK(families(cumsum(Backend::kCuda, DType::kFloat32, {4, 1001}, -1)) == std::set<std::string>{"cumsum"});
   CHECK(families(cumsum(Backend::kCpu, DType::kFloat32, {4, 1001}, -1)) == std::set<std::string>{"cpu.cumsum"});
+  CHECK(families(cumsum(Backend::kCuda, DType::kFloat16, {4, 9, 8}, 1)).empty());
+  CHECK(families(cumsum(Backend::kCuda, DType::kBFloat16, {4, 9, 8}, 1)) == std::set<std::string>{"cumsum", "cumsum_split"});
 }
 
 TEST_CASE("templates: every configuration of every family validates and resolves, once", "[templates]") {
@@ -857,6 +859,33 @@ TEST_CASE("templates: long rows split over blocks, read once into shared memory,
     REQUIRE(streams.ok());
     CHECK(streams->launches[0].shared_mem_bytes == 0);
     CHECK(streams->launches[0].args.back().int_value == 0);
+  }
+}
+
+TEST_CASE("templates: cumsum over a column cuts it into segments over a block's threads", "[templates]") {
+  const Backend G = Backend::kCuda;
+  const KernelTemplate& t = *find_template("cumsum_split");
+  CHECK(t.applies(cumsum(G, DType::kBFloat16, {64, 4096, 512}, 1)));
+  CHECK_FALSE(t.applies(cumsum(G, DType::kBFloat16, {64, 4096}, -1)));      // rows: one thread each
+  CHECK_FALSE(t.applies(cumsum(G, DType::kFloat16, {64, 4096, 512}, 1)));   // Note [float16 cumsum on CUDA]
+  CHECK_FALSE(t.applies(cumsum(Backend::kCpu, DType::kFloat32, {64, 4096, 512}, 1)));
+  // The issue's shape: 32,768 columns in 16-byte accesses, each cut in 32 segments of 128.
+  const OpSignature s = cumsum(G, DType::kBFloat16, {64, 4096, 512}, 1);
+  const std::vector<TemplateConfig> space = enumerate_space(s, t);
+  REQUIRE(!space.empty());
+  const TemplateConfig best = *std::max_element(space.begin(), space.end(), [&](const TemplateConfig& a, const TemplateConfig& b) {
+    return t.prior(s, a.values) < t.prior(s, b.values);
+  });
+  CHECK(knob(best, "vec") == 8);
+  CHECK(knob(best, "split") == 32);
+  const StatusOr<ResolvedLaunchPlan> r = t.instantiate(s, best.values).resolve(s);
+  REQUIRE(r.ok());
+  const int64_t tile = knob(best, "block") / 32 * 8;
+  CHECK(r->launches.at(0).grid[0] == 64 * (512 / tile));
+  // Segments only where every thread has one; vectors only where the columns allow them.
+  for (const TemplateConfig& c : enumerate_space(cumsum(G, DType::kFloat32, {2, 5, 33}, 1), t)) {
+    CHECK(knob(c, "split") <= 5);
+    CHECK(knob(c, "vec") == 1);
   }
 }
 
@@ -1174,7 +1203,10 @@ TEST_CASE("templates: the CUDA families compile with NVRTC for sm_90 over their 
     sigs.push_back(channels_last(batch_norm(Backend::kCuda, d, {8, 64, 56, 56})));
     sigs.push_back(rope_mul(Backend::kCuda, d));
     sigs.push_back(with_strides(binary("sub", Backend::kCuda, d, {9, 33}, {9, 33}), 1, {1, 9}));
-    if (d != DType::kFloat16) sigs.push_back(cumsum(Backend::kCuda, d, {64, 4096}, -1));   // Note [float16 cumsum on CUDA]
+    if (d != DType::kFloat16) {   // Note [float16 cumsum on CUDA]
+      sigs.push_back(cumsum(Backend::kCuda, d, {64, 4096}, -1));
+      sigs.push_back(cumsum(Backend::kCuda, d, {8, 512, 64}, 1));   // cumsum_split
+    }
     sigs.push_back(cat(Backend::kCuda, d, {{8, 12, 512, 64}, {8, 12, 1, 64}}, 2));
     sigs.push_back(cat(Backend::kCuda, d, {{4, 7}, {4, 9}, {4, 1}}, 1));
     for (int64_t n : {1, 2, 3, 4, 5, 6}) {   // every KF_NDIM: dimensions that do not merge
@@ -1850,6 +1882,24 @@ TEST_CASE("templates: CUDA instances of every family pass the worker's verificat
     if (d != DType::kFloat16 || B == Backend::kCpu) {   // Note [float16 cumsum on CUDA] in scan.cc
       plan(cumsum(B, d, {7, 1001}, -1), 1, 1);
       plan(cumsum(B, d, {2, 300, 33}, 1), 1, 1);
+      // Note [Split scan]: each split and each vector width at its best block, on columns of odd
+      // and even counts, a partial tile, segments that do not divide len.
+      for (OpSignature s : {cumsum(B, d, {2, 1001, 64}, 1), cumsum(B, d, {3, 77, 5, 24}, 1), cumsum(B, d, {2, 100, 33}, 1)}) {
+        s.target.arch = arch;
+        const KernelTemplate& t = *find_template("cumsum_split");
+        std::map<std::pair<std::string, int64_t>, TemplateConfig> best;
+        for (const TemplateConfig& c : enumerate_space(s, t)) {
+          for (const char* k : {"split", "vec"}) {
+            auto [it, fresh] = best.emplace(std::pair<std::string, int64_t>{k, knob(c, k)}, c);
+            if (!fresh && t.prior(s, c.values) > t.prior(s, it->second.values)) it->second = c;
+          }
+        }
+        std::set<TemplateConfig> picked;
+        for (const auto& [key, c] : best) picked.insert(c);
+        std::vector<Move> moves;
+        for (const TemplateConfig& c : picked) moves.push_back(*TemplateProposer::move_for(s, c));
+        work.emplace_back(s, std::move(moves));
+      }
     }
     plan(cat(B, d, {{4, 6, 129, 64}, {4, 6, 1, 64}}, 2), 2, 2);
     plan(cat(B, d, {{2, 24, 9, 9}, {2, 40, 9, 9}}, 1), 2, 1);

@@ -18,6 +18,7 @@
 //                                      row_lanes {4, 8, 16, 32}, vec {1, 2, 4, 8}, cache {0, 1}
 //   softmax_split, log_softmax_split   split {1..64} (blocks per row), block {128..1024}, vec {1, 2, 4, 8}
 //                                      (up to 16 bytes, at any alignment), cache {0, 1} (shared memory)
+//   cumsum_split                       block {64..512}, split {2..64} (segments per column), vec
 //   group_norm                         algo {two_pass, welford}, block {64..1024}, vec
 //   gelu, silu, add                    block {64..1024}, vec, items {1, 2, 4, 8} (vectors per thread)
 //   cpu.softmax, cpu.log_softmax,      algo, rows {1..64} (rows per block), lanes {1, 4, 8, 16}

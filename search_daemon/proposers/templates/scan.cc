@@ -4,7 +4,8 @@
 //
 // One column per CUDA thread (neighbouring threads on neighbouring columns, so for inner > 1 each
 // step reads one coalesced row of the [len, inner] slice; for the last dimension each thread walks
-// its own row) or per CPU inner loop, the running sum in kf_acc (double for float32, float for
+// its own row), a column cut into segments over a block's threads (cumsum_split, inner > 1: Note
+// [Split scan]), or per CPU inner loop, the running sum in kf_acc (double for float32, float for
 // 16-bit data) and each prefix rounded to the dtype on its own: never a sum of rounded prefixes.
 // PyTorch's CPU kernel accumulates float32 in double too, so these prefixes are at least as close
 // to the float64 reference as PyTorch's.
@@ -36,6 +37,95 @@ kf_cumsum(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 columns, kf_i
   for (kf_i64 l = 0; l < len; ++l) {
     s += (kf_acc)kf_to_float(x[base + l * inner]);
     y[base + l * inner] = kf_from_float((float)s);
+  }
+}
+)kf";
+
+// Note [Split scan]
+// ~~~~~~~~~~~~~~~~~
+// One thread per column leaves a cumsum over dimension 1 of [64, 4096, 512] with 32,768 threads,
+// each waiting on 4096 dependent loads: a quarter of what the GPU needs in flight. cumsum_split
+// gives a block a tile of KF_TX * KF_VEC neighbouring columns (thread x: KF_VEC of them, one
+// access) and cuts each column's len elements into KF_SPLIT segments (thread y: segment y). A
+// thread sums its segment, the block adds up the segments before each one in shared memory, and
+// the thread walks its segment again from that offset, writing each prefix rounded on its own:
+// two reads and one write of memory, every load of a segment independent of the sums, so KF_U of
+// them go out together. The prefixes are sums in kf_acc in another order than the one-thread
+// walk (segment sums, then the running sum), as accurate.
+const char* const kCudaCumsumSplit = R"kf(
+#define KF_TX (KF_BLOCK / KF_SPLIT)
+#define KF_TILE (KF_TX * KF_VEC)
+#define KF_U (16 / KF_VEC > 2 ? 16 / KF_VEC : 2)   // accesses in flight per thread
+extern "C" __global__ void __launch_bounds__(KF_BLOCK)
+kf_cumsum_split(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 len, kf_i64 inner, kf_i64 tiles) {
+  __shared__ kf_acc part[KF_SPLIT][KF_TILE];
+  const int tx = threadIdx.x % KF_TX, ty = threadIdx.x / KF_TX;
+  const kf_i64 o = blockIdx.x / tiles;
+  const kf_i64 c0 = (blockIdx.x - o * tiles) * KF_TILE + (kf_i64)tx * KF_VEC;   // inner % KF_VEC == 0
+  const bool live = c0 < inner;
+  const kf_i64 seg = (len + KF_SPLIT - 1) / KF_SPLIT;
+  const kf_i64 l0 = ty * seg < len ? ty * seg : len;
+  const kf_i64 l1 = l0 + seg < len ? l0 + seg : len;
+  const kf_i64 base = o * len * inner + c0;   // a multiple of KF_VEC
+  const kf_t* __restrict__ xs = x + base;
+  kf_t* __restrict__ ys = y + base;
+  const kf_i64 step = inner / KF_VEC;   // vectors from one element of the column to the next
+  kf_acc s[KF_VEC];
+#pragma unroll
+  for (int k = 0; k < KF_VEC; ++k) s[k] = 0;
+  if (live) {
+    kf_i64 l = l0;
+    for (; l + KF_U <= l1; l += KF_U) {
+      float v[KF_U][KF_VEC];
+#pragma unroll
+      for (int u = 0; u < KF_U; ++u) kf_load<KF_VEC>(xs, (l + u) * step, v[u]);
+#pragma unroll
+      for (int u = 0; u < KF_U; ++u) {
+#pragma unroll
+        for (int k = 0; k < KF_VEC; ++k) s[k] += (kf_acc)v[u][k];
+      }
+    }
+    for (; l < l1; ++l) {
+      float v[KF_VEC];
+      kf_load<KF_VEC>(xs, l * step, v);
+#pragma unroll
+      for (int k = 0; k < KF_VEC; ++k) s[k] += (kf_acc)v[k];
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < KF_VEC; ++k) part[ty][tx * KF_VEC + k] = s[k];
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < KF_VEC; ++k) s[k] = 0;
+  for (int q = 0; q < ty; ++q) {
+#pragma unroll
+    for (int k = 0; k < KF_VEC; ++k) s[k] += part[q][tx * KF_VEC + k];
+  }
+  if (!live) return;
+  kf_i64 l = l0;
+  for (; l + KF_U <= l1; l += KF_U) {
+    float v[KF_U][KF_VEC];
+#pragma unroll
+    for (int u = 0; u < KF_U; ++u) kf_load<KF_VEC>(xs, (l + u) * step, v[u]);
+#pragma unroll
+    for (int u = 0; u < KF_U; ++u) {
+#pragma unroll
+      for (int k = 0; k < KF_VEC; ++k) {
+        s[k] += (kf_acc)v[u][k];
+        v[u][k] = (float)s[k];
+      }
+      kf_store<KF_VEC>(ys, (l + u) * step, v[u]);
+    }
+  }
+  for (; l < l1; ++l) {
+    float v[KF_VEC];
+    kf_load<KF_VEC>(xs, l * step, v);
+#pragma unroll
+    for (int k = 0; k < KF_VEC; ++k) {
+      s[k] += (kf_acc)v[k];
+      v[k] = (float)s[k];
+    }
+    kf_store<KF_VEC>(ys, l * step, v);
   }
 }
 )kf";
@@ -113,6 +203,77 @@ class CumsumCuda final : public FamilyBase {
   }
 };
 
+// Note [Split scan]: columns (inner > 1) in tiles, each column in segments.
+class CumsumSplitCuda final : public FamilyBase {
+ public:
+  CumsumSplitCuda()
+      : FamilyBase("cumsum_split", Backend::kCuda,
+                   {Knob{"block", {64, 128, 256, 512}, {}}, Knob{"split", {2, 4, 8, 16, 32, 64}, {}},
+                    Knob{"vec", {1, 2, 4, 8}, {}}}) {}
+
+  bool applies(const OpSignature& sig) const override {
+    // Note [float16 cumsum on CUDA]
+    const int64_t d = cumsum_dim(sig, Backend::kCuda);
+    return d >= 0 && tensor_arg(sig, 0)->dtype != DType::kFloat16 && split_at_dim(*tensor_arg(sig, 0), d).inner_size > 1;
+  }
+
+  bool valid(const OpSignature& sig, std::span<const int64_t> v) const override {
+    const Shape e = shape(sig);
+    const int64_t block = v[0], split = v[1], vec = v[2];
+    if (e.inner % vec != 0 || !vector_fits(sig, vec)) return false;
+    if (split > e.len) return false;                                     // threads with no segment
+    return block / split * vec <= std::max(vec, pow2_ceil(e.inner));     // no tile mostly past the last column
+  }
+
+  double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
+    const Shape e = shape(sig);
+    const int64_t block = v[0], split = v[1], vec = v[2];
+    const int64_t bytes = dtype_size_bytes(tensor_arg(sig, 0)->dtype);
+    int64_t best_vec = 1;
+    for (int64_t w : {2, 4, 8}) {
+      if (w * bytes <= 16 && e.inner % w == 0 && vector_fits(sig, w)) best_vec = w;
+    }
+    // About 2^17 threads in all (an H100 or H200 holds 270,336), segments of at least 16.
+    const int64_t column_threads = std::max<int64_t>(1, e.outer * e.inner / best_vec);
+    int64_t ideal_split = std::clamp<int64_t>(pow2_ceil((int64_t{1} << 17) / column_threads), 2, 64);
+    while (ideal_split > 2 && e.len / ideal_split < 16) ideal_split /= 2;
+    const double row_bytes = static_cast<double>(std::min<int64_t>(block / split * vec, e.inner) * bytes);
+    return closeness(static_cast<double>(vec), static_cast<double>(best_vec), 0.5) *
+           closeness(static_cast<double>(split), static_cast<double>(ideal_split), 0.4) *
+           closeness(static_cast<double>(block), 256, 0.3) * closeness(std::min(row_bytes, 128.0), 128, 0.2);
+  }
+
+  KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {
+    const TensorMeta& x = *tensor_arg(sig, 0);
+    const DimSplit e = split_at_dim(x, cumsum_dim(sig, Backend::kCuda));
+    KernelSpec s = one_launch_spec(Backend::kCuda, std::string(kCudaPrelude) + kCudaCumsumSplit, "kf_cumsum_split",
+                                   {dtype_define(x.dtype), define("KF_BLOCK", v[0]), define("KF_SPLIT", v[1]),
+                                    define("KF_VEC", v[2])});
+    s.plan.outputs = {OutputSpec::like(0)};
+    Launch& l = s.plan.launches[0];
+    const std::string tiles = "ceil_div(" + e.inner + ", " + std::to_string(v[0] / v[1] * v[2]) + ")";
+    l.grid[0] = "(" + e.outer + ") * " + tiles;
+    l.block[0] = std::to_string(v[0]);
+    l.args = {ArgBinding::input(0), ArgBinding::output(0), ArgBinding::size(e.len), ArgBinding::size(e.inner),
+              ArgBinding::size(tiles)};
+    return s;
+  }
+
+ private:
+  struct Shape {
+    int64_t outer = 1, len = 1, inner = 1;
+  };
+  static Shape shape(const OpSignature& sig) {
+    const TensorMeta& x = *tensor_arg(sig, 0);
+    const int64_t d = cumsum_dim(sig, Backend::kCuda);
+    Shape s;
+    s.len = x.sizes[static_cast<size_t>(d)];
+    s.inner = split_at_dim(x, d).inner_size;
+    s.outer = s.len * s.inner > 0 ? x.numel() / (s.len * s.inner) : 0;
+    return s;
+  }
+};
+
 // ---- CPU -------------------------------------------------------------------------------------------
 
 class CumsumCpu final : public FamilyBase {
@@ -147,9 +308,10 @@ class CumsumCpu final : public FamilyBase {
 
 }  // namespace
 
-// "cumsum" (CUDA) and "cpu.cumsum".
+// "cumsum" and "cumsum_split" (CUDA) and "cpu.cumsum".
 const FamilyRegistration kRegistered{
     []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<CumsumCuda>(); },
+    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<CumsumSplitCuda>(); },
     []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<CumsumCpu>(); },
 };
 

@@ -52,6 +52,7 @@
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "cache/cache_dir.h"
@@ -233,6 +234,10 @@ void start() noexcept {
     hook->timer = new CudaTimer();
     CudaTimer* timer = hook->timer;
     options.before_round = [sampler, timer, gpus, swapper](int32_t pid, RoundExtras& extras) {
+      // The round's CUDA work is no part of any graph a program thread captures (Note [Samples
+      // and graph capture] in input_sampler.cc): relaxed, so it neither fails nor spoils one.
+      std::optional<ScopedCaptureMode> relaxed;
+      if (StatusOr<const CudaDriver*> cu = CudaDriver::load(); cu.ok()) relaxed.emplace(**cu, CU_STREAM_CAPTURE_MODE_RELAXED);
       sampler->drain(pid, extras);
       timer->collect(extras);
       extras.gpus_in_use = gpus->current();

@@ -1,6 +1,7 @@
 #include "interposer/hook/input_sampler.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/StreamGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <cmath>
@@ -53,7 +54,7 @@ void InputSampler::sample(const SignatureId& id, const c10::IValue* args, uint32
     for (uint32_t i = 0; i < n; ++i) {
       if (!args[i].isTensor() || !args[i].toTensor().defined()) continue;
       const at::Tensor& t = args[i].toTensor();
-      Pending::Tensor pt{i, at::Tensor(), t.strides().vec(), std::nullopt};
+      Pending::Tensor pt{i, at::Tensor(), t.strides().vec(), std::nullopt, std::nullopt};
       if (t.is_cuda()) {
         const c10::Stream stream =
             c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(t.device());
@@ -66,6 +67,10 @@ void InputSampler::sample(const SignatureId& id, const c10::IValue* args, uint32
       }
       // Stream-ordered on CUDA (the current stream, before PyTorch's kernel runs); synchronous on CPU.
       pt.copy = t.clone(at::MemoryFormat::Contiguous);
+      if (pt.stream) {   // Note [Samples and graph capture]
+        pt.done.emplace(c10::DeviceType::CUDA);
+        pt.done->record(*pt.stream);
+      }
       p.tensors.push_back(std::move(pt));
     }
     std::lock_guard<std::mutex> lock(mu_);
@@ -77,6 +82,20 @@ void InputSampler::sample(const SignatureId& id, const c10::IValue* args, uint32
   }
 }
 
+// Note [Samples and graph capture]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// drain() runs on the reporter thread, perhaps while a thread of the program captures a CUDA graph
+// (torch.cuda.graph captures in the global mode). Its own work must neither join that capture nor
+// spoil it:
+//   - it waits for a sample's copy on an event recorded right after the copy, never by
+//     synchronizing the caller's stream (which may be capturing by now: synchronizing a capturing
+//     stream is an error that invalidates its capture);
+//   - it copies to the host on a stream of torch's pool (non-blocking: no implicit order with the
+//     program's streams), not on the legacy default stream;
+//   - the hook's reporter round runs in the relaxed capture mode (hook_main.cc), so these calls are
+//     not the "potentially unsafe" calls that fail, and fail another thread's capture, in global
+//     mode. per_op.py's graph timing failed so ("operation failed due to a previous error during
+//     capture") when the reporter drained a sample taken just before the capture.
 void InputSampler::drain(int32_t pid, RoundExtras& round) noexcept {
   HookWorkScope own_work;   // the statistics below call catalog operators (mul)
   std::vector<Pending> work;
@@ -91,8 +110,17 @@ void InputSampler::drain(int32_t pid, RoundExtras& round) noexcept {
       captured.pid = pid;
       captured.signature_id = p.id;
       for (Pending::Tensor& t : p.tensors) {
-        if (t.stream) t.stream->synchronize();   // the copy is done; blocks this thread only
-        const at::Tensor host = t.copy.to(at::kCPU);
+        at::Tensor host;
+        if (t.stream) {   // Note [Samples and graph capture]
+          if (t.done) t.done->synchronize();   // the copy is done; blocks this thread only
+          const c10::Stream own =
+              c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStreamFromGlobalPool(t.copy.device());
+          const c10::StreamGuard on_own(own);
+          host = t.copy.to(at::kCPU);
+          t.done.reset();
+        } else {
+          host = t.copy.to(at::kCPU);
+        }
         t.copy = at::Tensor();                   // the device copy goes back to torch's allocator
         // Statistics over the elements as doubles (complex: not described).
         if (!host.is_complex() && host.numel() > 0) {

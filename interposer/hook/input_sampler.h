@@ -28,6 +28,7 @@
 #pragma once
 
 #include <ATen/core/ivalue.h>
+#include <c10/core/Event.h>
 #include <c10/core/Stream.h>
 
 #include <atomic>
@@ -80,6 +81,7 @@ class InputSampler {
       at::Tensor copy;                    // contiguous
       std::vector<int64_t> strides;       // of the original
       std::optional<c10::Stream> stream;  // CUDA: the caller's current stream, which made the copy
+      std::optional<c10::Event> done{};   // CUDA: recorded on `stream` after the copy
     };
     std::vector<Tensor> tensors;
   };

@@ -509,6 +509,39 @@ def test_cuda_graph_capture_in_shadow_and_active(hook_path, tools, softmax_signa
     assert not os.listdir(cache / "trial")
 
 
+# Note [Samples and graph capture]: the reporter drains an input sample (a device copy taken by the
+# first calls of a signature) while this thread captures a graph, in torch's default global mode.
+# The capture must end well and replay PyTorch's result; the sample is still counted.
+SAMPLE_DURING_CAPTURE = """
+torch.manual_seed(0)
+static_x = torch.randn(64, 1000, device=DEVICE)
+side = torch.cuda.Stream()
+side.wait_stream(torch.cuda.current_stream())
+with torch.cuda.stream(side):
+    torch.softmax(static_x, -1)   # the signature's first call: sampled, drained by the next round
+torch.cuda.current_stream().wait_stream(side)
+torch.cuda.synchronize()
+before = stats()["inputs"]
+g = torch.cuda.CUDAGraph()
+with torch.cuda.graph(g):
+    static_y = torch.softmax(static_x, -1)
+    loader_round()   # the reporter's round runs now, on its thread, inside this capture
+g.replay()
+torch.cuda.synchronize()
+emit({"before": before, "after": stats()["inputs"], "exact": bool(torch.equal(static_y, torch.softmax(static_x, -1)))})
+"""
+
+
+def test_a_sample_drained_during_graph_capture_leaves_the_capture_whole(hook_path, tmp_path):
+    # Rounds only when asked for: the sample is still waiting when the capture begins.
+    res, err = run_child(SAMPLE_DURING_CAPTURE,
+                         child_env(hook_path, KFORGE_MODE="observe", KFORGE_REPORT_INTERVAL_MS=3600000))
+    before, after = res["before"], res["after"]
+    assert before["sampled"] >= 1, (before, err)
+    assert after["failed"] == 0, (after, err)
+    assert res["exact"], err
+
+
 # ---- Note [Daemon notices]: a live upgrade and a disable in the cache, in one running process -------
 # The CUDA twin of test_hook_upgrade.py's. The daemon republishes a better kernel under the same key
 # (one entry per signature and environment): the process trials the new kernel beside PyTorch's and

@@ -4,7 +4,7 @@
 // plot.
 //
 //   build/bench/bench_search --device cpu [--budget 24] [--seeds 10] [--max-space 48] [--out DIR]
-//   <bundle>/bin/bench_search --device cuda:0 --budget 32 --seeds 20 --out DIR
+//   <bundle>/bin/bench_search --device cuda:0 --budget 32 --seeds 20 [--only softmax,cumsum] --out DIR
 //
 // Note [Search bench]
 // Every configuration of each signature's template space (all of it, or --max-space of it in the
@@ -67,6 +67,12 @@ std::vector<NamedSignature> signatures(bool cuda, const std::string& arch) {
     out.push_back({"softmax f16[4096,4096]", OpSignature{"aten::_softmax", "", {Arg::tensor(tensor(half, dev, {4096, 4096})), Arg::integer(-1), Arg::boolean(false)}, target}});
     out.push_back({"layer_norm f16[8192,1024]", OpSignature{"aten::native_layer_norm", "", {Arg::tensor(tensor(half, dev, {8192, 1024})), Arg::int_list({1024}), Arg::tensor(tensor(half, dev, {1024})), Arg::tensor(tensor(half, dev, {1024})), Arg::real(1e-5)}, target}});
     out.push_back({"gelu f32[16777216]", OpSignature{"aten::gelu", "", {Arg::tensor(tensor(DType::kFloat32, dev, {16777216})), Arg::string("none")}, target}});
+    // The per-op report's shapes where the spaces are larger and the families differ most.
+    const DType bf = DType::kBFloat16;
+    out.push_back({"softmax bf16[8,262144]", OpSignature{"aten::_softmax", "", {Arg::tensor(tensor(bf, dev, {8, 262144})), Arg::integer(-1), Arg::boolean(false)}, target}});
+    out.push_back({"softmax bf16[4096,50257]", OpSignature{"aten::_softmax", "", {Arg::tensor(tensor(bf, dev, {4096, 50257})), Arg::integer(-1), Arg::boolean(false)}, target}});
+    out.push_back({"softmax bf16[64,4096,512] d1", OpSignature{"aten::_softmax", "", {Arg::tensor(tensor(bf, dev, {64, 4096, 512})), Arg::integer(1), Arg::boolean(false)}, target}});
+    out.push_back({"cumsum bf16[64,4096,512] d1", OpSignature{"aten::cumsum", "", {Arg::tensor(tensor(bf, dev, {64, 4096, 512})), Arg::integer(1), Arg::none()}, target}});
   } else {
     // Where PyTorch's CPU kernels vectorize along a short last dimension poorly (rows of 3 to 8)
     // the space has real winners; softmax over 1000-wide rows is one where PyTorch stays ahead.
@@ -182,14 +188,15 @@ std::string svg_plot(const std::map<std::string, std::map<std::string, std::vect
 }
 
 int usage() {
-  std::fprintf(stderr, "usage: bench_search [--device cpu|cuda:N] [--budget N] [--seeds N] [--max-space N] [--out DIR]\n");
+  std::fprintf(stderr, "usage: bench_search [--device cpu|cuda:N] [--budget N] [--seeds N] [--max-space N] [--only a,b] [--out DIR]\n"
+                       "  --only: the signatures whose names contain one of these texts\n");
   return 2;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string device = "cpu", out_dir;
+  std::string device = "cpu", out_dir, only;
   uint32_t budget = 24, seeds = 10, max_space = 48;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -200,6 +207,7 @@ int main(int argc, char** argv) {
     else if (a == "--seeds") seeds = static_cast<uint32_t>(std::atoi(v.c_str()));
     else if (a == "--max-space") max_space = static_cast<uint32_t>(std::atoi(v.c_str()));
     else if (a == "--out") out_dir = v;
+    else if (a == "--only") only = v;
     else return usage();
   }
   if (budget == 0 || seeds == 0) return usage();
@@ -224,6 +232,16 @@ int main(int argc, char** argv) {
   std::map<std::string, size_t> space_size, evaluated;
   const auto t0 = std::chrono::steady_clock::now();
   for (const NamedSignature& ns : signatures(cuda, arch)) {
+    if (!only.empty()) {
+      bool wanted = false;
+      for (size_t at = 0; at <= only.size();) {
+        const size_t comma = std::min(only.find(',', at), only.size());
+        const std::string part = only.substr(at, comma - at);
+        wanted = wanted || (!part.empty() && ns.name.find(part) != std::string::npos);
+        at = comma + 1;
+      }
+      if (!wanted) continue;
+    }
     std::printf("\n%s: %s\n", ns.name.c_str(), ns.sig.to_string().c_str());
     Landscape land(w, ns.sig);
     // The landscape first: the space in its fixed order, spread over the families.

@@ -4,7 +4,7 @@
 // plot.
 //
 //   build/bench/bench_search --device cpu [--budget 24] [--seeds 10] [--max-space 48] [--out DIR]
-//   <bundle>/bin/bench_search --device cuda:0 --budget 32 --seeds 20 [--only softmax,cumsum] --out DIR
+//   <bundle>/bin/bench_search --device cuda:0 --budget 32 --seeds 20 [--only 'bf16[8,|cumsum'] --out DIR
 //
 // Note [Search bench]
 // Every configuration of each signature's template space (all of it, or --max-space of it in the
@@ -188,8 +188,8 @@ std::string svg_plot(const std::map<std::string, std::map<std::string, std::vect
 }
 
 int usage() {
-  std::fprintf(stderr, "usage: bench_search [--device cpu|cuda:N] [--budget N] [--seeds N] [--max-space N] [--only a,b] [--out DIR]\n"
-                       "  --only: the signatures whose names contain one of these texts\n");
+  std::fprintf(stderr, "usage: bench_search [--device cpu|cuda:N] [--budget N] [--seeds N] [--max-space N] [--only 'a|b'] [--out DIR]\n"
+                       "  --only: the signatures whose names contain one of these texts, separated by '|'\n");
   return 2;
 }
 
@@ -235,10 +235,10 @@ int main(int argc, char** argv) {
     if (!only.empty()) {
       bool wanted = false;
       for (size_t at = 0; at <= only.size();) {
-        const size_t comma = std::min(only.find(',', at), only.size());
-        const std::string part = only.substr(at, comma - at);
+        const size_t end = std::min(only.find('|', at), only.size());
+        const std::string part = only.substr(at, end - at);
         wanted = wanted || (!part.empty() && ns.name.find(part) != std::string::npos);
-        at = comma + 1;
+        at = end + 1;
       }
       if (!wanted) continue;
     }

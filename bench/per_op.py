@@ -508,6 +508,12 @@ def main():
                     + f" | {note[:120]} |\n")
     print(pathlib.Path(f"{stem}.md").read_text())
     print(f"wrote {stem}.csv and {stem}.md")
+    # The warm's own report beside it (what was searched, and how fast: Note [Search speed] in
+    # tools/warm_command.cc), with this run's temporary paths left out.
+    warm_md = tmp / "warm" / "report.md"
+    if warm_md.exists():
+        pathlib.Path(f"{stem}-warm.md").write_text(warm_md.read_text().replace(str(tmp), "<tmp>"))
+        print(f"wrote {stem}-warm.md")
     if not args.keep:
         shutil.rmtree(tmp, ignore_errors=True)
     else:

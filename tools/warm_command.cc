@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -62,8 +63,29 @@ struct Sample {
   double t_s;
   uint64_t evaluations;
   std::map<std::string, double> best;   // signature -> best speedup so far
+  std::set<std::string> seen;           // every signature the daemon lists
   int searching = 0;
 };
+
+// Note [Search speed]
+// ~~~~~~~~~~~~~~~~~~~
+// From the daemon's status, polled every 2 s: for each signature, when it was first listed (its
+// first report reached the daemon) and when its best verified speedup first passed 1 (a faster
+// kernel verified and timed: a win); both to the poll's resolution. With the evaluations counted
+// over the warm, these are the search's speed: time to the first win, and evaluations per minute.
+struct SearchSpeed {
+  std::map<std::string, double> first_seen_s, first_win_s;
+};
+SearchSpeed search_speed(const std::vector<Sample>& history) {
+  SearchSpeed sp;
+  for (const Sample& s : history) {
+    for (const std::string& sig : s.seen) sp.first_seen_s.emplace(sig, s.t_s);
+    for (const auto& [sig, b] : s.best) {
+      if (b > 1.0) sp.first_win_s.emplace(sig, s.t_s);
+    }
+  }
+  return sp;
+}
 
 // Polls the daemon while CMD runs: progress, and the history the chart draws.
 class Monitor {
@@ -100,6 +122,7 @@ class Monitor {
     s.evaluations = st->value("/budgets/evaluations_total"_json_pointer, 0ull);
     for (const json& sig : (*st)["signatures"]) {
       const double b = sig.value("best_speedup", 0.0);
+      s.seen.insert(sig.value("signature", "?"));
       if (b > 0) s.best[sig.value("signature", "?")] = b;
       s.searching += sig.value("state", "") == "searching" ? 1 : 0;
     }
@@ -482,7 +505,23 @@ int run_warm_command(const std::vector<std::string>& args, const std::string& ca
   }
   r << "\n![best speedup over time per signature](best-speedup.png)\n\n"
     << "Best verified speedup (y) against minutes since warm started (x), per signature numbered as above; "
-       "the black line is PyTorch's own speed (1x).\n\n## Runs\n\n| run | started | wall | result | kernels active | "
+       "the black line is PyTorch's own speed (1x).\n\n";
+  // Note [Search speed]
+  const SearchSpeed speed = search_speed(history);
+  const double evals_per_min = total_s > 0 ? static_cast<double>(evals_end - evals0) / (total_s / 60) : 0;
+  r << "## Search speed\n\n" << evals_end - evals0 << " evaluations in " << fixed(total_s / 60, 1) << " min: **"
+    << fixed(evals_per_min, 1) << " per minute** (the daemon's workers, every signature together). Per signature, seconds "
+       "from its first listing by the daemon to its first verified win (best speedup above 1), to the 2 s of the "
+       "status polls:\n\n| # | first listed | first win | to the first win | signature |\n| --- | --- | --- | --- | --- |\n";
+  for (const auto& [sig, seen] : speed.first_seen_s) {
+    const auto pos = std::find(order.begin(), order.end(), sig);
+    const auto win = speed.first_win_s.find(sig);
+    r << "| " << (pos == order.end() ? std::string("") : std::to_string(pos - order.begin() + 1)) << " | " << fixed(seen, 0)
+      << " s | " << (win == speed.first_win_s.end() ? std::string("-") : fixed(win->second, 0) + " s") << " | "
+      << (win == speed.first_win_s.end() ? std::string("no win") : "**" + fixed(win->second - seen, 0) + " s**") << " | `"
+      << sig << "` |\n";
+  }
+  r << "\n## Runs\n\n| run | started | wall | result | kernels active | "
        "estimated kernel time saved |\n| --- | --- | --- | --- | --- | --- |\n";
   for (size_t k = 0; k < runs.size(); ++k) {
     r << "| " << k + 1 << " | " << mmss(runs[k].start_s) << " | " << fixed(runs[k].wall_s, 1) << " s | " << runs[k].result << " | "
@@ -514,9 +553,17 @@ int run_warm_command(const std::vector<std::string>& args, const std::string& ca
   std::filesystem::rename(md + ".tmp", md, ec);
   out << "warm: " << stop_reason << " after " << fixed(total_s / 60, 1) << " min, " << runs.size() << " runs, "
       << evals_end - evals0 << " evaluations; report " << md << (chart_ok.ok() ? " and " + chart : std::string()) << "\n";
+  out << "warm: " << fixed(evals_per_min, 1) << " evaluations per minute\n";
   for (const json& s : last_status.value("signatures", json::array())) {
     const double best = s.value("best_speedup", 0.0);
-    if (best > 0) out << "  " << fixed(best, 2) << "x  " << short_sig(s.value("signature", "")) << "\n";
+    const std::string sig = s.value("signature", "");
+    const auto seen = speed.first_seen_s.find(sig);
+    const auto win = speed.first_win_s.find(sig);
+    std::string first;
+    if (seen != speed.first_seen_s.end() && win != speed.first_win_s.end()) {
+      first = "  (first win " + fixed(win->second - seen->second, 0) + " s after it was listed)";
+    }
+    if (best > 0) out << "  " << fixed(best, 2) << "x  " << short_sig(sig) << first << "\n";
   }
   return rc;
 }

@@ -97,5 +97,7 @@ def test_per_op_warms_times_and_writes_its_report(build_dir, tmp_path):
             assert float(cell["torch_us"]) > 0 and float(cell["kforge_us"]) > 0 and float(cell["speedup"]) > 0, cell
         md = next(tmp_path.glob("*-cpu-per-op.md")).read_text()
         assert "| op | dtype | shape | threads |" in md and str(tmp_path) not in md, md
+        warm = next(tmp_path.glob("*-cpu-per-op-warm.md")).read_text()
+        assert "## Search speed" in warm and kept[0] not in warm, warm
     finally:
         shutil.rmtree(kept[0], ignore_errors=True)

@@ -14,6 +14,7 @@ evaluations finds a winner. Each test gets its own daemon endpoint, state and ca
 """
 
 import json
+import re
 import os
 import pathlib
 import signal
@@ -87,6 +88,12 @@ def test_warm_export_import_then_run_without_daemon(build_dir, env, tmp_path):
     md = (report / "report.md").read_text()
     assert "| kept |" in md, md
     assert "aten::_softmax(float32[16384,3]" in md
+    # Note [Search speed]: evaluations per minute, and the softmax's time to its first win.
+    assert "## Search speed" in md and " per minute**" in md, md
+    speed = md.split("## Search speed", 1)[1].split("## Runs", 1)[0]
+    row = next(line for line in speed.splitlines() if "aten::_softmax(float32[16384,3]" in line)
+    assert re.search(r"\*\*\d+ s\*\*", row), row
+    assert re.search(r"warm: [0-9.]+ evaluations per minute", w.stdout), w.stdout
     png = (report / "best-speedup.png").read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10000
     print(f"warm took {time.monotonic() - t0:.0f} s")

@@ -249,28 +249,28 @@ class DimSoftmaxCuda final : public FamilyBase {
   bool applies(const OpSignature& sig) const override { return softmax_dim(sig, kind_, Backend::kCuda) >= 0; }
 
   bool valid(const OpSignature& sig, std::span<const int64_t> v) const override {
-    const Shape e = shape(sig);
+    const DimSplit e = shape(sig);
     const int64_t block = v[0], split = v[1], vec = v[2];
-    if (e.inner % vec != 0 || !vector_fits(sig, vec)) return false;
-    if (split > std::max<int64_t>(1, pow2_ceil(e.len))) return false;   // threads with no element
+    if (e.inner_size % vec != 0 || !vector_fits(sig, vec)) return false;
+    if (split > std::max<int64_t>(1, pow2_ceil(e.len_size))) return false;   // threads with no element
     const int64_t tile = block / split * vec;
-    return tile <= std::max(vec, pow2_ceil(e.inner));   // no tile mostly past the last column
+    return tile <= std::max(vec, pow2_ceil(e.inner_size));   // no tile mostly past the last column
   }
 
   double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
-    const Shape e = shape(sig);
+    const DimSplit e = shape(sig);
     const int64_t block = v[0], split = v[1], vec = v[2];
     const int64_t bytes = dtype_size_bytes(tensor_arg(sig, 0)->dtype);
     // The widest access the columns allow, up to 16 bytes.
     int64_t best_vec = 1;
     for (int64_t w : {2, 4, 8}) {
-      if (e.inner % w == 0 && vector_fits(sig, w)) best_vec = w;
+      if (e.inner_size % w == 0 && vector_fits(sig, w)) best_vec = w;
     }
     // Enough threads to cover the latency (about 2^17 on an H200), and at least 8 elements each.
-    const int64_t column_threads = std::max<int64_t>(1, e.outer * e.inner / best_vec);
+    const int64_t column_threads = std::max<int64_t>(1, e.outer_size * e.inner_size / best_vec);
     int64_t ideal_split = std::clamp<int64_t>(pow2_ceil((int64_t{1} << 17) / column_threads), 1, 32);
-    while (ideal_split > 1 && e.len / ideal_split < 8) ideal_split /= 2;
-    const double row_bytes = static_cast<double>(std::min<int64_t>(block / split * vec, e.inner) * bytes);
+    while (ideal_split > 1 && e.len_size / ideal_split < 8) ideal_split /= 2;
+    const double row_bytes = static_cast<double>(std::min<int64_t>(block / split * vec, e.inner_size) * bytes);
     return closeness(static_cast<double>(vec), static_cast<double>(best_vec), 0.5) *
            closeness(static_cast<double>(split), static_cast<double>(ideal_split), 0.4) *
            closeness(static_cast<double>(block), 256, 0.3) * closeness(std::min(row_bytes, 128.0), 128, 0.2);
@@ -294,18 +294,7 @@ class DimSoftmaxCuda final : public FamilyBase {
   }
 
  private:
-  struct Shape {
-    int64_t outer = 1, len = 1, inner = 1;
-  };
-  Shape shape(const OpSignature& sig) const {
-    const TensorMeta& x = *tensor_arg(sig, 0);
-    const int64_t d = softmax_dim(sig, kind_, Backend::kCuda);
-    Shape s;
-    s.len = x.sizes[static_cast<size_t>(d)];
-    s.inner = split_at_dim(x, d).inner_size;
-    s.outer = s.len * s.inner > 0 ? x.numel() / (s.len * s.inner) : 0;
-    return s;
-  }
+  DimSplit shape(const OpSignature& sig) const { return split_at_dim(*tensor_arg(sig, 0), softmax_dim(sig, kind_, Backend::kCuda)); }
 
   Softmax kind_;
 };

@@ -168,6 +168,8 @@ DimSplit split_at_dim(const TensorMeta& t, int64_t dim) {
   };
   const auto d = static_cast<size_t>(dim);
   DimSplit s{product(0, d), size_name(0, d), product(d + 1, t.sizes.size())};
+  for (size_t i = 0; i < d; ++i) s.outer_size *= t.sizes[i];
+  s.len_size = t.sizes[d];
   for (size_t i = d + 1; i < t.sizes.size(); ++i) s.inner_size *= t.sizes[i];
   return s;
 }

@@ -120,10 +120,10 @@ std::string cols_expr(const TensorMeta& t);
 std::string rows_expr(const TensorMeta& t);
 // Tensor argument 0 seen as [outer, len, inner] around its dimension `dim`: len its size there,
 // outer and inner the products of the sizes before and after it (1 when there are none), as
-// launch-plan expressions, and inner's value (softmax over a dimension, cumsum).
+// launch-plan expressions and as this signature's values (softmax over a dimension, cumsum).
 struct DimSplit {
   std::string outer, len, inner;
-  int64_t inner_size = 1;
+  int64_t outer_size = 1, len_size = 1, inner_size = 1;
 };
 DimSplit split_at_dim(const TensorMeta& t, int64_t dim);
 // Whether a vector access of `vec` elements is allowed for every tensor argument of `sig`: the

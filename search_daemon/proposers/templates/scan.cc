@@ -56,6 +56,37 @@ const char* const kCudaCumsumSplit = R"kf(
 #define KF_TX (KF_BLOCK / KF_SPLIT)
 #define KF_TILE (KF_TX * KF_VEC)
 #define KF_U (16 / KF_VEC > 2 ? 16 / KF_VEC : 2)   // accesses in flight per thread
+// Adds the elements l0..l1-1 of the thread's KF_VEC columns to s, KF_U accesses at a time; with
+// WRITE, stores each prefix (rounded on its own) at its element in y.
+template <bool WRITE>
+__device__ __forceinline__ void kf_walk(const kf_t* __restrict__ xs, kf_t* __restrict__ ys, kf_i64 l0, kf_i64 l1,
+                                        kf_i64 step, kf_acc (&s)[KF_VEC]) {
+  kf_i64 l = l0;
+  for (; l + KF_U <= l1; l += KF_U) {
+    float v[KF_U][KF_VEC];
+#pragma unroll
+    for (int u = 0; u < KF_U; ++u) kf_load<KF_VEC>(xs, (l + u) * step, v[u]);
+#pragma unroll
+    for (int u = 0; u < KF_U; ++u) {
+#pragma unroll
+      for (int k = 0; k < KF_VEC; ++k) {
+        s[k] += (kf_acc)v[u][k];
+        v[u][k] = (float)s[k];
+      }
+      if constexpr (WRITE) kf_store<KF_VEC>(ys, (l + u) * step, v[u]);
+    }
+  }
+  for (; l < l1; ++l) {
+    float v[KF_VEC];
+    kf_load<KF_VEC>(xs, l * step, v);
+#pragma unroll
+    for (int k = 0; k < KF_VEC; ++k) {
+      s[k] += (kf_acc)v[k];
+      v[k] = (float)s[k];
+    }
+    if constexpr (WRITE) kf_store<KF_VEC>(ys, l * step, v);
+  }
+}
 extern "C" __global__ void __launch_bounds__(KF_BLOCK)
 kf_cumsum_split(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 len, kf_i64 inner, kf_i64 tiles) {
   __shared__ kf_acc part[KF_SPLIT][KF_TILE];
@@ -73,25 +104,7 @@ kf_cumsum_split(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 len, kf
   kf_acc s[KF_VEC];
 #pragma unroll
   for (int k = 0; k < KF_VEC; ++k) s[k] = 0;
-  if (live) {
-    kf_i64 l = l0;
-    for (; l + KF_U <= l1; l += KF_U) {
-      float v[KF_U][KF_VEC];
-#pragma unroll
-      for (int u = 0; u < KF_U; ++u) kf_load<KF_VEC>(xs, (l + u) * step, v[u]);
-#pragma unroll
-      for (int u = 0; u < KF_U; ++u) {
-#pragma unroll
-        for (int k = 0; k < KF_VEC; ++k) s[k] += (kf_acc)v[u][k];
-      }
-    }
-    for (; l < l1; ++l) {
-      float v[KF_VEC];
-      kf_load<KF_VEC>(xs, l * step, v);
-#pragma unroll
-      for (int k = 0; k < KF_VEC; ++k) s[k] += (kf_acc)v[k];
-    }
-  }
+  if (live) kf_walk<false>(xs, ys, l0, l1, step, s);   // the segment's sum
 #pragma unroll
   for (int k = 0; k < KF_VEC; ++k) part[ty][tx * KF_VEC + k] = s[k];
   __syncthreads();
@@ -101,32 +114,7 @@ kf_cumsum_split(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 len, kf
 #pragma unroll
     for (int k = 0; k < KF_VEC; ++k) s[k] += part[q][tx * KF_VEC + k];
   }
-  if (!live) return;
-  kf_i64 l = l0;
-  for (; l + KF_U <= l1; l += KF_U) {
-    float v[KF_U][KF_VEC];
-#pragma unroll
-    for (int u = 0; u < KF_U; ++u) kf_load<KF_VEC>(xs, (l + u) * step, v[u]);
-#pragma unroll
-    for (int u = 0; u < KF_U; ++u) {
-#pragma unroll
-      for (int k = 0; k < KF_VEC; ++k) {
-        s[k] += (kf_acc)v[u][k];
-        v[u][k] = (float)s[k];
-      }
-      kf_store<KF_VEC>(ys, (l + u) * step, v[u]);
-    }
-  }
-  for (; l < l1; ++l) {
-    float v[KF_VEC];
-    kf_load<KF_VEC>(xs, l * step, v);
-#pragma unroll
-    for (int k = 0; k < KF_VEC; ++k) {
-      s[k] += (kf_acc)v[k];
-      v[k] = (float)s[k];
-    }
-    kf_store<KF_VEC>(ys, l * step, v);
-  }
+  if (live) kf_walk<true>(xs, ys, l0, l1, step, s);   // from the segments before it, the prefixes
 }
 )kf";
 
@@ -218,26 +206,26 @@ class CumsumSplitCuda final : public FamilyBase {
   }
 
   bool valid(const OpSignature& sig, std::span<const int64_t> v) const override {
-    const Shape e = shape(sig);
+    const DimSplit e = shape(sig);
     const int64_t block = v[0], split = v[1], vec = v[2];
-    if (e.inner % vec != 0 || !vector_fits(sig, vec)) return false;
-    if (split > e.len) return false;                                     // threads with no segment
-    return block / split * vec <= std::max(vec, pow2_ceil(e.inner));     // no tile mostly past the last column
+    if (e.inner_size % vec != 0 || !vector_fits(sig, vec)) return false;
+    if (split > e.len_size) return false;                                     // threads with no segment
+    return block / split * vec <= std::max(vec, pow2_ceil(e.inner_size));     // no tile mostly past the last column
   }
 
   double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
-    const Shape e = shape(sig);
+    const DimSplit e = shape(sig);
     const int64_t block = v[0], split = v[1], vec = v[2];
     const int64_t bytes = dtype_size_bytes(tensor_arg(sig, 0)->dtype);
     int64_t best_vec = 1;
     for (int64_t w : {2, 4, 8}) {
-      if (w * bytes <= 16 && e.inner % w == 0 && vector_fits(sig, w)) best_vec = w;
+      if (w * bytes <= 16 && e.inner_size % w == 0 && vector_fits(sig, w)) best_vec = w;
     }
     // About 2^17 threads in all (an H100 or H200 holds 270,336), segments of at least 16.
-    const int64_t column_threads = std::max<int64_t>(1, e.outer * e.inner / best_vec);
+    const int64_t column_threads = std::max<int64_t>(1, e.outer_size * e.inner_size / best_vec);
     int64_t ideal_split = std::clamp<int64_t>(pow2_ceil((int64_t{1} << 17) / column_threads), 2, 64);
-    while (ideal_split > 2 && e.len / ideal_split < 16) ideal_split /= 2;
-    const double row_bytes = static_cast<double>(std::min<int64_t>(block / split * vec, e.inner) * bytes);
+    while (ideal_split > 2 && e.len_size / ideal_split < 16) ideal_split /= 2;
+    const double row_bytes = static_cast<double>(std::min<int64_t>(block / split * vec, e.inner_size) * bytes);
     return closeness(static_cast<double>(vec), static_cast<double>(best_vec), 0.5) *
            closeness(static_cast<double>(split), static_cast<double>(ideal_split), 0.4) *
            closeness(static_cast<double>(block), 256, 0.3) * closeness(std::min(row_bytes, 128.0), 128, 0.2);
@@ -260,18 +248,7 @@ class CumsumSplitCuda final : public FamilyBase {
   }
 
  private:
-  struct Shape {
-    int64_t outer = 1, len = 1, inner = 1;
-  };
-  static Shape shape(const OpSignature& sig) {
-    const TensorMeta& x = *tensor_arg(sig, 0);
-    const int64_t d = cumsum_dim(sig, Backend::kCuda);
-    Shape s;
-    s.len = x.sizes[static_cast<size_t>(d)];
-    s.inner = split_at_dim(x, d).inner_size;
-    s.outer = s.len * s.inner > 0 ? x.numel() / (s.len * s.inner) : 0;
-    return s;
-  }
+  static DimSplit shape(const OpSignature& sig) { return split_at_dim(*tensor_arg(sig, 0), cumsum_dim(sig, Backend::kCuda)); }
 };
 
 // ---- CPU -------------------------------------------------------------------------------------------

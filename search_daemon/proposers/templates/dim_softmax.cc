@@ -258,22 +258,8 @@ class DimSoftmaxCuda final : public FamilyBase {
   }
 
   double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
-    const DimSplit e = shape(sig);
-    const int64_t block = v[0], split = v[1], vec = v[2];
-    const int64_t bytes = dtype_size_bytes(tensor_arg(sig, 0)->dtype);
-    // The widest access the columns allow, up to 16 bytes.
-    int64_t best_vec = 1;
-    for (int64_t w : {2, 4, 8}) {
-      if (e.inner_size % w == 0 && vector_fits(sig, w)) best_vec = w;
-    }
-    // Enough threads to cover the latency (about 2^17 on an H200), and at least 8 elements each.
-    const int64_t column_threads = std::max<int64_t>(1, e.outer_size * e.inner_size / best_vec);
-    int64_t ideal_split = std::clamp<int64_t>(pow2_ceil((int64_t{1} << 17) / column_threads), 1, 32);
-    while (ideal_split > 1 && e.len_size / ideal_split < 8) ideal_split /= 2;
-    const double row_bytes = static_cast<double>(std::min<int64_t>(block / split * vec, e.inner_size) * bytes);
-    return closeness(static_cast<double>(vec), static_cast<double>(best_vec), 0.5) *
-           closeness(static_cast<double>(split), static_cast<double>(ideal_split), 0.4) *
-           closeness(static_cast<double>(block), 256, 0.3) * closeness(std::min(row_bytes, 128.0), 128, 0.2);
+    // Columns of at least 8 elements per thread.
+    return split_columns_prior(sig, shape(sig), v, 1, 32, 8);
   }
 
   KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {
@@ -284,12 +270,7 @@ class DimSoftmaxCuda final : public FamilyBase {
     for (std::string& d : softmax_kind_defines(kind_)) options.push_back(std::move(d));
     KernelSpec s = one_launch_spec(Backend::kCuda, std::string(kCudaPrelude) + kCudaDimSoftmax, "kf_dim_softmax", options);
     s.plan.outputs = {OutputSpec::like(0)};
-    Launch& l = s.plan.launches[0];
-    const std::string tiles = "ceil_div(" + e.inner + ", " + std::to_string(v[0] / v[1] * v[2]) + ")";
-    l.grid[0] = "(" + e.outer + ") * " + tiles;
-    l.block[0] = std::to_string(v[0]);
-    l.args = {ArgBinding::input(0), ArgBinding::output(0), ArgBinding::size(e.len), ArgBinding::size(e.inner),
-              ArgBinding::size(tiles)};
+    split_columns_launch(e, v, s.plan.launches[0]);
     return s;
   }
 

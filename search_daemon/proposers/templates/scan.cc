@@ -214,21 +214,8 @@ class CumsumSplitCuda final : public FamilyBase {
   }
 
   double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
-    const DimSplit e = shape(sig);
-    const int64_t block = v[0], split = v[1], vec = v[2];
-    const int64_t bytes = dtype_size_bytes(tensor_arg(sig, 0)->dtype);
-    int64_t best_vec = 1;
-    for (int64_t w : {2, 4, 8}) {
-      if (w * bytes <= 16 && e.inner_size % w == 0 && vector_fits(sig, w)) best_vec = w;
-    }
-    // About 2^17 threads in all (an H100 or H200 holds 270,336), segments of at least 16.
-    const int64_t column_threads = std::max<int64_t>(1, e.outer_size * e.inner_size / best_vec);
-    int64_t ideal_split = std::clamp<int64_t>(pow2_ceil((int64_t{1} << 17) / column_threads), 2, 64);
-    while (ideal_split > 2 && e.len_size / ideal_split < 16) ideal_split /= 2;
-    const double row_bytes = static_cast<double>(std::min<int64_t>(block / split * vec, e.inner_size) * bytes);
-    return closeness(static_cast<double>(vec), static_cast<double>(best_vec), 0.5) *
-           closeness(static_cast<double>(split), static_cast<double>(ideal_split), 0.4) *
-           closeness(static_cast<double>(block), 256, 0.3) * closeness(std::min(row_bytes, 128.0), 128, 0.2);
+    // At least two segments, of at least 16 elements.
+    return split_columns_prior(sig, shape(sig), v, 2, 64, 16);
   }
 
   KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {
@@ -238,12 +225,7 @@ class CumsumSplitCuda final : public FamilyBase {
                                    {dtype_define(x.dtype), define("KF_BLOCK", v[0]), define("KF_SPLIT", v[1]),
                                     define("KF_VEC", v[2])});
     s.plan.outputs = {OutputSpec::like(0)};
-    Launch& l = s.plan.launches[0];
-    const std::string tiles = "ceil_div(" + e.inner + ", " + std::to_string(v[0] / v[1] * v[2]) + ")";
-    l.grid[0] = "(" + e.outer + ") * " + tiles;
-    l.block[0] = std::to_string(v[0]);
-    l.args = {ArgBinding::input(0), ArgBinding::output(0), ArgBinding::size(e.len), ArgBinding::size(e.inner),
-              ArgBinding::size(tiles)};
+    split_columns_launch(e, v, s.plan.launches[0]);
     return s;
   }
 

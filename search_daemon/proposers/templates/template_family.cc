@@ -174,6 +174,33 @@ DimSplit split_at_dim(const TensorMeta& t, int64_t dim) {
   return s;
 }
 
+double split_columns_prior(const OpSignature& sig, const DimSplit& e, std::span<const int64_t> v, int64_t min_split,
+                           int64_t max_split, int64_t min_per_thread) {
+  const int64_t block = v[0], split = v[1], vec = v[2];
+  const int64_t bytes = dtype_size_bytes(tensor_arg(sig, 0)->dtype);
+  // The widest access the columns allow, up to 16 bytes.
+  int64_t best_vec = 1;
+  for (int64_t w : {2, 4, 8}) {
+    if (e.inner_size % w == 0 && vector_fits(sig, w)) best_vec = w;
+  }
+  // Enough threads to cover the latency (about 2^17; an H100 or H200 holds 270,336).
+  const int64_t column_threads = std::max<int64_t>(1, e.outer_size * e.inner_size / best_vec);
+  int64_t ideal_split = std::clamp<int64_t>(pow2_ceil((int64_t{1} << 17) / column_threads), min_split, max_split);
+  while (ideal_split > min_split && e.len_size / ideal_split < min_per_thread) ideal_split /= 2;
+  const double row_bytes = static_cast<double>(std::min<int64_t>(block / split * vec, e.inner_size) * bytes);
+  return closeness(static_cast<double>(vec), static_cast<double>(best_vec), 0.5) *
+         closeness(static_cast<double>(split), static_cast<double>(ideal_split), 0.4) *
+         closeness(static_cast<double>(block), 256, 0.3) * closeness(std::min(row_bytes, 128.0), 128, 0.2);
+}
+
+void split_columns_launch(const DimSplit& e, std::span<const int64_t> v, Launch& l) {
+  const std::string tiles = "ceil_div(" + e.inner + ", " + std::to_string(v[0] / v[1] * v[2]) + ")";
+  l.grid[0] = "(" + e.outer + ") * " + tiles;
+  l.block[0] = std::to_string(v[0]);
+  l.args = {ArgBinding::input(0), ArgBinding::output(0), ArgBinding::size(e.len), ArgBinding::size(e.inner),
+            ArgBinding::size(tiles)};
+}
+
 bool vector_fits(const OpSignature& sig, int64_t vec) {
   for (const Arg& a : sig.args) {
     const auto* t = std::get_if<TensorMeta>(&a.value);

@@ -126,6 +126,15 @@ struct DimSplit {
   int64_t outer_size = 1, len_size = 1, inner_size = 1;
 };
 DimSplit split_at_dim(const TensorMeta& t, int64_t dim);
+// The column kernels over [outer, len, inner] (softmax_dim, cumsum_split): a block takes a tile of
+// block / split * vec neighbouring columns of one outer index, `split` threads share each column,
+// `vec` columns per access. Knobs v = {block, split, vec}. The prior: the widest access the columns
+// allow, about 2^17 threads in all with split in [min_split, max_split] and at least
+// `min_per_thread` elements of a column per thread, blocks of 256, tiles of 128 bytes. The launch:
+// grid outer * tiles, block, and the size arguments (len, inner, tiles) after x and y.
+double split_columns_prior(const OpSignature& sig, const DimSplit& e, std::span<const int64_t> v, int64_t min_split,
+                           int64_t max_split, int64_t min_per_thread);
+void split_columns_launch(const DimSplit& e, std::span<const int64_t> v, Launch& l);
 // Whether a vector access of `vec` elements is allowed for every tensor argument of `sig`: the
 // vector is at most 16 bytes and every tensor's pointer alignment is a multiple of it. (Outputs
 // are fresh allocations, aligned far beyond 16 bytes by both allocators.)

@@ -403,6 +403,84 @@ def finish(row, copy_bw):
     return row
 
 
+# Issue 23's targets on CUDA: (op, dtype, shape) -> the speedup over PyTorch eager the row must
+# reach. Every other large row (LARGE_BYTES or more moved) must reach 90% of the copy bandwidth.
+TARGETS = {
+    ("softmax", "bfloat16", "[64,4096,512] dim=1"): 30.0,
+    ("cumsum", "bfloat16", "[64,4096,512] dim=1"): 10.0,
+    ("group_norm", "bfloat16", "[16,320,64,64] G=32"): 5.0,
+    ("group_norm", "bfloat16", "[16,320,64,64] G=32 channels_last"): 10.0,
+    ("adaptive_avg_pool2d", "bfloat16", "[256,2048,7,7] to 1x1"): 9.0,
+    ("softmax", "bfloat16", "[8,262144] dim=-1"): 10.0,
+    ("batch_norm", "bfloat16", "[64,256,56,56] eval"): 3.0,
+    ("softmax", "bfloat16", "[4096,50257] dim=-1"): 1.6,
+    ("gelu", "bfloat16", "[8192,3072]"): 1.5,
+    ("gelu", "bfloat16", "[8192,3072] tanh"): 1.5,
+    ("silu", "bfloat16", "[8192,11008]"): 1.5,
+}
+LARGE_BYTES = 64 << 20
+TARGET_PCT_BW = 90.0
+
+
+def verdict(row, copy_bw):
+    """Whether a row meets issue 23's target, and if not, why: the speedup the copy bandwidth allows
+    (PyTorch's time over the row's bytes moved at the measured copy bandwidth) against the target,
+    and the kernel's own share of that bandwidth. None for a row with no target."""
+    t, k, b = row.get("torch_us"), row.get("kforge_us"), row.get("bytes")
+    served = row.get("kernel", "").startswith("kforge")
+    target = TARGETS.get((row["op"], row["dtype"], row["shape"]))
+    large = bool(b) and b >= LARGE_BYTES
+    if target is None and not large:
+        return None
+    if not (t and b):
+        return {"target": target, "met": False, "why": row.get("error") or "not timed"}
+    floor_us = b / copy_bw * 1e6
+    ceiling = t / floor_us
+    pct = row.get("pct_copy_bw") or 0.0
+    speedup = row.get("speedup") if served else 1.0
+    if target is None:
+        goal, met = f"{TARGET_PCT_BW:.0f}% of copy bw", pct >= TARGET_PCT_BW
+    else:
+        goal, met = f"{target:g}x", (speedup or 0) >= target
+    if met:
+        why = ""
+    elif target is not None and ceiling < target:
+        why = (f"out of reach: PyTorch already runs at {100 / ceiling:.0f}% of the copy bandwidth, so a kernel at the "
+               f"copy bandwidth would give {ceiling:.2f}x")
+    elif not served:
+        why = f"no kforge kernel serves it ({row.get('kernel', '')}); PyTorch's runs at {100 * floor_us / t:.0f}% of the copy bandwidth"
+    else:
+        why = f"kforge's kernel runs at {pct:.0f}% of the copy bandwidth ({b / (k * 1e-6) / 1e9:.0f} GB/s)"
+        if target is not None:
+            why += f"; {target:g}x needs {100 * target / ceiling:.0f}%"
+    return {"target": target, "goal": goal, "met": met, "ceiling": ceiling, "why": why}
+
+
+def summary(table, copy_bw):
+    """The issue's checks over the whole table, as markdown lines."""
+    lines = []
+    checked = [(r, verdict(r, copy_bw)) for r in table]
+    checked = [(r, v) for r, v in checked if v is not None]
+    if checked:
+        lines += ["| op | dtype | shape | goal | reached | ceiling at copy bw | met | why not |", "|---|---|---|---|---|---|---|---|"]
+        for r, v in checked:
+            reached = (f"{r['speedup']:.2f}x" if v.get("target") and r.get("speedup") and r.get("kernel", "").startswith("kforge")
+                       else "1.00x (PyTorch's)" if v.get("target") else f"{r.get('pct_copy_bw') or 0:.0f}%")
+            ceiling = f"{v['ceiling']:.2f}x" if "ceiling" in v else ""
+            lines.append(f"| {r['op']} | {r['dtype']} | {r['shape']} | {v.get('goal', '')} | {reached} | {ceiling} | "
+                         f"{'yes' if v['met'] else 'no'} | {v['why']} |")
+        lines.append("")
+    compared = [r for r in table if r.get("speedup_vs_compile")]
+    if compared:
+        ok = sum(1 for r in compared if r["speedup_vs_compile"] >= 0.98)
+        lines.append(f"- At least as fast as torch.compile's kernel (within 2%) on {ok} of {len(compared)} rows "
+                     f"({100 * ok / len(compared):.0f}%; the issue asks 80%).")
+    slower = [r for r in table if r.get("kernel", "").startswith("kforge") and (r.get("speedup") or 1) < 0.98]
+    lines.append(f"- Rows where a kforge kernel is slower than PyTorch's by more than 2%: "
+                 + (", ".join(f"{r['op']} {r['shape']} ({r['speedup']:.3f}x)" for r in slower) if slower else "none") + ".")
+    return lines
+
+
 def cell(v):
     if isinstance(v, float):
         return f"{v:.3f}" if v < 100 else f"{v:.1f}"
@@ -506,6 +584,12 @@ def main():
             f.write("| " + " | ".join(cell(r.get(c)) for c in ("op", "dtype", "shape", "threads", "torch_us", "compile_us",
                                                                  "kforge_us", "speedup", "speedup_vs_compile", "pct_copy_bw"))
                     + f" | {note[:120]} |\n")
+        if args.device == "cuda":
+            f.write("\n## Issue 23's targets\n\nA named shape's speedup over PyTorch eager, and for every other row that moves "
+                    f"{LARGE_BYTES >> 20} MB or more, {TARGET_PCT_BW:.0f}% of the copy bandwidth. The ceiling is PyTorch's time over "
+                    "the row's bytes at the copy bandwidth: the most any kernel that reads its inputs and writes its outputs "
+                    "once could give.\n\n")
+            f.write("\n".join(summary(table, copy_bw)) + "\n")
     print(pathlib.Path(f"{stem}.md").read_text())
     print(f"wrote {stem}.csv and {stem}.md")
     # The warm's own report beside it (what was searched, and how fast: Note [Search speed] in

@@ -101,3 +101,42 @@ def test_per_op_warms_times_and_writes_its_report(build_dir, tmp_path):
         assert "## Search speed" in warm and kept[0] not in warm, warm
     finally:
         shutil.rmtree(kept[0], ignore_errors=True)
+
+
+def test_per_op_says_why_a_target_is_missed():
+    # The report's target section on rows as the timing run gives them: a target met, one out of
+    # reach (PyTorch already near the copy bandwidth), one with no kforge kernel, a large row under
+    # 90% of the copy bandwidth, and a small row without a target (not listed).
+    if not (BENCH / "per_op.py").exists():
+        pytest.skip("no bench/per_op.py (not a source tree)")
+    sys.path.insert(0, str(BENCH))
+    try:
+        import per_op
+    finally:
+        sys.path.pop(0)
+    bw = 4e12
+    table = [
+        dict(op="group_norm", dtype="bfloat16", shape="[16,320,64,64] G=32", torch_us=100.0, kforge_us=18.0,
+             compile_us=40.0, bytes=84e6, kernel="kforge: aten::native_group_norm(...)"),
+        dict(op="silu", dtype="bfloat16", shape="[8192,11008]", torch_us=92.0, kforge_us=91.0, compile_us=92.0,
+             bytes=360e6, kernel="kforge: aten::silu(...)"),
+        dict(op="softmax", dtype="bfloat16", shape="[8,262144] dim=-1", torch_us=60.0, kforge_us=60.0,
+             compile_us=70.0, bytes=8.4e6, kernel="pytorch (no kforge kernel)"),
+        dict(op="avg_pool2d", dtype="bfloat16", shape="[64,256,56,56] 2x2", torch_us=150.0, kforge_us=120.0,
+             compile_us=50.0, bytes=128e6, kernel="kforge: aten::avg_pool2d(...)"),
+        dict(op="layer_norm", dtype="bfloat16", shape="[1,768] decode", torch_us=10.0, kforge_us=10.0,
+             compile_us=30.0, bytes=3e3, kernel="pytorch (no kforge kernel)"),
+    ]
+    table = [per_op.finish(r, bw) for r in table]
+    text = "\n".join(per_op.summary(table, bw))
+    lines = {line.split(" | ")[0].lstrip("| "): line for line in text.splitlines() if line.startswith("| ") and "---" not in line}
+    assert "| 5x | 5.56x |" in lines["group_norm"] and "| yes |" in lines["group_norm"], text
+    # silu: 360 MB at 4 TB/s is 90 us, PyTorch's 92 us allows 1.02x at most, so 1.5x is out of reach.
+    assert "| no |" in lines["silu"] and "out of reach" in lines["silu"] and "1.02x" in lines["silu"], text
+    assert "no kforge kernel serves it" in lines["softmax"], text
+    # avg_pool2d has no named target: 128 MB in 120 us is 27% of 4 TB/s, under the 90% asked of large rows.
+    assert "90% of copy bw" in lines["avg_pool2d"] and "27% of the copy bandwidth" in lines["avg_pool2d"], text
+    assert "layer_norm" not in lines, text
+    # torch.compile: as fast or faster on 4 of 5 rows (avg_pool2d's 50 us beats kforge's 120 us).
+    assert "on 4 of 5 rows (80%" in text, text
+    assert "slower than PyTorch's by more than 2%: none" in text, text

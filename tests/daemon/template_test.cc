@@ -862,6 +862,53 @@ TEST_CASE("templates: long rows split over blocks, read once into shared memory,
   }
 }
 
+TEST_CASE("templates: softmax over a middle dimension keeps a block's columns in shared memory when they fit", "[templates]") {
+  const Backend G = Backend::kCuda;
+  const KernelTemplate& t = *find_template("softmax_dim");
+  // The issue's shape, 537 MB: the copy saves the second read from memory, and tiles of 8 columns
+  // (16-byte rows, 64 KiB for 4096 of them) leave three blocks of 512 threads per SM.
+  const OpSignature s = softmax(G, DType::kBFloat16, {64, 4096, 512}, false, 1);
+  const std::vector<TemplateConfig> space = enumerate_space(s, t);
+  REQUIRE(!space.empty());
+  const TemplateConfig best = *std::max_element(space.begin(), space.end(), [&](const TemplateConfig& a, const TemplateConfig& b) {
+    return t.prior(s, a.values) < t.prior(s, b.values);
+  });
+  CHECK(knob(best, "cache") == 1);
+  CHECK(knob(best, "vec") == 8);
+  CHECK(knob(best, "block") == 512);
+  CHECK(knob(best, "split") == 512);
+  const KernelSpec spec = t.instantiate(s, best.values);
+  const StatusOr<ResolvedLaunchPlan> r = spec.resolve(s);
+  REQUIRE(r.ok());
+  CHECK(r->launches[0].grid[0] == 64 * 512 / 8);
+  CHECK(r->launches[0].shared_mem_bytes == 4096 * 8 * 2);
+  CHECK(r->launches[0].args.back().int_value == 1);
+  // Every cached configuration's copy and static merge arrays fit a block's shared memory, and no
+  // configuration has a thread without a column.
+  size_t cached = 0;
+  for (const TemplateConfig& c : space) {
+    CHECK(knob(c, "split") <= knob(c, "block"));
+    if (knob(c, "cache") == 0) continue;
+    ++cached;
+    const StatusOr<ResolvedLaunchPlan> p = t.instantiate(s, c.values).resolve(s);
+    REQUIRE(p.ok());
+    CHECK(p->launches[0].shared_mem_bytes == 4096 * knob(c, "block") / knob(c, "split") * knob(c, "vec") * 2);
+    CHECK(p->launches[0].shared_mem_bytes <= 224 * 1024);
+  }
+  CHECK(cached > 10);
+  // A spec resolved for longer columns than its copy holds streams: no shared memory, `cached` 0.
+  const StatusOr<ResolvedLaunchPlan> longer = spec.resolve(softmax(G, DType::kBFloat16, {64, 65536, 512}, false, 1));
+  REQUIRE(longer.ok());
+  CHECK(longer->launches[0].shared_mem_bytes == 0);
+  CHECK(longer->launches[0].args.back().int_value == 0);
+  // A tensor that stays in L2 is read again from there: the prior prefers no copy.
+  const OpSignature small = softmax(G, DType::kFloat32, {4, 64, 32, 32}, false, 1);
+  const std::vector<TemplateConfig> small_space = enumerate_space(small, t);
+  const TemplateConfig small_best = *std::max_element(small_space.begin(), small_space.end(),
+      [&](const TemplateConfig& a, const TemplateConfig& b) { return t.prior(small, a.values) < t.prior(small, b.values); });
+  CHECK(knob(small_best, "cache") == 0);
+}
+
 TEST_CASE("templates: cumsum over a column cuts it into segments over a block's threads", "[templates]") {
   const Backend G = Backend::kCuda;
   const KernelTemplate& t = *find_template("cumsum_split");
@@ -1814,6 +1861,22 @@ TEST_CASE("templates: CUDA instances of every family pass the worker's verificat
       plan(softmax(B, d, {4, 64, 9, 9}, log, 1), 1, 1);
       plan(softmax(B, d, {3, 300, 64}, log, 1), 2, 3);    // Note [Split columns]: vectors, split columns
       plan(softmax(B, d, {2, 4099, 24}, log, 1), 2, 2);   // long columns, a partial tile
+      // Note [Cached columns]: the copy, with the widest and narrowest split and access, on long
+      // columns with a partial tile, and a column merge over warps and over shared memory.
+      for (OpSignature s : {softmax(B, d, {2, 4099, 24}, log, 1), softmax(B, d, {3, 1000, 64}, log, 1)}) {
+        s.target.arch = arch;
+        const KernelTemplate& t = *find_template(log ? "log_softmax_dim" : "softmax_dim");
+        std::map<std::vector<int64_t>, TemplateConfig> best;
+        for (const TemplateConfig& c : enumerate_space(s, t)) {
+          if (knob(c, "cache") != 1) continue;
+          const std::vector<int64_t> key = {knob(c, "split") >= 64 ? 64 : knob(c, "split") >= 8 ? 8 : 1, knob(c, "vec") == 1};
+          auto [it, fresh] = best.emplace(key, c);
+          if (!fresh && t.prior(s, c.values) > t.prior(s, it->second.values)) it->second = c;
+        }
+        std::vector<Move> moves;
+        for (const auto& [key, c] : best) moves.push_back(*TemplateProposer::move_for(s, c));
+        work.emplace_back(s, std::move(moves));
+      }
       // Note [Split rows]: split 1 and more, cached and streamed, the widest and the narrowest
       // access, on odd rows, an input aligned only to its element, and a row in 64 chunks.
       for (OpSignature s : {softmax(B, d, {3, 4099}, log), softmax(B, d, {3, 4099}, log, -1, static_cast<uint32_t>(dtype_size_bytes(d))),

@@ -4,12 +4,12 @@
 // elements, inner apart in memory. That is a softmax over channels of an NCHW map, over the
 // heads or the sequence of a [B, S, H] tensor, a log_softmax over dim 0 of a [classes, batch]
 // matrix. CUDA: neighbouring threads take neighbouring columns, so each of the len steps is one
-// coalesced row of the [len, inner] slice, and several threads may share a column (Note [Split
-// columns]); CPU: a chunk of KF_CHUNK neighbouring columns per pass, so the inner loops vectorize.
+// coalesced row of the [len, inner] slice, several threads may share a column (Note [Split
+// columns]), and a block's columns may be kept in shared memory (Note [Cached columns]); CPU: a chunk of KF_CHUNK neighbouring columns per pass, so the inner loops vectorize.
 //
 // Sums of exp(x - max) are accumulated in double for float32 and float for 16-bit data (kf_acc;
 // Note [Template arithmetic] in template_family.cc). CUDA reads each element twice (a running max
-// and sum, then the pass that writes), the CPU three times (max, sum, write). The non-finite
+// and sum, then the pass that writes; the second from shared memory when cached), the CPU three times (max, sum, write). The non-finite
 // cases and KF_SAFE behave as in row_softmax.cc's two-pass kernel (Note [Online softmax], Note
 // [Safe softmax] there): a NaN or +inf in the column makes it NaN, a column of -inf is NaN
 // (softmax) or 0 (KF_SAFE).
@@ -27,10 +27,18 @@ const char* const kCudaDimSoftmax = R"kf(
 // KF_TX * KF_VEC neighbouring columns of one outer index (thread x: KF_VEC of them, in one
 // access), and KF_SPLIT threads share each column's len elements (thread y takes every
 // KF_SPLIT-th). One pass reads each element once into a running max and sum (Note [Online
-// softmax] in row_softmax.cc), the block combines its KF_SPLIT partials per column in shared
-// memory, and a second pass writes.
+// softmax] in row_softmax.cc), the block merges its KF_SPLIT partials per column (Note [Column
+// merge]), and a second pass writes: from a copy of the tile in shared memory with KF_CACHE when
+// it fits (`cached`; Note [Cached columns]), else reading the elements again.
 #define KF_TX (KF_BLOCK / KF_SPLIT)
 #define KF_TILE (KF_TX * KF_VEC)
+// A warp's threads of one column (lanes KF_TX apart), merged by shuffles; then KF_PARTS
+// partials per column in shared memory.
+#define KF_W (KF_TX >= 32 ? 1 : 32 / KF_TX)
+#define KF_PARTS (KF_SPLIT / KF_W)
+#if KF_CACHE
+extern __shared__ __align__(16) unsigned char kf_smem[];
+#endif
 __device__ __forceinline__ float kf_exp_shifted(float x, float m) {
 #if KF_SAFE
   return x == KF_NEG_INF ? 0.0f : expf(x - m);
@@ -55,6 +63,26 @@ __device__ __forceinline__ void kf_online(float (&m)[KF_VEC], kf_acc (&s)[KF_VEC
     }
   }
 }
+// Two partials (max, sum of exp(v - max)) of one column as one: NaN stays NaN, a partial of -inf
+// only (sum 0) adds nothing. Symmetric, so both lanes of a shuffle get the same bits.
+__device__ __forceinline__ void kf_merge(float& m, kf_acc& s, float om, kf_acc os) {
+  if (m != m || om != om) {
+    m = __int_as_float(0x7fffffff);
+    return;
+  }
+  const float mm = fmaxf(m, om);
+  if (mm == KF_NEG_INF) return;   // both empty: (-inf, 0)
+  s = (m == KF_NEG_INF ? (kf_acc)0 : s * (kf_acc)expf(m - mm)) + (om == KF_NEG_INF ? (kf_acc)0 : os * (kf_acc)expf(om - mm));
+  m = mm;
+}
+// The tile's element l of the thread's columns: from memory, kept in the shared copy `c` when
+// it is not null (the raw bits: the copy is exact).
+__device__ __forceinline__ void kf_read(const kf_t* __restrict__ p, kf_t* c, float (&v)[KF_VEC]) {
+  const kf_vec<KF_VEC> r = *reinterpret_cast<const kf_vec<KF_VEC>*>(p);
+  if (c != nullptr) *reinterpret_cast<kf_vec<KF_VEC>*>(c) = r;
+#pragma unroll
+  for (int k = 0; k < KF_VEC; ++k) v[k] = kf_to_float(r.v[k]);
+}
 // The written values, in place: r is 1 / sum (softmax; 0 for a column _safe_softmax zeroes) or
 // log(sum) (log_softmax), NaN for a NaN column.
 __device__ __forceinline__ void kf_normalize(float (&v)[KF_VEC], const float (&m)[KF_VEC], const float (&r)[KF_VEC]) {
@@ -68,14 +96,20 @@ __device__ __forceinline__ void kf_normalize(float (&v)[KF_VEC], const float (&m
   }
 }
 extern "C" __global__ void __launch_bounds__(KF_BLOCK)
-kf_dim_softmax(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 len, kf_i64 inner, kf_i64 tiles) {
-  __shared__ float sm_max[KF_SPLIT][KF_TILE];
-  __shared__ kf_acc sm_sum[KF_SPLIT][KF_TILE];
+kf_dim_softmax(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 len, kf_i64 inner, kf_i64 tiles, kf_i64 cached) {
+  __shared__ float sm_max[KF_PARTS][KF_TILE];
+  __shared__ kf_acc sm_sum[KF_PARTS][KF_TILE];
   const int tx = threadIdx.x % KF_TX, ty = threadIdx.x / KF_TX;
   const kf_i64 o = blockIdx.x / tiles;
   const kf_i64 c0 = (blockIdx.x - o * tiles) * KF_TILE + (kf_i64)tx * KF_VEC;   // inner % KF_VEC == 0
   const bool live = c0 < inner;
   const kf_i64 base = o * len * inner + c0;   // element (o, 0, c0); a multiple of KF_VEC
+#if KF_CACHE
+  // Element l of the thread's columns in the copy: a row of KF_TILE per l.
+  kf_t* const kc = cached != 0 ? reinterpret_cast<kf_t*>(kf_smem) + tx * KF_VEC : nullptr;
+#else
+  kf_t* const kc = nullptr;
+#endif
   // Running max and sum of exp(v - max) per column (kf_online).
   float m[KF_VEC];
   kf_acc s[KF_VEC];
@@ -88,47 +122,53 @@ kf_dim_softmax(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 len, kf_
     for (; l + (KF_U - 1) * KF_SPLIT < len; l += KF_U * KF_SPLIT) {
       float v[KF_U][KF_VEC];
 #pragma unroll
-      for (int u = 0; u < KF_U; ++u) kf_load<KF_VEC>(x + base + (l + u * KF_SPLIT) * inner, 0, v[u]);
+      for (int u = 0; u < KF_U; ++u) {
+        kf_read(x + base + (l + u * KF_SPLIT) * inner, kc != nullptr ? kc + (l + u * KF_SPLIT) * KF_TILE : nullptr, v[u]);
+      }
 #pragma unroll
       for (int u = 0; u < KF_U; ++u) kf_online(m, s, v[u]);
     }
     for (; l < len; l += KF_SPLIT) {
       float v[KF_VEC];
-      kf_load<KF_VEC>(x + base + l * inner, 0, v);
+      kf_read(x + base + l * inner, kc != nullptr ? kc + l * KF_TILE : nullptr, v);
       kf_online(m, s, v);
     }
   }
+  // Note [Column merge]: the lanes of a warp that share a column merge by shuffles (in a fixed
+  // tree, so every run gives the same bits), each warp's first writes its partial, and the
+  // partials merge in a tree over shared memory into row 0, which every thread of the column reads.
 #pragma unroll
-  for (int k = 0; k < KF_VEC; ++k) {
-    sm_max[ty][tx * KF_VEC + k] = m[k];
-    sm_sum[ty][tx * KF_VEC + k] = s[k];
-  }
-  __syncthreads();
-  // The first row of threads combines the KF_SPLIT partials of its columns into row 0; every
-  // thread of a column then reads the same max and sum.
-  if (ty == 0) {
+  for (int w = 16; w >= KF_TX; w >>= 1) {
 #pragma unroll
     for (int k = 0; k < KF_VEC; ++k) {
-      const int c = tx * KF_VEC + k;
-      float mm = KF_NEG_INF;
-      bool bad = false;
-      for (int j = 0; j < KF_SPLIT; ++j) {
-        const float pm = sm_max[j][c];
-        bad |= pm != pm;
-        mm = fmaxf(mm, pm);
-      }
-      kf_acc ss = 0;
-      if (!bad && mm != KF_NEG_INF) {
-        for (int j = 0; j < KF_SPLIT; ++j) {
-          const float pm = sm_max[j][c];
-          if (pm != KF_NEG_INF) ss += sm_sum[j][c] * (kf_acc)expf(pm - mm);
-        }
-      }
-      sm_max[0][c] = bad ? __int_as_float(0x7fffffff) : mm;
-      sm_sum[0][c] = ss;
+      const float om = __shfl_xor_sync(0xffffffffu, m[k], w);
+      const kf_acc os = __shfl_xor_sync(0xffffffffu, s[k], w);
+      kf_merge(m[k], s[k], om, os);
+    }
+  }
+  const int part = ty / KF_W;
+  const bool lead = ty % KF_W == 0;
+  if (lead) {
+#pragma unroll
+    for (int k = 0; k < KF_VEC; ++k) {
+      sm_max[part][tx * KF_VEC + k] = m[k];
+      sm_sum[part][tx * KF_VEC + k] = s[k];
     }
   }
   __syncthreads();
+#pragma unroll 1
+  for (int st = KF_PARTS / 2; st > 0; st >>= 1) {
+    if (lead && part < st) {
+#pragma unroll
+      for (int k = 0; k < KF_VEC; ++k) {
+        const int c = tx * KF_VEC + k;
+        kf_merge(m[k], s[k], sm_max[part + st][c], sm_sum[part + st][c]);
+        sm_max[part][c] = m[k];
+        sm_sum[part][c] = s[k];
+      }
+    }
+    __syncthreads();
+  }
 #pragma unroll
   for (int k = 0; k < KF_VEC; ++k) {
     m[k] = sm_max[0][tx * KF_VEC + k];
@@ -146,11 +186,15 @@ kf_dim_softmax(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 len, kf_
     r[k] = nan ? __int_as_float(0x7fffffff) : (m[k] == KF_NEG_INF ? 0.0f : (float)((kf_acc)1 / s[k]));
 #endif
   }
+  // The thread reads back only what it copied itself: no barrier is needed for the copy.
   kf_i64 l = ty;
   for (; l + (KF_U - 1) * KF_SPLIT < len; l += KF_U * KF_SPLIT) {
     float v[KF_U][KF_VEC];
 #pragma unroll
-    for (int u = 0; u < KF_U; ++u) kf_load<KF_VEC>(x + base + (l + u * KF_SPLIT) * inner, 0, v[u]);
+    for (int u = 0; u < KF_U; ++u) {
+      if (kc != nullptr) kf_load<KF_VEC>(kc + (l + u * KF_SPLIT) * KF_TILE, 0, v[u]);
+      else kf_load<KF_VEC>(x + base + (l + u * KF_SPLIT) * inner, 0, v[u]);
+    }
 #pragma unroll
     for (int u = 0; u < KF_U; ++u) {
       kf_normalize(v[u], m, r);
@@ -159,7 +203,8 @@ kf_dim_softmax(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 len, kf_
   }
   for (; l < len; l += KF_SPLIT) {
     float v[KF_VEC];
-    kf_load<KF_VEC>(x + base + l * inner, 0, v);
+    if (kc != nullptr) kf_load<KF_VEC>(kc + l * KF_TILE, 0, v);
+    else kf_load<KF_VEC>(x + base + l * inner, 0, v);
     kf_normalize(v, m, r);
     kf_store<KF_VEC>(y + base + l * inner, 0, v);
   }
@@ -233,49 +278,107 @@ int64_t softmax_dim(const OpSignature& sig, Softmax kind, Backend backend) {
 
 // ---- CUDA ------------------------------------------------------------------------------------------
 
-// Note [Split columns]: the knobs are the block, how many threads share a column (split) and how
-// many neighbouring columns a thread takes in one access (vec). Few columns and long ones (a
-// softmax over the channels of a small batch, over 4096 positions of 64 x 512) leave one thread per
-// column with too little parallelism to cover the memory latency: splitting each column over
-// threads brings the whole GPU in, at the price of one combine in shared memory per block.
+// Note [Split columns]: the knobs are the block, how many threads share a column (split), how
+// many neighbouring columns a thread takes in one access (vec), and whether the second pass reads
+// a shared-memory copy (cache). Few columns and long ones (a softmax over the channels of a small
+// batch, over 4096 positions of 64 x 512) leave one thread per column with too little parallelism
+// to cover the memory latency: splitting each column over threads brings the whole GPU in, at the
+// price of one merge per block (Note [Column merge]).
+//
+// Note [Cached columns]
+// ~~~~~~~~~~~~~~~~~~~~~
+// Without `cache` every element is read twice: from L2 when the tensor fits there, else from
+// memory, a third more traffic than the read and the write a softmax needs (softmax over dim 1 of
+// [64, 4096, 512] bf16 moves 805 MB instead of 537). With `cache` the first pass also copies the
+// block's tile, len x tile elements, into dynamic shared memory, and the second reads the copy.
+// Tiles of 8 bf16 columns (16 bytes a row) and 4096 rows take 64 KiB: three blocks of 512 threads
+// per SM. A spec resolved for a longer len than the copy can hold streams instead (its `cached`
+// argument is 0, and it asks for no shared memory).
 class DimSoftmaxCuda final : public FamilyBase {
  public:
+  enum : size_t { kBlock, kSplit, kVec, kCache };
+
   explicit DimSoftmaxCuda(Softmax kind)
       : FamilyBase(softmax_family_name(kind, Backend::kCuda, "_dim"), Backend::kCuda,
-                   {Knob{"block", {64, 128, 256, 512}, {}}, Knob{"split", {1, 2, 4, 8, 16, 32}, {}},
-                    Knob{"vec", {1, 2, 4, 8}, {}}}),
+                   {Knob{"block", {64, 128, 256, 512}, {}}, Knob{"split", {1, 2, 4, 8, 16, 32, 64, 128, 256, 512}, {}},
+                    Knob{"vec", {1, 2, 4, 8}, {}}, Knob{"cache", {0, 1}, {}}}),
         kind_(kind) {}
 
   bool applies(const OpSignature& sig) const override { return softmax_dim(sig, kind_, Backend::kCuda) >= 0; }
 
   bool valid(const OpSignature& sig, std::span<const int64_t> v) const override {
     const DimSplit e = shape(sig);
-    const int64_t block = v[0], split = v[1], vec = v[2];
+    const int64_t block = v[kBlock], split = v[kSplit], vec = v[kVec];
+    if (split > block) return false;
     if (e.inner_size % vec != 0 || !vector_fits(sig, vec)) return false;
     if (split > std::max<int64_t>(1, pow2_ceil(e.len_size))) return false;   // threads with no element
     const int64_t tile = block / split * vec;
-    return tile <= std::max(vec, pow2_ceil(e.inner_size));   // no tile mostly past the last column
+    if (tile > std::max(vec, pow2_ceil(e.inner_size))) return false;   // no tile mostly past the last column
+    if (static_bytes(sig, v) > 48 * 1024) return false;
+    return v[kCache] == 0 || copy_bytes(sig, e, v) + static_bytes(sig, v) <= kCudaSharedBudget;
   }
 
   double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
-    // Columns of at least 8 elements per thread.
-    return split_columns_prior(sig, shape(sig), v, 1, 32, 8);
+    const DimSplit e = shape(sig);
+    const TensorMeta& x = *tensor_arg(sig, 0);
+    const int64_t esz = dtype_size_bytes(x.dtype);
+    // A tensor past about half of a Hopper's 50 MB L2 is read from memory twice without the copy.
+    const bool large = e.outer_size * e.len_size * e.inner_size * esz > (int64_t{24} << 20);
+    const bool copy_fits = e.len_size * 16 + 1024 <= kCudaSharedBudget / 2;
+    if (v[kCache] == 0) {
+      // Columns of at least 8 elements per thread.
+      return split_columns_prior(sig, e, v, 1, 32, 8) * (large && copy_fits ? 0.5 : 1.0);
+    }
+    const int64_t block = v[kBlock], split = v[kSplit], vec = v[kVec];
+    int64_t best_vec = 1;
+    for (int64_t w : {2, 4, 8}) {
+      if (e.inner_size % w == 0 && vector_fits(sig, w)) best_vec = w;
+    }
+    const int64_t tile = block / split * vec;
+    const int64_t per_block = copy_bytes(sig, e, v) + static_bytes(sig, v) + 1024;
+    const int64_t blocks_per_sm = std::max<int64_t>(1, std::min<int64_t>(2048 / block, (228 * 1024) / per_block));
+    const double resident = static_cast<double>(std::min<int64_t>(2048, blocks_per_sm * block));
+    const double per_thread = static_cast<double>(std::max<int64_t>(1, e.len_size / split));
+    return closeness(static_cast<double>(vec), static_cast<double>(best_vec), 0.5) * closeness(resident, 2048, 0.5) *
+           closeness(std::min<double>(static_cast<double>(tile * esz), 32), 32, 0.2) * closeness(per_thread, 16, 0.2) *
+           (large ? 1.0 : 0.6);
   }
 
   KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {
     const TensorMeta& x = *tensor_arg(sig, 0);
-    const DimSplit e = split_at_dim(x, softmax_dim(sig, kind_, Backend::kCuda));
-    std::vector<std::string> options = {dtype_define(x.dtype), define("KF_BLOCK", v[0]), define("KF_SPLIT", v[1]),
-                                        define("KF_VEC", v[2])};
+    const DimSplit e = shape(sig);
+    const bool cache = v[kCache] == 1;
+    std::vector<std::string> options = {dtype_define(x.dtype), define("KF_BLOCK", v[kBlock]), define("KF_SPLIT", v[kSplit]),
+                                        define("KF_VEC", v[kVec]), define("KF_CACHE", v[kCache])};
     for (std::string& d : softmax_kind_defines(kind_)) options.push_back(std::move(d));
     KernelSpec s = one_launch_spec(Backend::kCuda, std::string(kCudaPrelude) + kCudaDimSoftmax, "kf_dim_softmax", options);
     s.plan.outputs = {OutputSpec::like(0)};
-    split_columns_launch(e, v, s.plan.launches[0]);
+    Launch& l = s.plan.launches[0];
+    split_columns_launch(e, v, l);
+    // The copy's bytes, and whether it fits for the signature the spec is resolved for.
+    const int64_t tile_bytes = v[kBlock] / v[kSplit] * v[kVec] * dtype_size_bytes(x.dtype);
+    const std::string bytes = "(" + e.len + ") * " + std::to_string(tile_bytes);
+    const std::string fits =
+        cache ? "min(1, " + std::to_string(kCudaSharedBudget - static_bytes(sig, v)) + " / (" + bytes + "))" : "0";
+    if (cache) l.shared_mem_bytes = "(" + fits + ") * " + bytes;
+    l.args.push_back(ArgBinding::size(fits));
     return s;
   }
 
  private:
   DimSplit shape(const OpSignature& sig) const { return split_at_dim(*tensor_arg(sig, 0), softmax_dim(sig, kind_, Backend::kCuda)); }
+
+  // The kernel's static shared memory: KF_PARTS x KF_TILE maxima (float) and sums (kf_acc).
+  static int64_t static_bytes(const OpSignature& sig, std::span<const int64_t> v) {
+    const int64_t tx = v[kBlock] / v[kSplit], w = tx >= 32 ? 1 : 32 / tx;
+    const int64_t parts = std::max<int64_t>(1, v[kSplit] / w);
+    const int64_t acc = dtype_size_bytes(tensor_arg(sig, 0)->dtype) == 4 ? 8 : 4;
+    return parts * tx * v[kVec] * (4 + acc);
+  }
+  // The copy of a block's tile: len x tile elements.
+  static int64_t copy_bytes(const OpSignature& sig, const DimSplit& e, std::span<const int64_t> v) {
+    return e.len_size * (v[kBlock] / v[kSplit]) * v[kVec] * dtype_size_bytes(tensor_arg(sig, 0)->dtype);
+  }
 
   Softmax kind_;
 };

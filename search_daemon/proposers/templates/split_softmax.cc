@@ -208,9 +208,7 @@ kf_split_write(const kf_t* __restrict__ x, kf_t* __restrict__ y, const double* _
 }
 )kf";
 
-// The most dynamic shared memory a chunk's copy may take: an sm_90 block can have 227 KiB, less
-// the kernels' static reductions.
-constexpr int64_t kSharedBudget = 224 * 1024;
+constexpr int64_t kSharedBudget = kCudaSharedBudget;
 // At least a block for every SM of a 132-SM Hopper (H100, H200).
 constexpr int64_t kTargetBlocks = 132;
 // Shorter rows are row_softmax.cc's.

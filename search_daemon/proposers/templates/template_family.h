@@ -102,6 +102,9 @@ int64_t row_offset_granule(const TensorMeta& t);
 std::optional<bool> contiguous_or_channels_last(const TensorMeta* t, Backend backend);
 // The most channels a CPU channels-last kernel keeps per-channel values for on its stack.
 constexpr int64_t kMaxCpuChannelsOnStack = 4096;
+// The most dynamic shared memory a CUDA family's copy of its data may take: an sm_90 block can have
+// 227 KiB, less the kernels' static reductions.
+constexpr int64_t kCudaSharedBudget = 224 * 1024;
 // [N, C, OH, OW] of dtype `t` (N and C argument 0's), contiguous or channels-last.
 OutputSpec image_output(DType t, int64_t oh, int64_t ow, bool channels_last);
 // The rows the CPU image kernels split into blocks: [N*C, OH] contiguous, or [N, OH] channels-last

@@ -923,12 +923,35 @@ TEST_CASE("templates: cumsum over a column cuts it into segments over a block's 
   const TemplateConfig best = *std::max_element(space.begin(), space.end(), [&](const TemplateConfig& a, const TemplateConfig& b) {
     return t.prior(s, a.values) < t.prior(s, b.values);
   });
+  // 537 MB: the tile copied to shared memory (Note [Cached columns]), 8 columns of 4096 in 64 KiB,
+  // each column in 512 segments of 8.
   CHECK(knob(best, "vec") == 8);
-  CHECK(knob(best, "split") == 32);
+  CHECK(knob(best, "cache") == 1);
+  CHECK(knob(best, "split") == 512);
+  CHECK(knob(best, "block") == 512);
   const StatusOr<ResolvedLaunchPlan> r = t.instantiate(s, best.values).resolve(s);
   REQUIRE(r.ok());
-  const int64_t tile = knob(best, "block") / 32 * 8;
-  CHECK(r->launches.at(0).grid[0] == 64 * (512 / tile));
+  CHECK(r->launches.at(0).grid[0] == 64 * (512 / 8));
+  CHECK(r->launches.at(0).shared_mem_bytes == 4096 * 8 * 2);
+  CHECK(r->launches.at(0).args.back().int_value == 1);
+  // Without the copy: 16-byte accesses, 32 segments of 128.
+  const TemplateConfig streamed = *std::max_element(space.begin(), space.end(), [&](const TemplateConfig& a, const TemplateConfig& b) {
+    const double pa = knob(a, "cache") == 0 ? t.prior(s, a.values) : 0, pb = knob(b, "cache") == 0 ? t.prior(s, b.values) : 0;
+    return pa < pb;
+  });
+  CHECK(knob(streamed, "vec") == 8);
+  CHECK(knob(streamed, "split") == 32);
+  const StatusOr<ResolvedLaunchPlan> rs = t.instantiate(s, streamed.values).resolve(s);
+  REQUIRE(rs.ok());
+  CHECK(rs->launches.at(0).shared_mem_bytes == 0);
+  CHECK(rs->launches.at(0).args.back().int_value == 0);
+  // Every configuration's copy and warp totals fit a block's shared memory.
+  for (const TemplateConfig& c : space) {
+    CHECK(knob(c, "split") <= knob(c, "block"));
+    const StatusOr<ResolvedLaunchPlan> p = t.instantiate(s, c.values).resolve(s);
+    REQUIRE(p.ok());
+    CHECK(p->launches.at(0).shared_mem_bytes <= 224 * 1024);
+  }
   // Segments only where every thread has one; vectors only where the columns allow them.
   for (const TemplateConfig& c : enumerate_space(cumsum(G, DType::kFloat32, {2, 5, 33}, 1), t)) {
     CHECK(knob(c, "split") <= 5);
@@ -1945,8 +1968,8 @@ TEST_CASE("templates: CUDA instances of every family pass the worker's verificat
     if (d != DType::kFloat16 || B == Backend::kCpu) {   // Note [float16 cumsum on CUDA] in scan.cc
       plan(cumsum(B, d, {7, 1001}, -1), 1, 1);
       plan(cumsum(B, d, {2, 300, 33}, 1), 1, 1);
-      // Note [Split scan]: each split and each vector width at its best block, on columns of odd
-      // and even counts, a partial tile, segments that do not divide len.
+      // Note [Split scan]: each split and each vector width at its best block, with and without
+      // the copy, on columns of odd and even counts, a partial tile, segments that do not divide len.
       for (OpSignature s : {cumsum(B, d, {2, 1001, 64}, 1), cumsum(B, d, {3, 77, 5, 24}, 1), cumsum(B, d, {2, 100, 33}, 1)}) {
         s.target.arch = arch;
         const KernelTemplate& t = *find_template("cumsum_split");
@@ -1954,6 +1977,13 @@ TEST_CASE("templates: CUDA instances of every family pass the worker's verificat
         for (const TemplateConfig& c : enumerate_space(s, t)) {
           for (const char* k : {"split", "vec"}) {
             auto [it, fresh] = best.emplace(std::pair<std::string, int64_t>{k, knob(c, k)}, c);
+            if (!fresh && t.prior(s, c.values) > t.prior(s, it->second.values)) it->second = c;
+          }
+          // The copy (Note [Cached columns]) with segments merged within a warp only, over warps,
+          // and over shared memory.
+          if (knob(c, "cache") == 1) {
+            const int64_t split = knob(c, "split"), cls = split >= 64 ? 64 : split >= 8 ? 8 : 2;
+            auto [it, fresh] = best.emplace(std::pair<std::string, int64_t>{"cached split", cls}, c);
             if (!fresh && t.prior(s, c.values) > t.prior(s, it->second.values)) it->second = c;
           }
         }

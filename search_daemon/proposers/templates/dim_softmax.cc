@@ -315,39 +315,24 @@ class DimSoftmaxCuda final : public FamilyBase {
     const int64_t tile = block / split * vec;
     if (tile > std::max(vec, pow2_ceil(e.inner_size))) return false;   // no tile mostly past the last column
     if (static_bytes(sig, v) > 48 * 1024) return false;
-    return v[kCache] == 0 || copy_bytes(sig, e, v) + static_bytes(sig, v) <= kCudaSharedBudget;
+    return v[kCache] == 0 || column_copy_bytes(sig, e, v) + static_bytes(sig, v) <= kCudaSharedBudget;
   }
 
   double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
     const DimSplit e = shape(sig);
-    const TensorMeta& x = *tensor_arg(sig, 0);
-    const int64_t esz = dtype_size_bytes(x.dtype);
-    // A tensor past about half of a Hopper's 50 MB L2 is read from memory twice without the copy.
-    const bool large = e.outer_size * e.len_size * e.inner_size * esz > (int64_t{24} << 20);
-    const bool copy_fits = e.len_size * 16 + 1024 <= kCudaSharedBudget / 2;
+    const bool large = columns_past_l2(sig, e);
     if (v[kCache] == 0) {
-      // Columns of at least 8 elements per thread.
+      // Columns of at least 8 elements per thread; the copy, where it fits, saves a large tensor's
+      // second read from memory.
+      const bool copy_fits = e.len_size * 16 + 1024 <= kCudaSharedBudget / 2;
       return split_columns_prior(sig, e, v, 1, 32, 8) * (large && copy_fits ? 0.5 : 1.0);
     }
-    const int64_t block = v[kBlock], split = v[kSplit], vec = v[kVec];
-    int64_t best_vec = 1;
-    for (int64_t w : {2, 4, 8}) {
-      if (e.inner_size % w == 0 && vector_fits(sig, w)) best_vec = w;
-    }
-    const int64_t tile = block / split * vec;
-    const int64_t per_block = copy_bytes(sig, e, v) + static_bytes(sig, v) + 1024;
-    const int64_t blocks_per_sm = std::max<int64_t>(1, std::min<int64_t>(2048 / block, (228 * 1024) / per_block));
-    const double resident = static_cast<double>(std::min<int64_t>(2048, blocks_per_sm * block));
-    const double per_thread = static_cast<double>(std::max<int64_t>(1, e.len_size / split));
-    return closeness(static_cast<double>(vec), static_cast<double>(best_vec), 0.5) * closeness(resident, 2048, 0.5) *
-           closeness(std::min<double>(static_cast<double>(tile * esz), 32), 32, 0.2) * closeness(per_thread, 16, 0.2) *
-           (large ? 1.0 : 0.6);
+    return cached_columns_prior(sig, e, v, static_bytes(sig, v), 16) * (large ? 1.0 : 0.6);
   }
 
   KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {
     const TensorMeta& x = *tensor_arg(sig, 0);
     const DimSplit e = shape(sig);
-    const bool cache = v[kCache] == 1;
     std::vector<std::string> options = {dtype_define(x.dtype), define("KF_BLOCK", v[kBlock]), define("KF_SPLIT", v[kSplit]),
                                         define("KF_VEC", v[kVec]), define("KF_CACHE", v[kCache])};
     for (std::string& d : softmax_kind_defines(kind_)) options.push_back(std::move(d));
@@ -355,13 +340,7 @@ class DimSoftmaxCuda final : public FamilyBase {
     s.plan.outputs = {OutputSpec::like(0)};
     Launch& l = s.plan.launches[0];
     split_columns_launch(e, v, l);
-    // The copy's bytes, and whether it fits for the signature the spec is resolved for.
-    const int64_t tile_bytes = v[kBlock] / v[kSplit] * v[kVec] * dtype_size_bytes(x.dtype);
-    const std::string bytes = "(" + e.len + ") * " + std::to_string(tile_bytes);
-    const std::string fits =
-        cache ? "min(1, " + std::to_string(kCudaSharedBudget - static_bytes(sig, v)) + " / (" + bytes + "))" : "0";
-    if (cache) l.shared_mem_bytes = "(" + fits + ") * " + bytes;
-    l.args.push_back(ArgBinding::size(fits));
+    cached_columns_launch(sig, e, v, static_bytes(sig, v), l);
     return s;
   }
 
@@ -370,14 +349,7 @@ class DimSoftmaxCuda final : public FamilyBase {
 
   // The kernel's static shared memory: KF_PARTS x KF_TILE maxima (float) and sums (kf_acc).
   static int64_t static_bytes(const OpSignature& sig, std::span<const int64_t> v) {
-    const int64_t tx = v[kBlock] / v[kSplit], w = tx >= 32 ? 1 : 32 / tx;
-    const int64_t parts = std::max<int64_t>(1, v[kSplit] / w);
-    const int64_t acc = dtype_size_bytes(tensor_arg(sig, 0)->dtype) == 4 ? 8 : 4;
-    return parts * tx * v[kVec] * (4 + acc);
-  }
-  // The copy of a block's tile: len x tile elements.
-  static int64_t copy_bytes(const OpSignature& sig, const DimSplit& e, std::span<const int64_t> v) {
-    return e.len_size * (v[kBlock] / v[kSplit]) * v[kVec] * dtype_size_bytes(tensor_arg(sig, 0)->dtype);
+    return column_parts_bytes(v, 4 + (dtype_size_bytes(tensor_arg(sig, 0)->dtype) == 4 ? 8 : 4));
   }
 
   Softmax kind_;

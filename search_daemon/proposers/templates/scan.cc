@@ -47,25 +47,45 @@ kf_cumsum(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 columns, kf_i
 // each waiting on 4096 dependent loads: a quarter of what the GPU needs in flight. cumsum_split
 // gives a block a tile of KF_TX * KF_VEC neighbouring columns (thread x: KF_VEC of them, one
 // access) and cuts each column's len elements into KF_SPLIT segments (thread y: segment y). A
-// thread sums its segment, the block adds up the segments before each one in shared memory, and
-// the thread walks its segment again from that offset, writing each prefix rounded on its own:
-// two reads and one write of memory, every load of a segment independent of the sums, so KF_U of
-// them go out together. The prefixes are sums in kf_acc in another order than the one-thread
-// walk (segment sums, then the running sum), as accurate.
+// thread sums its segment; the segment sums before each one are added up by a scan (shuffles
+// between a warp's threads of a column, then the warps' totals in shared memory); the thread walks
+// its segment again from that offset, writing each prefix rounded on its own. Every load of a
+// segment is independent of the sums, so KF_U of them go out together. Without `cache` that is two
+// reads and one write of memory; with it (Note [Cached columns] in dim_softmax.cc) the first walk
+// copies the tile into shared memory and the second reads the copy: one read and one write. The
+// prefixes are sums in kf_acc in another order than the one-thread walk (segment sums, then the
+// running sum), as accurate.
 const char* const kCudaCumsumSplit = R"kf(
 #define KF_TX (KF_BLOCK / KF_SPLIT)
 #define KF_TILE (KF_TX * KF_VEC)
 #define KF_U (16 / KF_VEC > 2 ? 16 / KF_VEC : 2)   // accesses in flight per thread
-// Adds the elements l0..l1-1 of the thread's KF_VEC columns to s, KF_U accesses at a time; with
-// WRITE, stores each prefix (rounded on its own) at its element in y.
+// A warp's threads of one column (lanes KF_TX apart) scan by shuffles; KF_PARTS warp totals per
+// column then go through shared memory.
+#define KF_W (KF_TX >= 32 ? 1 : 32 / KF_TX)
+#define KF_PARTS (KF_SPLIT / KF_W)
+#if KF_CACHE
+extern __shared__ __align__(16) unsigned char kf_smem[];
+#endif
+// One vector of the thread's columns, element i (in vectors) of xs, its raw bits also put at
+// element ci of cs when cs is not null.
+__device__ __forceinline__ void kf_take(const kf_t* __restrict__ xs, kf_i64 i, kf_t* cs, kf_i64 ci, float (&v)[KF_VEC]) {
+  const kf_vec<KF_VEC> r = reinterpret_cast<const kf_vec<KF_VEC>*>(xs)[i];
+  if (cs != nullptr) reinterpret_cast<kf_vec<KF_VEC>*>(cs)[ci] = r;
+#pragma unroll
+  for (int k = 0; k < KF_VEC; ++k) v[k] = kf_to_float(r.v[k]);
+}
+// Adds the elements l0..l1-1 of the thread's KF_VEC columns (xs, xstep vectors apart) to s,
+// KF_U accesses at a time. With WRITE, stores each prefix (rounded on its own) at its element of
+// ys (ystep apart); without, ys is the copy the elements go to, or null.
 template <bool WRITE>
-__device__ __forceinline__ void kf_walk(const kf_t* __restrict__ xs, kf_t* __restrict__ ys, kf_i64 l0, kf_i64 l1,
-                                        kf_i64 step, kf_acc (&s)[KF_VEC]) {
+__device__ __forceinline__ void kf_walk(const kf_t* __restrict__ xs, kf_i64 xstep, kf_t* ys, kf_i64 ystep, kf_i64 l0,
+                                        kf_i64 l1, kf_acc (&s)[KF_VEC]) {
+  kf_t* const copy = WRITE ? nullptr : ys;
   kf_i64 l = l0;
   for (; l + KF_U <= l1; l += KF_U) {
     float v[KF_U][KF_VEC];
 #pragma unroll
-    for (int u = 0; u < KF_U; ++u) kf_load<KF_VEC>(xs, (l + u) * step, v[u]);
+    for (int u = 0; u < KF_U; ++u) kf_take(xs, (l + u) * xstep, copy, (l + u) * ystep, v[u]);
 #pragma unroll
     for (int u = 0; u < KF_U; ++u) {
 #pragma unroll
@@ -73,24 +93,24 @@ __device__ __forceinline__ void kf_walk(const kf_t* __restrict__ xs, kf_t* __res
         s[k] += (kf_acc)v[u][k];
         v[u][k] = (float)s[k];
       }
-      if constexpr (WRITE) kf_store<KF_VEC>(ys, (l + u) * step, v[u]);
+      if constexpr (WRITE) kf_store<KF_VEC>(ys, (l + u) * ystep, v[u]);
     }
   }
   for (; l < l1; ++l) {
     float v[KF_VEC];
-    kf_load<KF_VEC>(xs, l * step, v);
+    kf_take(xs, l * xstep, copy, l * ystep, v);
 #pragma unroll
     for (int k = 0; k < KF_VEC; ++k) {
       s[k] += (kf_acc)v[k];
       v[k] = (float)s[k];
     }
-    if constexpr (WRITE) kf_store<KF_VEC>(ys, l * step, v);
+    if constexpr (WRITE) kf_store<KF_VEC>(ys, l * ystep, v);
   }
 }
 extern "C" __global__ void __launch_bounds__(KF_BLOCK)
-kf_cumsum_split(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 len, kf_i64 inner, kf_i64 tiles) {
-  __shared__ kf_acc part[KF_SPLIT][KF_TILE];
-  const int tx = threadIdx.x % KF_TX, ty = threadIdx.x / KF_TX;
+kf_cumsum_split(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 len, kf_i64 inner, kf_i64 tiles, kf_i64 cached) {
+  __shared__ kf_acc part[KF_PARTS][KF_TILE];
+  const int tx = threadIdx.x % KF_TX, ty = threadIdx.x / KF_TX, lane = threadIdx.x % 32;
   const kf_i64 o = blockIdx.x / tiles;
   const kf_i64 c0 = (blockIdx.x - o * tiles) * KF_TILE + (kf_i64)tx * KF_VEC;   // inner % KF_VEC == 0
   const bool live = c0 < inner;
@@ -101,20 +121,46 @@ kf_cumsum_split(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 len, kf
   const kf_t* __restrict__ xs = x + base;
   kf_t* __restrict__ ys = y + base;
   const kf_i64 step = inner / KF_VEC;   // vectors from one element of the column to the next
+#if KF_CACHE
+  // The copy: a row of KF_TILE elements per element of the columns (KF_TX vectors apart).
+  kf_t* const kc = cached != 0 ? reinterpret_cast<kf_t*>(kf_smem) + tx * KF_VEC : nullptr;
+#else
+  kf_t* const kc = nullptr;
+#endif
   kf_acc s[KF_VEC];
 #pragma unroll
   for (int k = 0; k < KF_VEC; ++k) s[k] = 0;
-  if (live) kf_walk<false>(xs, ys, l0, l1, step, s);   // the segment's sum
+  if (live) kf_walk<false>(xs, step, kc, KF_TX, l0, l1, s);   // the segment's sum (and the copy)
+  // The sums of the segments before the thread's: an inclusive scan over the warp's threads of the
+  // column, the warp totals of the warps before, and the inclusive scan one thread back.
+  kf_acc incl[KF_VEC];
 #pragma unroll
-  for (int k = 0; k < KF_VEC; ++k) part[ty][tx * KF_VEC + k] = s[k];
+  for (int k = 0; k < KF_VEC; ++k) incl[k] = s[k];
+#pragma unroll
+  for (int w = KF_TX; w < 32; w <<= 1) {
+#pragma unroll
+    for (int k = 0; k < KF_VEC; ++k) {
+      const kf_acc up = __shfl_up_sync(0xffffffffu, incl[k], w);
+      if (lane >= w) incl[k] += up;
+    }
+  }
+  const int wpart = ty / KF_W;
+  if (ty % KF_W == KF_W - 1) {
+#pragma unroll
+    for (int k = 0; k < KF_VEC; ++k) part[wpart][tx * KF_VEC + k] = incl[k];
+  }
   __syncthreads();
 #pragma unroll
-  for (int k = 0; k < KF_VEC; ++k) s[k] = 0;
-  for (int q = 0; q < ty; ++q) {
-#pragma unroll
-    for (int k = 0; k < KF_VEC; ++k) s[k] += part[q][tx * KF_VEC + k];
+  for (int k = 0; k < KF_VEC; ++k) {
+    kf_acc before = 0;
+    for (int q = 0; q < wpart; ++q) before += part[q][tx * KF_VEC + k];
+    kf_acc excl = KF_TX < 32 ? __shfl_up_sync(0xffffffffu, incl[k], KF_TX < 32 ? KF_TX : 1) : (kf_acc)0;
+    if (ty % KF_W == 0) excl = 0;
+    s[k] = before + excl;
   }
-  if (live) kf_walk<true>(xs, ys, l0, l1, step, s);   // from the segments before it, the prefixes
+  if (!live) return;
+  if (kc != nullptr) kf_walk<true>(kc, KF_TX, ys, step, l0, l1, s);   // from the copy, the prefixes
+  else kf_walk<true>(xs, step, ys, step, l0, l1, s);
 }
 )kf";
 
@@ -191,13 +237,16 @@ class CumsumCuda final : public FamilyBase {
   }
 };
 
-// Note [Split scan]: columns (inner > 1) in tiles, each column in segments.
+// Note [Split scan]: columns (inner > 1) in tiles, each column in segments, the tile copied to
+// shared memory or not.
 class CumsumSplitCuda final : public FamilyBase {
  public:
+  enum : size_t { kBlock, kSplit, kVec, kCache };
+
   CumsumSplitCuda()
       : FamilyBase("cumsum_split", Backend::kCuda,
-                   {Knob{"block", {64, 128, 256, 512}, {}}, Knob{"split", {2, 4, 8, 16, 32, 64}, {}},
-                    Knob{"vec", {1, 2, 4, 8}, {}}}) {}
+                   {Knob{"block", {64, 128, 256, 512}, {}}, Knob{"split", {2, 4, 8, 16, 32, 64, 128, 256, 512}, {}},
+                    Knob{"vec", {1, 2, 4, 8}, {}}, Knob{"cache", {0, 1}, {}}}) {}
 
   bool applies(const OpSignature& sig) const override {
     // Note [float16 cumsum on CUDA]
@@ -207,30 +256,46 @@ class CumsumSplitCuda final : public FamilyBase {
 
   bool valid(const OpSignature& sig, std::span<const int64_t> v) const override {
     const DimSplit e = shape(sig);
-    const int64_t block = v[0], split = v[1], vec = v[2];
+    const int64_t block = v[kBlock], split = v[kSplit], vec = v[kVec];
+    if (split > block) return false;
     if (e.inner_size % vec != 0 || !vector_fits(sig, vec)) return false;
-    if (split > e.len_size) return false;                                     // threads with no segment
-    return block / split * vec <= std::max(vec, pow2_ceil(e.inner_size));     // no tile mostly past the last column
+    if (split > e.len_size) return false;                                          // threads with no segment
+    if (block / split * vec > std::max(vec, pow2_ceil(e.inner_size))) return false;   // no tile mostly past the last column
+    if (static_bytes(sig, v) > 48 * 1024) return false;
+    return v[kCache] == 0 || column_copy_bytes(sig, e, v) + static_bytes(sig, v) <= kCudaSharedBudget;
   }
 
   double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
-    // At least two segments, of at least 16 elements.
-    return split_columns_prior(sig, shape(sig), v, 2, 64, 16);
+    const DimSplit e = shape(sig);
+    const bool large = columns_past_l2(sig, e);
+    if (v[kCache] == 0) {
+      // At least two segments, of at least 16 elements; the copy, where it fits, saves a large
+      // tensor's second read from memory.
+      const bool copy_fits = e.len_size * 16 + 1024 <= kCudaSharedBudget / 2;
+      return split_columns_prior(sig, e, v, 2, 64, 16) * (large && copy_fits ? 0.5 : 1.0);
+    }
+    return cached_columns_prior(sig, e, v, static_bytes(sig, v), 16) * (large ? 1.0 : 0.6);
   }
 
   KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {
     const TensorMeta& x = *tensor_arg(sig, 0);
-    const DimSplit e = split_at_dim(x, cumsum_dim(sig, Backend::kCuda));
+    const DimSplit e = shape(sig);
     KernelSpec s = one_launch_spec(Backend::kCuda, std::string(kCudaPrelude) + kCudaCumsumSplit, "kf_cumsum_split",
-                                   {dtype_define(x.dtype), define("KF_BLOCK", v[0]), define("KF_SPLIT", v[1]),
-                                    define("KF_VEC", v[2])});
+                                   {dtype_define(x.dtype), define("KF_BLOCK", v[kBlock]), define("KF_SPLIT", v[kSplit]),
+                                    define("KF_VEC", v[kVec]), define("KF_CACHE", v[kCache])});
     s.plan.outputs = {OutputSpec::like(0)};
-    split_columns_launch(e, v, s.plan.launches[0]);
+    Launch& l = s.plan.launches[0];
+    split_columns_launch(e, v, l);
+    cached_columns_launch(sig, e, v, static_bytes(sig, v), l);
     return s;
   }
 
  private:
   static DimSplit shape(const OpSignature& sig) { return split_at_dim(*tensor_arg(sig, 0), cumsum_dim(sig, Backend::kCuda)); }
+  // The kernel's static shared memory: KF_PARTS x KF_TILE warp totals (kf_acc).
+  static int64_t static_bytes(const OpSignature& sig, std::span<const int64_t> v) {
+    return column_parts_bytes(v, dtype_size_bytes(tensor_arg(sig, 0)->dtype) == 4 ? 8 : 4);
+  }
 };
 
 // ---- CPU -------------------------------------------------------------------------------------------

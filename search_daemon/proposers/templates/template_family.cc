@@ -201,6 +201,48 @@ void split_columns_launch(const DimSplit& e, std::span<const int64_t> v, Launch&
             ArgBinding::size(tiles)};
 }
 
+int64_t column_copy_bytes(const OpSignature& sig, const DimSplit& e, std::span<const int64_t> v) {
+  return e.len_size * (v[0] / v[1]) * v[2] * dtype_size_bytes(tensor_arg(sig, 0)->dtype);
+}
+
+bool columns_past_l2(const OpSignature& sig, const DimSplit& e) {
+  return e.outer_size * e.len_size * e.inner_size * dtype_size_bytes(tensor_arg(sig, 0)->dtype) > (int64_t{24} << 20);
+}
+
+double cached_columns_prior(const OpSignature& sig, const DimSplit& e, std::span<const int64_t> v, int64_t static_bytes,
+                            int64_t per_thread) {
+  const int64_t block = v[0], split = v[1], vec = v[2];
+  const int64_t esz = dtype_size_bytes(tensor_arg(sig, 0)->dtype);
+  int64_t best_vec = 1;
+  for (int64_t w : {2, 4, 8}) {
+    if (e.inner_size % w == 0 && vector_fits(sig, w)) best_vec = w;
+  }
+  const int64_t tile = block / split * vec;
+  const int64_t per_block = column_copy_bytes(sig, e, v) + static_bytes + 1024;
+  const int64_t blocks_per_sm = std::max<int64_t>(1, std::min<int64_t>(2048 / block, (228 * 1024) / per_block));
+  const double resident = static_cast<double>(std::min<int64_t>(2048, blocks_per_sm * block));
+  const double elements = static_cast<double>(std::max<int64_t>(1, e.len_size / split));
+  return closeness(static_cast<double>(vec), static_cast<double>(best_vec), 0.5) * closeness(resident, 2048, 0.5) *
+         closeness(std::min<double>(static_cast<double>(tile * esz), 32), 32, 0.2) *
+         closeness(elements, static_cast<double>(per_thread), 0.2);
+}
+
+void cached_columns_launch(const OpSignature& sig, const DimSplit& e, std::span<const int64_t> v, int64_t static_bytes,
+                           Launch& l) {
+  const bool cache = v[3] == 1;
+  const int64_t tile_bytes = v[0] / v[1] * v[2] * dtype_size_bytes(tensor_arg(sig, 0)->dtype);
+  const std::string bytes = "(" + e.len + ") * " + std::to_string(tile_bytes);
+  const std::string fits =
+      cache ? "min(1, " + std::to_string(kCudaSharedBudget - static_bytes) + " / (" + bytes + "))" : "0";
+  if (cache) l.shared_mem_bytes = "(" + fits + ") * " + bytes;
+  l.args.push_back(ArgBinding::size(fits));
+}
+
+int64_t column_parts_bytes(std::span<const int64_t> v, int64_t entry_bytes) {
+  const int64_t tx = v[0] / v[1], w = tx >= 32 ? 1 : 32 / tx;
+  return std::max<int64_t>(1, v[1] / w) * tx * v[2] * entry_bytes;
+}
+
 bool vector_fits(const OpSignature& sig, int64_t vec) {
   for (const Arg& a : sig.args) {
     const auto* t = std::get_if<TensorMeta>(&a.value);

@@ -137,6 +137,26 @@ DimSplit split_at_dim(const TensorMeta& t, int64_t dim);
 // grid outer * tiles, block, and the size arguments (len, inner, tiles) after x and y.
 double split_columns_prior(const OpSignature& sig, const DimSplit& e, std::span<const int64_t> v, int64_t min_split,
                            int64_t max_split, int64_t min_per_thread);
+// The same kernels with a copy of the block's tile (len x tile elements) in dynamic shared memory
+// (Note [Cached columns] in dim_softmax.cc), knobs v = {block, split, vec, cache}:
+// - column_copy_bytes: the copy's bytes for the signature;
+// - columns_past_l2: whether the tensor is past about half of a Hopper's 50 MB L2, so that a
+//   second pass without the copy reads memory again;
+// - cached_columns_prior: the widest access, resident threads per SM (the copy and the kernel's
+//   static shared memory limit the blocks an SM holds), rows of the tile of at least 32 bytes, about
+//   `per_thread` elements of a column per thread;
+// - cached_columns_launch: after split_columns_launch, the copy's dynamic shared memory and a last
+//   size argument, 1 when the copy fits the signature the spec is resolved for (else 0: the kernel
+//   streams, with no shared memory asked).
+int64_t column_copy_bytes(const OpSignature& sig, const DimSplit& e, std::span<const int64_t> v);
+bool columns_past_l2(const OpSignature& sig, const DimSplit& e);
+double cached_columns_prior(const OpSignature& sig, const DimSplit& e, std::span<const int64_t> v, int64_t static_bytes,
+                            int64_t per_thread);
+void cached_columns_launch(const OpSignature& sig, const DimSplit& e, std::span<const int64_t> v, int64_t static_bytes,
+                           Launch& l);
+// A warp's threads of one column in those kernels (lanes block / split apart) share their partials
+// by shuffles; the static shared memory of KF_PARTS x tile entries of `entry_bytes` each.
+int64_t column_parts_bytes(std::span<const int64_t> v, int64_t entry_bytes);
 void split_columns_launch(const DimSplit& e, std::span<const int64_t> v, Launch& l);
 // Whether a vector access of `vec` elements is allowed for every tensor argument of `sig`: the
 // vector is at most 16 bytes and every tensor's pointer alignment is a multiple of it. (Outputs

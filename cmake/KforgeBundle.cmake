@@ -11,3 +11,28 @@ add_custom_target(bundle
   COMMENT "Building the relocatable bundle ${KFORGE_BUNDLE_TARBALL}"
   VERBATIM)
 install(FILES README.md docs/ARCHITECTURE.md docs/REFERENCE.md docs/BENCHMARKS.md DESTINATION share/kforge/doc)
+
+# `cmake --install` copies what is built and builds nothing: without these dependencies a bundle
+# made after a source change ships the binaries of the last full build (the CUDA runs of stop 41
+# got a kforged without the template changes the bundle's test binary had). Called at the end of
+# the top-level CMakeLists.txt, once every directory's targets exist: the bundle depends on every
+# executable and shared or module library of the project.
+function(kforge_bundle_depends_on_everything)
+  set(dirs "${PROJECT_SOURCE_DIR}")
+  set(built "")
+  while(dirs)
+    list(POP_FRONT dirs dir)
+    get_property(targets DIRECTORY "${dir}" PROPERTY BUILDSYSTEM_TARGETS)
+    foreach(t IN LISTS targets)
+      get_target_property(type ${t} TYPE)
+      if(type STREQUAL "EXECUTABLE" OR type STREQUAL "SHARED_LIBRARY" OR type STREQUAL "MODULE_LIBRARY")
+        list(APPEND built ${t})
+      endif()
+    endforeach()
+    get_property(subdirs DIRECTORY "${dir}" PROPERTY SUBDIRECTORIES)
+    list(APPEND dirs ${subdirs})
+  endwhile()
+  if(built)
+    add_dependencies(bundle ${built})
+  endif()
+endfunction()

@@ -596,7 +596,9 @@ def main():
     # tools/warm_command.cc), with this run's temporary paths left out.
     warm_md = tmp / "warm" / "report.md"
     if warm_md.exists():
-        pathlib.Path(f"{stem}-warm.md").write_text(warm_md.read_text().replace(str(tmp), "<tmp>"))
+        # No machine paths in a results file: the temporary directory, the interpreter, this tree.
+        text = warm_md.read_text().replace(str(tmp), "<tmp>").replace(sys.executable, "python3").replace(f"{ROOT}/", "")
+        pathlib.Path(f"{stem}-warm.md").write_text(text)
         print(f"wrote {stem}-warm.md")
     if not args.keep:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -94,6 +94,11 @@ def test_warm_export_import_then_run_without_daemon(build_dir, env, tmp_path):
     row = next(line for line in speed.splitlines() if "aten::_softmax(float32[16384,3]" in line)
     assert re.search(r"\*\*\d+ s\*\*", row), row
     assert re.search(r"warm: [0-9.]+ evaluations per minute", w.stdout), w.stdout
+    # The last run's kernels: the process's own ratio beside the worker's best.
+    kernels = md.split("## Kernels in the last run", 1)[1].split("## End to end", 1)[0]
+    assert "| in process | worker's best |" in kernels, kernels
+    row = next(line for line in kernels.splitlines() if "aten::_softmax(float32[16384,3]" in line)
+    assert re.search(r"\| [0-9.]+x \| [0-9.]+x \| `aten::_softmax", row), row
     png = (report / "best-speedup.png").read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10000
     print(f"warm took {time.monotonic() - t0:.0f} s")

@@ -15,7 +15,9 @@
 // evaluated part of the space is evaluated by the worker too). So strategies are compared on the
 // same real measurements, and many seeds cost no GPU time. A strategy's score after k evaluations is
 // the best speedup among its candidates that improve (verified, timed, significant, > 1), else 1
-// (PyTorch's own kernel). The table also gives the best of the whole evaluated space.
+// (PyTorch's own kernel). The table also gives the best of the whole evaluated space, and per
+// signature where an evaluation's wall time goes (median per phase: the worker's start, build,
+// verify, PyTorch's kernel alone, measure), the search's speed as issue 23 asks for it.
 //
 // Needs KFORGE_WORKER (default: beside this program, then ../search_daemon) and, where python3 has
 // no torch, KFORGE_PYTHON.
@@ -99,6 +101,13 @@ class Landscape {
     const eval::EvalResult r = w_.evaluate(j);
     Outcome o = outcome_of(r);
     ++evaluated_;
+    std::map<std::string, double> spent;   // a phase entered twice (measure) counts once, summed
+    for (const auto& [phase, ms] : w_.last_phase_ms()) {
+      spent[phase] += ms;
+      spent["total"] += ms;
+    }
+    for (const auto& [phase, ms] : spent) phase_ms_[phase].push_back(ms);
+    if (r.build_cached) ++build_cache_hits_;
     std::printf("    %-60s %-14s %s\n", label.c_str(), std::string(eval::eval_status_name(r.status)).c_str(),
                 r.status == eval::EvalStatus::kMeasured
                     ? (std::to_string(o.speedup) + "x" + (o.significant ? "" : " (noise)")).c_str()
@@ -108,6 +117,21 @@ class Landscape {
     return o;
   }
   size_t evaluated() const { return evaluated_; }
+  // Where an evaluation's time went: the median wall time of each phase (as the supervisor saw the
+  // worker's phase messages) and of the whole evaluation, over this signature's evaluations.
+  std::string phase_medians() const {
+    std::string s;
+    for (const char* p : {"start", "build", "verify", "baseline", "measure", "total"}) {
+      const auto it = phase_ms_.find(p);
+      if (it == phase_ms_.end() || it->second.empty()) continue;
+      std::vector<double> v = it->second;
+      std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%s%s %.0f", s.empty() ? "" : ", ", p, v[v.size() / 2]);
+      s += buf;
+    }
+    return s + " ms (" + std::to_string(build_cache_hits_) + " build cache hits)";
+  }
   double best() const {
     double b = 1;
     for (const auto& [id, o] : memo_) {
@@ -122,6 +146,8 @@ class Landscape {
   std::map<KernelId, Outcome> memo_;
   uint64_t next_ = 1;
   size_t evaluated_ = 0;
+  std::map<std::string, std::vector<double>> phase_ms_;
+  size_t build_cache_hits_ = 0;
 };
 
 // Best improving speedup after each evaluation (1 = PyTorch's kernel).
@@ -264,6 +290,7 @@ int main(int argc, char** argv) {
     }
     space_best[ns.name] = land.best();
     evaluated[ns.name] = land.evaluated();
+    std::printf("  evaluation time, median per phase: %s\n", land.phase_medians().c_str());
   }
   const double minutes = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 60;
 

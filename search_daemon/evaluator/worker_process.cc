@@ -280,6 +280,22 @@ EvalResult WorkerProcess::failure(const EvalJob& job, EvalStatus status, std::st
 }
 
 EvalResult WorkerProcess::evaluate(const EvalJob& job) {
+  phase_ms_.clear();
+  phase_ = "start";
+  phase_start_ = Clock::now();
+  EvalResult r = run_job(job);
+  enter_phase("");
+  return r;
+}
+
+void WorkerProcess::enter_phase(const std::string& next) {
+  const Clock::time_point now = Clock::now();
+  phase_ms_.emplace_back(phase_, std::chrono::duration<double, std::milli>(now - phase_start_).count());
+  phase_ = next;
+  phase_start_ = now;
+}
+
+EvalResult WorkerProcess::run_job(const EvalJob& job) {
   if (Status s = start(); !s.ok()) return failure(job, EvalStatus::kWorkerError, "cannot start the worker: " + s.message(), "start");
   const pid_t worker_pid = pid_;
 
@@ -321,6 +337,7 @@ EvalResult WorkerProcess::evaluate(const EvalJob& job) {
       }
       if (auto* p = std::get_if<JobPhase>(&*m)) {
         if (p->job_id != job.job_id) continue;
+        enter_phase(p->phase);
         phase = p->phase;
         budget = p->budget_ms;
         deadline = Clock::now() + std::chrono::milliseconds(static_cast<uint64_t>(budget) + options_.grace_ms);

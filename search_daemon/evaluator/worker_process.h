@@ -32,6 +32,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -117,12 +118,20 @@ class WorkerProcess {
   uint64_t starts() const noexcept { return starts_; }
   // What the running worker said when it started (nullopt when none is running).
   const std::optional<WorkerReady>& ready() const noexcept { return ready_; }
+  // The last evaluate()'s wall time per phase, as this side saw the worker's phase messages:
+  // "start" (until the first, a worker start included), then each phase the worker entered
+  // ("build", "verify", "baseline", "measure"), in order. Where an evaluation's time goes
+  // (bench_search prints the medians).
+  const std::vector<std::pair<std::string, double>>& last_phase_ms() const noexcept { return phase_ms_; }
 
  private:
   struct Channel;
   // Kills and reaps the worker; returns how it ended ("killed by SIGKILL", "exited with status 3").
   std::string stop(bool kill_first);
   EvalResult failure(const EvalJob& job, EvalStatus status, std::string message, std::string phase) const;
+  // evaluate() without the phase bookkeeping; enter_phase closes the running phase's time.
+  EvalResult run_job(const EvalJob& job);
+  void enter_phase(const std::string& next);
 
   WorkerOptions options_;
   std::unique_ptr<Channel> channel_;
@@ -130,6 +139,9 @@ class WorkerProcess {
   int alive_fd_ = -1;   // read end of the worker's life pipe: readable (EOF) once it is gone
   uint64_t starts_ = 0;
   std::optional<WorkerReady> ready_;
+  std::vector<std::pair<std::string, double>> phase_ms_;
+  std::string phase_;
+  std::chrono::steady_clock::time_point phase_start_;
 };
 
 }  // namespace kforge::eval

@@ -618,6 +618,15 @@ void check_passes(WorkerProcess& w, uint64_t id, const OpSignature& sig, const K
   CHECK(!r.artifact.empty());
   CHECK(r.environment.torch_version.size() > 0);
   CHECK(r.worker_pid > 0);
+  // Where the evaluation's time went: every phase the worker entered, in order, each timed.
+  std::vector<std::string> phases;
+  for (const auto& [phase, ms] : w.last_phase_ms()) {
+    phases.push_back(phase);
+    CHECK(ms >= 0);
+  }
+  // measure: the measurer's set-up, then PyTorch's kernel alone (Note [Whose fault is a death in
+  // measure]), then the timed pairs.
+  CHECK(phases == std::vector<std::string>{"start", "build", "verify", "measure", "baseline", "measure"});
 }
 
 void run_corpus(const std::string& device, const OpSignature& softmax, const OpSignature& layer_norm,

@@ -827,6 +827,33 @@ TEST_CASE("templates: long rows split over blocks, read once into shared memory,
     REQUIRE(r->scratch.size() == 1);
     CHECK(r->scratch[0].bytes == 8 * 32 * 16);   // a (max, sum) pair of doubles per chunk
   }
+  // Note [Split rows]: as a cluster (sm_90 on), a row's chunks merge through distributed shared
+  // memory in one launch, with no scratch buffer; at most 8 chunks a row.
+  {
+    const OpSignature s = softmax(G, DType::kBFloat16, {8, 262144});
+    std::set<int64_t> splits;
+    std::optional<TemplateConfig> top;
+    for (const TemplateConfig& c : enumerate_space(s, t)) {
+      if (knob(c, "cluster") != 1) continue;
+      splits.insert(knob(c, "split"));
+      if (knob(c, "cache") == 1 && (!top || t.prior(s, c.values) > t.prior(s, top->values))) top = c;
+    }
+    CHECK(splits == std::set<int64_t>{2, 4, 8});
+    REQUIRE(top.has_value());
+    CHECK(knob(*top, "split") == 8);
+    const KernelSpec spec = t.instantiate(s, top->values);
+    CHECK(spec.entry_points == std::vector<std::string>{"kf_split_cluster"});
+    const StatusOr<ResolvedLaunchPlan> r = spec.resolve(s);
+    REQUIRE(r.ok());
+    REQUIRE(r->launches.size() == 1);
+    CHECK(r->launches[0].grid[0] == 8 * 8);
+    CHECK(r->launches[0].shared_mem_bytes == 32768 * 2 + 32);   // the chunk's copy
+    CHECK(r->scratch.empty());
+    // Before sm_90 there are no clusters.
+    OpSignature ampere = s;
+    ampere.target.arch = "sm_80";
+    for (const TemplateConfig& c : enumerate_space(ampere, t)) CHECK(knob(c, "cluster") == 0);
+  }
   // GPT-2's logits: a row per block, the whole row in shared memory, one launch.
   {
     const OpSignature s = softmax(G, DType::kBFloat16, {4096, 50257});
@@ -848,7 +875,7 @@ TEST_CASE("templates: long rows split over blocks, read once into shared memory,
       if (knob(c, "cache") == 1) CHECK(knob(c, "split") >= 2);
     }
     const OpSignature shorter = softmax(G, DType::kFloat32, {2, 16384});
-    const std::vector<int64_t> v = {1, 1024, 4, 1};
+    const std::vector<int64_t> v = {1, 1024, 4, 1, 0, 64};
     REQUIRE(is_valid(t, shorter, v));
     const KernelSpec spec = t.instantiate(shorter, v);
     const StatusOr<ResolvedLaunchPlan> fits = spec.resolve(shorter);
@@ -1326,7 +1353,7 @@ TEST_CASE("templates: the CUDA families compile with NVRTC for sm_90 over their 
       std::vector<int64_t> paths = {-1};
       for (size_t k = 0; k < knobs.size(); ++k) {
         keys.push_back({static_cast<int64_t>(k), c.values[k]});
-        if (knobs[k].name == "map" || knobs[k].name == "row_lanes" || knobs[k].name == "cache" ||
+        if (knobs[k].name == "map" || knobs[k].name == "row_lanes" || knobs[k].name == "cache" || knobs[k].name == "cluster" ||
             (knobs[k].name == "split" && c.values[k] <= 2)) {
           paths.push_back(c.values[k]);
         }
@@ -1407,14 +1434,31 @@ eval::WorkerOptions worker_options(const std::string& device, const TempDir& dir
 // Every instance must come back verified: built, six trials (normal, uniform, large, offset,
 // zeros, normal) passed with every check. `every_family`: and every family of the device's backend
 // has verified instances among them.
+// KFORGE_TEST_OPS: a comma-separated list of operators ("aten::_softmax,aten::cumsum") whose
+// signatures alone verify_all runs (on a GPU host, to check one family in minutes rather than all
+// of them in five); unset or empty: every signature.
+bool op_selected(const OpSignature& sig) {
+  const std::string ops = env_or_empty("KFORGE_TEST_OPS");
+  if (ops.empty()) return true;
+  size_t at = 0;
+  while (at <= ops.size()) {
+    const size_t end = std::min(ops.find(',', at), ops.size());
+    if (ops.compare(at, end - at, sig.op) == 0) return true;
+    at = end + 1;
+  }
+  return false;
+}
+
 void verify_all(const std::string& device, const std::vector<std::pair<OpSignature, std::vector<Move>>>& work,
                 bool every_family = true) {
+  if (!env_or_empty("KFORGE_TEST_OPS").empty()) every_family = false;
   TempDir t("kforge-template-worker-test");
   eval::WorkerProcess w(worker_options(device, t));
   uint64_t id = 1;
   size_t verified = 0;
   std::set<std::string> families;
   for (const auto& [sig, moves] : work) {
+    if (!op_selected(sig)) continue;
     for (const Move& m : moves) {
       eval::EvalJob j;
       j.job_id = id++;
@@ -1462,7 +1506,7 @@ void verify_all(const std::string& device, const std::vector<std::pair<OpSignatu
 // (dim_softmax.cc's families).
 // Rows of -inf, of -inf and a NaN, and mostly -inf, through safe_softmax's instances (with
 // `columns` over dimension 0; with `long_rows` 4099 elements long, through softmax_split's paths:
-// split 1 and 4, cached and streamed, so that whole chunks are -inf, Note [Split rows]).
+// split 1 and 4, cached and streamed, 4 also as a cluster, so that whole chunks are -inf, Note [Split rows]).
 void check_safe_softmax_rows(const std::string& device, Backend b, const std::string& arch, bool columns = false,
                              bool long_rows = false) {
   const int cols = long_rows ? 4099 : 33;
@@ -1515,13 +1559,16 @@ void check_safe_softmax_rows(const std::string& device, Backend b, const std::st
     const KernelTemplate& split = *find_template("safe_softmax_split");
     for (int64_t n : {1, 4}) {
       for (int64_t cache : {0, 1}) {
-        std::optional<TemplateConfig> best;
-        for (const TemplateConfig& c : enumerate_space(sig, split)) {
-          if (knob(c, "split") != n || knob(c, "cache") != cache) continue;
-          if (!best || split.prior(sig, c.values) > split.prior(sig, best->values)) best = c;
+        for (int64_t cluster : {0, 1}) {
+          if (cluster == 1 && n == 1) continue;   // a cluster is a row's chunks
+          std::optional<TemplateConfig> best;
+          for (const TemplateConfig& c : enumerate_space(sig, split)) {
+            if (knob(c, "split") != n || knob(c, "cache") != cache || knob(c, "cluster") != cluster) continue;
+            if (!best || split.prior(sig, c.values) > split.prior(sig, best->values)) best = c;
+          }
+          REQUIRE(best.has_value());
+          moves.push_back(*TemplateProposer::move_for(sig, *best));
         }
-        REQUIRE(best.has_value());
-        moves.push_back(*TemplateProposer::move_for(sig, *best));
       }
     }
   } else {
@@ -1900,8 +1947,9 @@ TEST_CASE("templates: CUDA instances of every family pass the worker's verificat
         for (const auto& [key, c] : best) moves.push_back(*TemplateProposer::move_for(s, c));
         work.emplace_back(s, std::move(moves));
       }
-      // Note [Split rows]: split 1 and more, cached and streamed, the widest and the narrowest
-      // access, on odd rows, an input aligned only to its element, and a row in 64 chunks.
+      // Note [Split rows]: split 1 and more, cached and streamed, as a cluster and not, the widest
+      // and the narrowest access, on odd rows, an input aligned only to its element, and a row in
+      // 64 chunks.
       for (OpSignature s : {softmax(B, d, {3, 4099}, log), softmax(B, d, {3, 4099}, log, -1, static_cast<uint32_t>(dtype_size_bytes(d))),
                             softmax(B, d, {2, 65537}, log)}) {
         s.target.arch = arch;
@@ -1910,7 +1958,8 @@ TEST_CASE("templates: CUDA instances of every family pass the worker's verificat
         for (const TemplateConfig& c : enumerate_space(s, t)) {
           const int64_t vec = knob(c, "vec");
           if (vec != 1 && vec * dtype_size_bytes(d) != 16) continue;
-          const std::vector<int64_t> key = {knob(c, "split") == 1 ? 1 : knob(c, "split") == 64 ? 64 : 2, knob(c, "cache"), vec};
+          const std::vector<int64_t> key = {knob(c, "split") == 1 ? 1 : knob(c, "split") == 64 ? 64 : 2, knob(c, "cache"), vec,
+                                            knob(c, "cluster")};
           auto [it, fresh] = best.emplace(key, c);
           if (!fresh && t.prior(s, c.values) > t.prior(s, it->second.values)) it->second = c;
         }

@@ -24,6 +24,12 @@ namespace {
 //     rows * split pairs; the second merges a row's pairs, every block in the same order (so every
 //     chunk of a row is normalized by the same bits), and writes its chunk. The second reads the
 //     chunk again: from L2 when the tensor fits there, else from memory.
+//   - split > 1 with `cluster` (sm_90): one launch. A row's chunks are one thread block cluster;
+//     each block puts its chunk's (max, sum) in its shared memory, reads every block's pair
+//     through distributed shared memory after a cluster barrier, merges them in chunk order, and
+//     writes its chunk (from its shared copy: the row is read from memory once). A second barrier,
+//     waited on at the end, keeps every block's pair alive until the others have read it. Clusters
+//     of up to 8 blocks (the portable size), so a row has at most 8 chunks.
 // With `cache` the chunk is copied into shared memory as it is read, and its max and sum come in
 // two passes over that copy (the write of split 1 reads it too): one read of memory per chunk and
 // exact two-pass arithmetic. Without it, or when the chunk does not fit, one online pass over
@@ -39,7 +45,7 @@ namespace {
 const char* const kCudaSplitSoftmax = R"kf(
 #define KF_ESZ ((int)sizeof(kf_t))
 #define KF_A (KF_VEC * KF_ESZ)
-#define KF_U (32 / KF_A > 1 ? 32 / KF_A : 1)   // accesses in flight per thread: 32 bytes
+#define KF_U (KF_INFLIGHT / KF_A > 1 ? KF_INFLIGHT / KF_A : 1)   // accesses in flight per thread: KF_INFLIGHT bytes
 extern __shared__ __align__(16) unsigned char kf_smem[];
 
 // Elements before p's first KF_A-aligned address, at most n.
@@ -206,6 +212,64 @@ kf_split_write(const kf_t* __restrict__ x, kf_t* __restrict__ y, const double* _
   for (int q = 0; q < KF_SPLIT; ++q) kf_online_merge(m, s, (float)rp[2 * q], (kf_acc)rp[2 * q + 1]);
   kf_emit(x + at, y + at, n, m, s);
 }
+
+#if KF_CLUSTER
+// Note [Split rows]: a row's KF_SPLIT chunks as one cluster; block rank q (blockIdx.x % KF_SPLIT,
+// the cluster's ranks in a 1-D cluster) holds chunk q.
+__device__ __forceinline__ unsigned kf_shared_addr(const void* p) {
+  unsigned a;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+  return a;
+}
+// p (in this block's shared memory) as it lies in block `rank` of the cluster.
+__device__ __forceinline__ unsigned kf_cluster_addr(const void* p, unsigned rank) {
+  unsigned r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(kf_shared_addr(p)), "r"(rank));
+  return r;
+}
+__device__ __forceinline__ float kf_cluster_ld(const float* p, unsigned rank) {
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(kf_cluster_addr(p, rank)) : "memory");
+  return v;
+}
+__device__ __forceinline__ double kf_cluster_ld(const double* p, unsigned rank) {
+  double v;
+  asm volatile("ld.shared::cluster.f64 %0, [%1];" : "=d"(v) : "r"(kf_cluster_addr(p, rank)) : "memory");
+  return v;
+}
+
+extern "C" __global__ void __cluster_dims__(KF_SPLIT, 1, 1) __launch_bounds__(KF_BLOCK)
+kf_split_cluster(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 cols, kf_i64 chunk, kf_i64 cached) {
+  __shared__ float red_m[32];
+  __shared__ kf_acc red_s[32];
+  __shared__ float part_m, all_m[KF_SPLIT];
+  __shared__ kf_acc part_s, all_s[KF_SPLIT];
+  kf_i64 n;
+  const kf_i64 at = kf_chunk_of(cols, chunk, n);
+  float m;
+  kf_acc s;
+  kf_chunk_stats(x + at, n, cached != 0, m, s, red_m, red_s);
+  if (threadIdx.x == 0) {
+    part_m = m;
+    part_s = s;
+  }
+  // Every block's pair is written before any block reads one.
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+  if (threadIdx.x < KF_SPLIT) {
+    all_m[threadIdx.x] = kf_cluster_ld(&part_m, threadIdx.x);
+    all_s[threadIdx.x] = kf_cluster_ld(&part_s, threadIdx.x);
+  }
+  // This block is done reading the others' shared memory; it waits for them to be done with its
+  // own before it exits (the wait below).
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+  __syncthreads();
+  float rm = KF_NEG_INF;
+  kf_acc rs = 0;
+  for (int q = 0; q < KF_SPLIT; ++q) kf_online_merge(rm, rs, all_m[q], all_s[q]);
+  kf_emit(cached != 0 ? kf_cache_for(x + at, n) : x + at, y + at, n, rm, rs);
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+#endif
 )kf";
 
 constexpr int64_t kSharedBudget = kCudaSharedBudget;
@@ -214,14 +278,26 @@ constexpr int64_t kTargetBlocks = 132;
 // Shorter rows are row_softmax.cc's.
 constexpr int64_t kMinCols = 2048;
 
-enum SplitKnob : size_t { kSplit, kBlock, kVec, kCache };
+enum SplitKnob : size_t { kSplit, kBlock, kVec, kCache, kCluster, kInflight };
+
+// Clusters of thread blocks (Note [Split rows]) from sm_90 on, of at most 8 blocks (the size every
+// sm_90 part supports without opting in).
+constexpr int64_t kMaxCluster = 8;
+bool has_clusters(const OpSignature& sig) {
+  const std::string& a = sig.target.arch;
+  if (!a.starts_with("sm_")) return false;
+  int v = 0;
+  for (size_t i = 3; i < a.size() && a[i] >= '0' && a[i] <= '9'; ++i) v = v * 10 + (a[i] - '0');
+  return v >= 90;
+}
 
 class SplitSoftmaxCuda final : public FamilyBase {
  public:
   explicit SplitSoftmaxCuda(Softmax kind)
       : FamilyBase(softmax_family_name(kind, Backend::kCuda, "_split"), Backend::kCuda,
                    {Knob{"split", {1, 2, 4, 8, 16, 32, 64}, {}}, Knob{"block", {128, 256, 512, 1024}, {}},
-                    Knob{"vec", {1, 2, 4, 8}, {}}, Knob{"cache", {0, 1}, {}}}),
+                    Knob{"vec", {1, 2, 4, 8}, {}}, Knob{"cache", {0, 1}, {}}, Knob{"cluster", {0, 1}, {}},
+                    Knob{"inflight", {32, 64, 128}, {}}}),
         kind_(kind) {}
 
   bool applies(const OpSignature& sig) const override {
@@ -236,6 +312,8 @@ class SplitSoftmaxCuda final : public FamilyBase {
     const int64_t cols = cols_of(x), esz = dtype_size_bytes(x.dtype);
     const int64_t split = v[kSplit], block = v[kBlock], vec = v[kVec];
     if (vec * esz > 16) return false;
+    if (v[kInflight] / (vec * esz) > 16) return false;   // at most 16 accesses in flight per thread
+    if (v[kCluster] == 1 && (split == 1 || split > kMaxCluster || !has_clusters(sig))) return false;
     const int64_t chunk = chunk_of(cols, split);
     if (split > 1 && chunk < block * vec) return false;                                // a block with under one access per thread
     if (block > std::max<int64_t>(128, pow2_ceil((chunk + vec - 1) / vec))) return false;   // idle warps
@@ -249,7 +327,8 @@ class SplitSoftmaxCuda final : public FamilyBase {
     const int64_t split = v[kSplit], block = v[kBlock], vec = v[kVec];
     const bool cached = v[kCache] == 1;
     // Enough blocks for the whole GPU, chunks of at least 4096 elements.
-    int64_t ideal_split = std::clamp<int64_t>(pow2_ceil((kTargetBlocks + rows - 1) / rows), 1, 64);
+    const bool cluster = v[kCluster] == 1;
+    int64_t ideal_split = std::clamp<int64_t>(pow2_ceil((kTargetBlocks + rows - 1) / rows), 1, cluster ? kMaxCluster : 64);
     while (ideal_split > 1 && cols / ideal_split < 4096) ideal_split /= 2;
     const int64_t chunk = chunk_of(cols, split);
     // Resident threads per SM: the shared copy limits the blocks an SM holds.
@@ -260,7 +339,14 @@ class SplitSoftmaxCuda final : public FamilyBase {
     // The copy saves split 1 a read of memory; for split > 1 it only trades the online pass's
     // rescaling for a second pass over shared memory.
     const double cache_weight = cached ? 1.0 : (split == 1 ? 0.6 : 0.85);
-    return closeness(static_cast<double>(vec * esz), 16, 0.5) *
+    // A cluster saves split > 1 its second launch and, streaming, its second read; capped at 8
+    // chunks a row, it may leave SMs idle that two launches would fill.
+    const double launch_weight =
+        split == 1 || cluster ? closeness(static_cast<double>(std::min<int64_t>(rows * split, kTargetBlocks)), kTargetBlocks, 0.3)
+                              : 0.8;
+    // Bytes in flight per thread: more where few blocks share an SM.
+    const double inflight = closeness(static_cast<double>(v[kInflight]), resident < 1024 ? 128 : 64, 0.15);
+    return launch_weight * inflight * closeness(static_cast<double>(vec * esz), 16, 0.5) *
            closeness(static_cast<double>(split), static_cast<double>(ideal_split), 0.4) * closeness(resident, 2048, 0.5) *
            closeness(std::min(rounds, 8.0), 8, 0.2) * cache_weight;
   }
@@ -269,7 +355,9 @@ class SplitSoftmaxCuda final : public FamilyBase {
     const TensorMeta& x = *tensor_arg(sig, 0);
     const int64_t split = v[kSplit], esz = dtype_size_bytes(x.dtype);
     std::vector<std::string> options = {dtype_define(x.dtype), define("KF_BLOCK", v[kBlock]), define("KF_VEC", v[kVec]),
-                                        define("KF_SPLIT", split), define("KF_WARP_ROW", 0), define("KF_ROW_LANES", 32)};
+                                        define("KF_SPLIT", split), define("KF_CLUSTER", v[kCluster]),
+                                        define("KF_INFLIGHT", v[kInflight]), define("KF_WARP_ROW", 0),
+                                        define("KF_ROW_LANES", 32)};
     for (std::string& d : softmax_kind_defines(kind_)) options.push_back(std::move(d));
     const std::string rows = rows_expr(x), cols = cols_expr(x);
     const std::string chunk = "round_up(ceil_div(" + cols + ", " + std::to_string(split) + "), 8)";
@@ -281,7 +369,15 @@ class SplitSoftmaxCuda final : public FamilyBase {
     const std::string source = std::string(kCudaPrelude) + kCudaRowMapping + kCudaSoftmaxMath + kCudaSplitSoftmax;
     const std::string block = std::to_string(v[kBlock]);
     KernelSpec s;
-    if (split == 1) {
+    if (v[kCluster] == 1) {
+      s = one_launch_spec(Backend::kCuda, source, "kf_split_cluster", std::move(options));
+      Launch& l = s.plan.launches[0];
+      l.grid[0] = "(" + rows + ") * " + std::to_string(split);
+      l.block[0] = block;
+      l.shared_mem_bytes = smem;
+      l.args = {ArgBinding::input(0), ArgBinding::output(0), ArgBinding::size(cols), ArgBinding::size(chunk),
+                ArgBinding::size(fits)};
+    } else if (split == 1) {
       s = one_launch_spec(Backend::kCuda, source, "kf_split_whole", std::move(options));
       Launch& l = s.plan.launches[0];
       l.grid[0] = rows;

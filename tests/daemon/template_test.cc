@@ -808,10 +808,19 @@ TEST_CASE("templates: long rows split over blocks, read once into shared memory,
       return t.prior(s, a.values) < t.prior(s, b.values);
     });
   };
-  // 8 rows of 262,144: split so that every SM has blocks, each chunk copied to shared memory.
+  // 8 rows of 262,144: split, each chunk copied to shared memory, as a cluster (one launch; the
+  // cluster's own checks below). Two launches: split so that every SM has blocks.
   {
     const OpSignature s = softmax(G, DType::kBFloat16, {8, 262144});
-    const TemplateConfig c = best(s);
+    const TemplateConfig top = best(s);
+    CHECK(knob(top, "cluster") == 1);
+    CHECK(knob(top, "split") == 8);
+    CHECK(knob(top, "cache") == 1);
+    std::vector<TemplateConfig> space = enumerate_space(s, t);
+    std::erase_if(space, [&](const TemplateConfig& c) { return knob(c, "cluster") == 1; });
+    const TemplateConfig c = *std::max_element(space.begin(), space.end(), [&](const TemplateConfig& a, const TemplateConfig& b) {
+      return t.prior(s, a.values) < t.prior(s, b.values);
+    });
     CHECK(knob(c, "split") == 32);
     CHECK(knob(c, "cache") == 1);
     CHECK(knob(c, "vec") == 8);
@@ -1371,6 +1380,12 @@ TEST_CASE("templates: the CUDA families compile with NVRTC for sm_90 over their 
       REQUIRE(out.ok());
       INFO(name_of(s) << "\n" << label(family_of(c), c) << "\n" << out->log.substr(0, 4000));
       CHECK(out->compiled);
+      // Every entry the plan launches is in the image (a family compiles only those: Note [Split
+      // rows]); the symbol's name is in the cubin's string table, or the PTX's .entry line.
+      for (const std::string& entry : spec.entry_points) {
+        INFO("entry " << entry);
+        CHECK(out->artifact.find(entry) != std::string::npos);
+      }
       if (built.insert(out->key).second) ++compiled;
     }
   }

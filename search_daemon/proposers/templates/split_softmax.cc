@@ -30,6 +30,9 @@ namespace {
 //     writes its chunk (from its shared copy: the row is read from memory once). A second barrier,
 //     waited on at the end, keeps every block's pair alive until the others have read it. Clusters
 //     of up to 8 blocks (the portable size), so a row has at most 8 chunks.
+// A configuration's source compiles only the entries its plan launches (#if on KF_SPLIT and
+// KF_CLUSTER): the build is most of an evaluation's time, and emitting all four cost 2.5-3 times
+// as long.
 // With `cache` the chunk is copied into shared memory as it is read, and its max and sum come in
 // two passes over that copy (the write of split 1 reads it too): one read of memory per chunk and
 // exact two-pass arithmetic. Without it, or when the chunk does not fit, one online pass over
@@ -163,6 +166,8 @@ __device__ __forceinline__ void kf_emit(const kf_t* p, kf_t* __restrict__ yc, kf
   kf_write(p, yc, n, [&](float v) { return dead ? 0.0f : kf_out(v, m, f); });
 }
 
+// Note [Split rows]: only the entries this configuration launches are compiled.
+#if KF_SPLIT == 1
 // split 1: a row per block.
 extern "C" __global__ void __launch_bounds__(KF_BLOCK)
 kf_split_whole(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 cols, kf_i64 cached) {
@@ -174,6 +179,7 @@ kf_split_whole(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 cols, kf
   kf_chunk_stats(xr, cols, cached != 0, m, s, red_m, red_s);
   kf_emit(cached != 0 ? kf_cache_for(xr, cols) : xr, y + (kf_i64)blockIdx.x * cols, cols, m, s);
 }
+#endif
 
 // Block b takes chunk b % KF_SPLIT of row b / KF_SPLIT: its first element and length.
 __device__ __forceinline__ kf_i64 kf_chunk_of(kf_i64 cols, kf_i64 chunk, kf_i64& n) {
@@ -184,6 +190,7 @@ __device__ __forceinline__ kf_i64 kf_chunk_of(kf_i64 cols, kf_i64 chunk, kf_i64&
   return row * cols + (n > 0 ? c0 : 0);
 }
 
+#if KF_SPLIT > 1 && !KF_CLUSTER
 // split > 1, first launch: each chunk's (max, sum) into part[2 * block], part[2 * block + 1].
 extern "C" __global__ void __launch_bounds__(KF_BLOCK)
 kf_split_stats(const kf_t* __restrict__ x, double* __restrict__ part, kf_i64 cols, kf_i64 chunk, kf_i64 cached) {
@@ -212,6 +219,7 @@ kf_split_write(const kf_t* __restrict__ x, kf_t* __restrict__ y, const double* _
   for (int q = 0; q < KF_SPLIT; ++q) kf_online_merge(m, s, (float)rp[2 * q], (kf_acc)rp[2 * q + 1]);
   kf_emit(x + at, y + at, n, m, s);
 }
+#endif
 
 #if KF_CLUSTER
 // Note [Split rows]: a row's KF_SPLIT chunks as one cluster; block rank q (blockIdx.x % KF_SPLIT,
@@ -336,14 +344,18 @@ class SplitSoftmaxCuda final : public FamilyBase {
         std::min<int64_t>(2048 / block, cached ? std::max<int64_t>(1, (228 * 1024) / (chunk * esz + 32 + 1024)) : 32);
     const double resident = static_cast<double>(std::min<int64_t>(2048, blocks_per_sm * block));
     const double rounds = static_cast<double>(std::max<int64_t>(1, chunk / (block * vec)));
-    // The copy saves split 1 a read of memory; for split > 1 it only trades the online pass's
-    // rescaling for a second pass over shared memory.
-    const double cache_weight = cached ? 1.0 : (split == 1 ? 0.6 : 0.85);
+    // The copy saves split 1 and a cluster a read of memory; for split > 1 in two launches it only
+    // trades the online pass's rescaling for a second pass over shared memory. (An H100's worker,
+    // clusters of 8 over 8 rows of 262,144 bf16: 5.4-6.0x PyTorch's time with the copy, 2.4-3.7x
+    // without.)
+    const double cache_weight = cached ? 1.0 : (split == 1 || cluster ? 0.6 : 0.85);
     // A cluster saves split > 1 its second launch and, streaming, its second read; capped at 8
-    // chunks a row, it may leave SMs idle that two launches would fill.
+    // chunks a row, it may leave SMs idle that two launches would fill, which costs it less than
+    // the second launch does (an H100's worker over 8 rows of 262,144 bf16: 5.99x PyTorch's time
+    // at split 8 as a cluster against 5.21x at split 8 and 4.76-4.94x at split 32 in two launches).
+    const double blocks = static_cast<double>(std::min<int64_t>(rows * split, kTargetBlocks));
     const double launch_weight =
-        split == 1 || cluster ? closeness(static_cast<double>(std::min<int64_t>(rows * split, kTargetBlocks)), kTargetBlocks, 0.3)
-                              : 0.8;
+        split == 1 ? closeness(blocks, kTargetBlocks, 0.3) : cluster ? closeness(blocks, kTargetBlocks, 0.15) : 0.8;
     // Bytes in flight per thread: more where few blocks share an SM.
     const double inflight = closeness(static_cast<double>(v[kInflight]), resident < 1024 ? 128 : 64, 0.15);
     return launch_weight * inflight * closeness(static_cast<double>(vec * esz), 16, 0.5) *

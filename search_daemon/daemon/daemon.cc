@@ -36,6 +36,7 @@
 #include "search_daemon/daemon/gui_api.h"
 #include "search_daemon/daemon/journal.h"
 #include "search_daemon/daemon/log_limiter.h"
+#include "search_daemon/daemon/prebuilder.h"
 
 namespace kforge::daemon {
 
@@ -88,6 +89,7 @@ struct Daemon::Impl {
   std::atomic<bool> stopping{false};
 
   std::unique_ptr<eval::EvaluatorPool> pool;
+  std::unique_ptr<Prebuilder> prebuilder;   // Note [Builds ahead] (prebuilder.h)
   std::unique_ptr<httplib::Server> http;
   std::thread http_thread;
   // Note [Web GUI] (gui_api.cc): its files (or why they could not be read), and the published
@@ -369,6 +371,7 @@ void Daemon::Impl::start_session(SignatureRecord& r) {
   r.state = SearchState::kSearching;
   SessionContext ctx;
   ctx.evaluator = pool.get();
+  ctx.prebuilder = prebuilder.get();
   ctx.proposers = proposers;
   ctx.strategy = config.strategy;
   ctx.options.max_evaluations = config.max_evaluations_per_signature;
@@ -611,7 +614,16 @@ std::string Daemon::Impl::status_locked(std::optional<uint32_t> limit) const {
   const std::vector<eval::SlotInfo> slots = pool->slots();
   in.slots = &slots;
   in.hot = &hot;
-  in.counters = &counters;
+  Counters with_builds = counters;
+  if (prebuilder) {
+    const Prebuilder::Stats p = prebuilder->stats();
+    with_builds["prebuilds_queued"] = p.queued;
+    with_builds["prebuilds_built"] = p.built;
+    with_builds["prebuilds_already_cached"] = p.cached;
+    with_builds["prebuilds_failed"] = p.failed;
+    with_builds["prebuilds_dropped"] = p.dropped;
+  }
+  in.counters = &with_builds;
   in.log_lines_suppressed = limiter.suppressed_total();
   in.progress = [this](const SignatureId& id) -> std::optional<SessionProgress> {
     auto it = sessions.find(id);
@@ -638,6 +650,7 @@ Daemon::~Daemon() {
   for (auto& [id, s] : sessions) s->stop();
   if (impl_->pool) impl_->pool->stop();
   sessions.clear();   // joins
+  impl_->prebuilder.reset();   // drops its queue, waits for the builds in progress
   impl_->event_log.close();   // event streams end, so the HTTP threads can
   if (impl_->http) impl_->http->stop();
   if (impl_->http_thread.joinable()) impl_->http_thread.join();
@@ -699,6 +712,12 @@ Status Daemon::start() {
   po.log = [&d](const std::string& line) { d.log("info", line); };
   d.pool = std::make_unique<eval::EvaluatorPool>(po);
   KFORGE_RETURN_IF_ERROR(d.pool->start());
+  PrebuilderOptions pre;
+  pre.cache_dir = po.build_cache_dir;
+  pre.threads = d.config.prebuild_threads;
+  pre.idle_priority = d.config.worker_priority == eval::WorkerPriority::kIdle;
+  pre.compile_budget_ms = d.config.compile_budget_ms;
+  d.prebuilder = std::make_unique<Prebuilder>(std::move(pre));
   {
     std::lock_guard<std::mutex> lock(d.mu);
     d.count("timings_on_shared_gpu", 0);   // in the status from the start: tools read them

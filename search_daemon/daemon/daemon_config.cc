@@ -157,6 +157,7 @@ const std::vector<Key>& keys() {
           [](const DaemonConfig& c) { return join(c.devices); }},
       KEY_UINT("workers", "cpu_slots", cpu_slots, 0, 256, "CPU workers (0: none, CPU signatures are not searched)"),
       KEY_UINT("workers", "cpu_threads", cpu_threads, 0, 4096, "torch threads per CPU worker, for PyTorch's kernels and the candidates alike (0: half the daemon's cores divided among the CPU slots, all of them with workers.priority = normal)"),
+      KEY_UINT("workers", "prebuild_threads", prebuild_threads, 0, 256, "daemon threads (at idle priority) that compile a search's next CUDA template candidates into the workers' build cache while the GPU worker verifies and times others (0: none)"),
       KEY_STRING("workers", "program", worker_program, "the kforge-worker launcher (default: beside kforged)", any_string),
       KEY_STRING("workers", "python", worker_python, "python3 with torch for the workers (default: python3 on PATH)", any_string),
       Key{"workers", "priority", Kind::kString,

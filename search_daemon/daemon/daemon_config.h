@@ -64,6 +64,7 @@ struct DaemonConfig {
   std::vector<std::string> devices;    // "cpu", "cuda:N", or "auto" (every visible GPU, plus cpu)
   uint32_t cpu_slots = 1;              // CPU workers
   uint32_t cpu_threads = 0;            // torch threads of a CPU worker (0: torch's default)
+  uint32_t prebuild_threads = 4;       // Note [Builds ahead] (prebuilder.h); 0: none
   std::string worker_program;          // kforge-worker; default beside kforged
   std::string worker_python;           // KFORGE_PYTHON for workers; default: theirs (python3)
   // Note [Idle workers] in evaluator/worker_process.h: "idle" unless a staging host says "normal".

@@ -1,5 +1,6 @@
 #include "search_daemon/daemon/search_session.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <exception>
@@ -53,6 +54,21 @@ std::string SearchSession::implausible_against_observed(const eval::TimingOutcom
                 "broken measurement (a contended host?)",
                 t.baseline_median_ns, t.baseline_median_ns / observed, observed);
   return buf;
+}
+
+void SearchSession::hint_builds(const search::SearchTree& tree, size_t first,
+                                const std::vector<search::Candidate>& batch) const {
+  std::vector<const search::Node*> fresh;
+  for (size_t id = first; id < tree.size(); ++id) {
+    const search::Node& n = tree.node(id);
+    if (id == 0 || n.outcome.has_value()) continue;
+    bool submitted = false;
+    for (const search::Candidate& c : batch) submitted = submitted || c.node == id;
+    if (!submitted) fresh.push_back(&n);
+  }
+  std::stable_sort(fresh.begin(), fresh.end(),
+                   [](const search::Node* a, const search::Node* b) { return a->move.prior < b->move.prior; });
+  for (const search::Node* n : fresh) ctx_.prebuilder->hint(n->move.spec, n->move.proposer, signature_.target.arch);
 }
 
 void SearchSession::start() { thread_ = std::thread([this] { run(); }); }
@@ -179,6 +195,7 @@ void SearchSession::run() {
         if (want > 0) batch = strategy->next_candidates(want);
         // Every node the strategy added (the candidates and their untried siblings) is journaled
         // before anything is evaluated.
+        const size_t first_new = journaled;
         for (; journaled < strategy->tree().size(); ++journaled) {
           const search::Node& n = strategy->tree().node(journaled);
           if (Status s = journal->append_node(n); !s.ok()) {
@@ -194,6 +211,7 @@ void SearchSession::run() {
           e.label = n.move.label;
           if (ctx_.on_event) ctx_.on_event(e);
         }
+        if (ctx_.prebuilder != nullptr) hint_builds(strategy->tree(), first_new, batch);
         for (search::Candidate& c : batch) {
           if (ctx_.evaluations_total->fetch_add(1) >= ctx_.max_evaluations_total) {
             ctx_.evaluations_total->fetch_sub(1);

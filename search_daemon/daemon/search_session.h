@@ -44,6 +44,7 @@
 
 #include "runtime/environment.h"
 #include "runtime/op_signature.h"
+#include "search_daemon/daemon/prebuilder.h"
 #include "search_daemon/daemon/session_events.h"
 #include "search_daemon/evaluator/evaluator.h"
 #include "search_daemon/proposers/proposer.h"
@@ -71,6 +72,9 @@ struct SessionContext {
   // baseline_ns) cannot be believed either. 0: no check.
   double max_baseline_model_ratio = 250;
   double max_baseline_observed_ratio = 20;
+  // Note [Builds ahead] (prebuilder.h): the nodes a round adds and does not submit, hinted for a
+  // build into the workers' cache. Null: none.
+  Prebuilder* prebuilder = nullptr;
   std::function<void(SessionEvent)> on_event;   // called on the session thread
   std::function<void(const std::string&)> log;
 };
@@ -113,6 +117,9 @@ class SearchSession {
   std::string implausible_against_observed(const eval::TimingOutcome& t) const;
   // A proposer's background work is done: the loop asks the strategy again.
   void wake();
+  // Note [Builds ahead]: the tree's nodes from `first` on that have no outcome and are not in
+  // `batch`, hinted to ctx_.prebuilder lowest prior first.
+  void hint_builds(const search::SearchTree& tree, size_t first, const std::vector<search::Candidate>& batch) const;
 
   // What a proposer's on_ready reaches: the session while it exists (unlinked by the destructor),
   // since a model's answer may arrive after the search ended.

@@ -12,8 +12,9 @@
 // in NVRTC (bench_search, bench/results/2026-12-07-h100-demo-e2e-split-0ca206b.log), and the GPU
 // worker builds, verifies and times one candidate after the other, so the GPU waits on the
 // compiler. The search knows more than the candidate it submits: expanding a node adds its untried
-// siblings to the tree (journaled before anything is evaluated), and those are what MCTS and
-// greedy evaluate next. The session hands each new node's spec to the prebuilder, which compiles
+// siblings to the tree (journaled before anything is evaluated), and MCTS holds back the rest of
+// a proposal until progressive widening admits it (SearchStrategy::upcoming); those are what the
+// search evaluates next. The session hands their specs to the prebuilder, which compiles
 // it with the workers' own CandidateBuilder into the same build cache, under the same key (the
 // spec, the arch, NVRTC's major.minor): the worker's build is then a cache hit. A worker that gets
 // a candidate before its prebuild ends builds it itself, as without a prebuilder; both write the

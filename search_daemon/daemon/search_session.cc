@@ -56,19 +56,21 @@ std::string SearchSession::implausible_against_observed(const eval::TimingOutcom
   return buf;
 }
 
-void SearchSession::hint_builds(const search::SearchTree& tree, size_t first,
+void SearchSession::hint_builds(const search::SearchStrategy& strategy, size_t first,
                                 const std::vector<search::Candidate>& batch) const {
-  std::vector<const search::Node*> fresh;
+  const search::SearchTree& tree = strategy.tree();
+  std::vector<const search::Move*> fresh = strategy.upcoming();
   for (size_t id = first; id < tree.size(); ++id) {
     const search::Node& n = tree.node(id);
     if (id == 0 || n.outcome.has_value()) continue;
     bool submitted = false;
     for (const search::Candidate& c : batch) submitted = submitted || c.node == id;
-    if (!submitted) fresh.push_back(&n);
+    if (!submitted) fresh.push_back(&n.move);
   }
+  // The prebuilder builds the newest hint first: the most promising last.
   std::stable_sort(fresh.begin(), fresh.end(),
-                   [](const search::Node* a, const search::Node* b) { return a->move.prior < b->move.prior; });
-  for (const search::Node* n : fresh) ctx_.prebuilder->hint(n->move.spec, n->move.proposer, signature_.target.arch);
+                   [](const search::Move* a, const search::Move* b) { return a->prior < b->prior; });
+  for (const search::Move* m : fresh) ctx_.prebuilder->hint(m->spec, m->proposer, signature_.target.arch);
 }
 
 void SearchSession::start() { thread_ = std::thread([this] { run(); }); }
@@ -211,7 +213,7 @@ void SearchSession::run() {
           e.label = n.move.label;
           if (ctx_.on_event) ctx_.on_event(e);
         }
-        if (ctx_.prebuilder != nullptr) hint_builds(strategy->tree(), first_new, batch);
+        if (ctx_.prebuilder != nullptr) hint_builds(*strategy, first_new, batch);
         for (search::Candidate& c : batch) {
           if (ctx_.evaluations_total->fetch_add(1) >= ctx_.max_evaluations_total) {
             ctx_.evaluations_total->fetch_sub(1);

@@ -118,8 +118,9 @@ class SearchSession {
   // A proposer's background work is done: the loop asks the strategy again.
   void wake();
   // Note [Builds ahead]: the tree's nodes from `first` on that have no outcome and are not in
-  // `batch`, hinted to ctx_.prebuilder lowest prior first.
-  void hint_builds(const search::SearchTree& tree, size_t first, const std::vector<search::Candidate>& batch) const;
+  // `batch`, then the strategy's held-back moves (SearchStrategy::upcoming), hinted to
+  // ctx_.prebuilder lowest prior first.
+  void hint_builds(const search::SearchStrategy& strategy, size_t first, const std::vector<search::Candidate>& batch) const;
 
   // What a proposer's on_ready reaches: the session while it exists (unlinked by the destructor),
   // since a model's answer may arrive after the search ended.

@@ -65,6 +65,14 @@ void Mcts::widen(uint64_t id) {
   }
 }
 
+std::vector<const Move*> Mcts::upcoming() const {
+  std::vector<const Move*> out;
+  for (const auto& [id, moves] : reserve_) {
+    for (const Move& m : moves) out.push_back(&m);
+  }
+  return out;
+}
+
 // Note [Repairs first]
 // A language model's candidate that failed (did not compile, was rejected, failed a check,
 // faulted, timed out) is repaired at once: its compile log or failed check goes back to the model

@@ -101,6 +101,8 @@ class Mcts final : public StrategyBase {
   double prior(uint64_t id) const;
   // The widening limit of `id`: widening_c * max(1, N')^widening_alpha.
   double widening_limit(uint64_t id) const;
+  // Each node's reserve: the moves next in line to be admitted when it widens.
+  std::vector<const Move*> upcoming() const override;
 
  protected:
   std::optional<uint64_t> select() override;

@@ -87,6 +87,11 @@ class SearchStrategy {
   // search is not done; task.wake is called when that changes.
   virtual bool awaiting_proposals() const = 0;
   virtual const SearchTree& tree() const = 0;
+  // Moves proposed and held back, not yet in the tree (MCTS's reserves under progressive
+  // widening), best first within each node: what the search is likely to evaluate soon, for the
+  // daemon to build ahead (Note [Builds ahead] in daemon/prebuilder.h). Valid until the next call
+  // of any other method.
+  virtual std::vector<const Move*> upcoming() const { return {}; }
 };
 
 // "mcts", "greedy" or "random"; nullptr for another name. `restored` continues a journaled tree

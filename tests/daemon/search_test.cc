@@ -1296,3 +1296,34 @@ TEST_CASE("Background work that comes back empty asking to be retried is retried
   CHECK(s->done());
   CHECK(bg.asked[0] == static_cast<int>(kMaxRetriedProposals));
 }
+
+TEST_CASE("MCTS upcoming(): the moves proposed and held back by widening, none of them in the tree", "[search][mcts]") {
+  const Landscape land;
+  NeighbourProposer p(4, 8);
+  StrategyOptions o;
+  o.max_evaluations = 20;
+  o.widening_c = 1.0;
+  o.widening_alpha = 0.5;
+  o.seed = 5;
+  Mcts m(softmax_task(), {&p}, o, SearchTree());
+  CHECK(m.upcoming().empty());   // nothing proposed yet
+  bool held_back = false;
+  while (!m.done()) {
+    std::vector<Candidate> c = m.next_candidates(1);
+    REQUIRE(!c.empty());
+    const std::vector<const Move*> up = m.upcoming();
+    held_back = held_back || !up.empty();
+    for (const Move* mv : up) CHECK_FALSE(m.tree().find(mv->spec.id()).has_value());
+    std::vector<std::pair<uint64_t, Outcome>> r;
+    for (const Candidate& x : c) r.emplace_back(x.node, land(x.move.spec));
+    m.notify_results(r);
+  }
+  // A proposal is 4 moves and the root admits one child per visit at first: some wait.
+  CHECK(held_back);
+  // Greedy admits what it is given at once: nothing is held back.
+  NeighbourProposer q(4, 8);
+  std::unique_ptr<SearchStrategy> g = make_strategy("greedy", softmax_task(), {&q}, o);
+  REQUIRE(g != nullptr);
+  (void)g->next_candidates(1);
+  CHECK(g->upcoming().empty());
+}

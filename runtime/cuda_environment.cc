@@ -8,6 +8,18 @@ std::string cuda_arch_name(int major, int minor) {
   return "sm_" + std::to_string(major) + std::to_string(minor);
 }
 
+bool parse_cuda_arch(std::string_view arch, int& major, int& minor) noexcept {
+  if (arch.size() < 5 || arch.substr(0, 3) != "sm_") return false;
+  int v = 0;
+  for (size_t i = 3; i < arch.size(); ++i) {
+    if (arch[i] < '0' || arch[i] > '9' || v > 10000) return false;
+    v = v * 10 + (arch[i] - '0');
+  }
+  major = v / 10;
+  minor = v % 10;
+  return major > 0;
+}
+
 StatusOr<Environment> cuda_device_environment(const CudaDriver& driver, int ordinal, std::string torch_version,
                                               int32_t nvrtc_version) {
   KFORGE_CU_RETURN_IF_ERROR(driver, driver.cuInit(0));

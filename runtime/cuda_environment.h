@@ -11,6 +11,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include "runtime/cuda_driver.h"
 #include "runtime/environment.h"
@@ -25,5 +26,8 @@ StatusOr<Environment> cuda_device_environment(const CudaDriver& driver, int ordi
 
 // "sm_XY" for compute capability X.Y.
 std::string cuda_arch_name(int major, int minor);
+// Its inverse: "sm_90" -> (9, 0), "sm_100" -> (10, 0) (the last digit is the minor version);
+// false for anything cuda_arch_name does not write ("compute_90", "sm_90a", "x86_64-avx2").
+bool parse_cuda_arch(std::string_view arch, int& major, int& minor) noexcept;
 
 }  // namespace kforge

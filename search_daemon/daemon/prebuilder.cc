@@ -7,22 +7,11 @@
 #include <optional>
 #include <utility>
 
+#include "runtime/cuda_environment.h"
 #include "runtime/nvrtc.h"
 #include "search_daemon/worker/builder.h"
 
 namespace kforge::daemon {
-
-bool parse_sm_arch(const std::string& arch, int& major, int& minor) noexcept {
-  if (arch.size() < 5 || arch.compare(0, 3, "sm_") != 0) return false;
-  int v = 0;
-  for (size_t i = 3; i < arch.size(); ++i) {
-    if (arch[i] < '0' || arch[i] > '9' || v > 10000) return false;
-    v = v * 10 + (arch[i] - '0');
-  }
-  major = v / 10;
-  minor = v % 10;
-  return major > 0;
-}
 
 Prebuilder::Prebuilder(PrebuilderOptions options) : options_(std::move(options)) {
   threads_.reserve(options_.threads);
@@ -44,7 +33,7 @@ void Prebuilder::hint(const KernelSpec& spec, const std::string& proposer, const
   if (spec.backend != Backend::kCuda || proposer != "template") return;
   try {
     Item item;
-    const bool arch_ok = parse_sm_arch(arch, item.sm_major, item.sm_minor);
+    const bool arch_ok = parse_cuda_arch(arch, item.sm_major, item.sm_minor);
     const std::string id = spec.id().hex() + "/" + arch;
     {
       std::lock_guard<std::mutex> lock(mu_);

@@ -108,7 +108,4 @@ class Prebuilder {
   std::vector<std::thread> threads_;
 };
 
-// "sm_90" -> (9, 0), "sm_100" -> (10, 0); false for anything else.
-bool parse_sm_arch(const std::string& arch, int& major, int& minor) noexcept;
-
 }  // namespace kforge::daemon

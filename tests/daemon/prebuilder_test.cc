@@ -34,20 +34,6 @@ KernelSpec cuda_spec(int scale) {
 
 }  // namespace
 
-TEST_CASE("prebuilder: sm_XY architectures parse, others do not", "[prebuilder]") {
-  int major = 0, minor = 0;
-  CHECK(parse_sm_arch("sm_90", major, minor));
-  CHECK((major == 9 && minor == 0));
-  CHECK(parse_sm_arch("sm_100", major, minor));
-  CHECK((major == 10 && minor == 0));
-  CHECK(parse_sm_arch("sm_86", major, minor));
-  CHECK((major == 8 && minor == 6));
-  for (const char* bad : {"", "sm_", "sm_9", "compute_90", "x86_64-avx2", "sm_90a", "sm_9x"}) {
-    INFO(bad);
-    CHECK_FALSE(parse_sm_arch(bad, major, minor));
-  }
-}
-
 TEST_CASE("prebuilder: a hinted template spec is built into the workers' cache", "[prebuilder]") {
   StatusOr<const Nvrtc*> nvrtc = Nvrtc::load();
   if (!nvrtc.ok()) {

@@ -7,7 +7,9 @@
 
 #include <functional>
 #include <set>
+#include <utility>
 
+#include "runtime/cuda_environment.h"
 #include "runtime/environment.h"
 #include "runtime/msgpack_codec.h"
 
@@ -229,4 +231,22 @@ TEST_CASE("cpu_host_environment: describes this host's CPU backend and leaves th
   auto back = Environment::decode(e.encode());
   REQUIRE(back.ok());
   CHECK(*back == e);
+}
+
+TEST_CASE("parse_cuda_arch reads what cuda_arch_name writes, and nothing else", "[environment]") {
+  int major = 0, minor = 0;
+  CHECK(parse_cuda_arch("sm_90", major, minor));
+  CHECK((major == 9 && minor == 0));
+  CHECK(parse_cuda_arch("sm_100", major, minor));
+  CHECK((major == 10 && minor == 0));
+  CHECK(parse_cuda_arch("sm_86", major, minor));
+  CHECK((major == 8 && minor == 6));
+  for (auto [ma, mi] : {std::pair{7, 5}, std::pair{9, 0}, std::pair{12, 1}}) {
+    REQUIRE(parse_cuda_arch(cuda_arch_name(ma, mi), major, minor));
+    CHECK((major == ma && minor == mi));
+  }
+  for (const char* bad : {"", "sm_", "sm_9", "compute_90", "x86_64-avx2", "sm_90a", "sm_9x"}) {
+    INFO(bad);
+    CHECK_FALSE(parse_cuda_arch(bad, major, minor));
+  }
 }

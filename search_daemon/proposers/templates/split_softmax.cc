@@ -6,6 +6,7 @@
 // register cache for short rows.
 #include <algorithm>
 
+#include "runtime/cuda_environment.h"
 #include "search_daemon/proposers/templates/softmax_call.h"
 #include "search_daemon/proposers/templates/template_family.h"
 
@@ -292,11 +293,8 @@ enum SplitKnob : size_t { kSplit, kBlock, kVec, kCache, kCluster, kInflight };
 // sm_90 part supports without opting in).
 constexpr int64_t kMaxCluster = 8;
 bool has_clusters(const OpSignature& sig) {
-  const std::string& a = sig.target.arch;
-  if (!a.starts_with("sm_")) return false;
-  int v = 0;
-  for (size_t i = 3; i < a.size() && a[i] >= '0' && a[i] <= '9'; ++i) v = v * 10 + (a[i] - '0');
-  return v >= 90;
+  int major = 0, minor = 0;
+  return parse_cuda_arch(sig.target.arch, major, minor) && major >= 9;
 }
 
 class SplitSoftmaxCuda final : public FamilyBase {
@@ -380,11 +378,12 @@ class SplitSoftmaxCuda final : public FamilyBase {
     const std::string smem = v[kCache] == 1 ? "(" + fits + ") * (" + bytes + ")" : "0";
     const std::string source = std::string(kCudaPrelude) + kCudaRowMapping + kCudaSoftmaxMath + kCudaSplitSoftmax;
     const std::string block = std::to_string(v[kBlock]);
+    const std::string grid = "(" + rows + ") * " + std::to_string(split);   // a block per chunk
     KernelSpec s;
     if (v[kCluster] == 1) {
       s = one_launch_spec(Backend::kCuda, source, "kf_split_cluster", std::move(options));
       Launch& l = s.plan.launches[0];
-      l.grid[0] = "(" + rows + ") * " + std::to_string(split);
+      l.grid[0] = grid;
       l.block[0] = block;
       l.shared_mem_bytes = smem;
       l.args = {ArgBinding::input(0), ArgBinding::output(0), ArgBinding::size(cols), ArgBinding::size(chunk),
@@ -400,7 +399,6 @@ class SplitSoftmaxCuda final : public FamilyBase {
       s = one_launch_spec(Backend::kCuda, source, "kf_split_stats", std::move(options));
       s.entry_points.push_back("kf_split_write");
       s.plan.scratch = {ScratchBuffer{"part", "(" + rows + ") * " + std::to_string(split * 16)}};
-      const std::string grid = "(" + rows + ") * " + std::to_string(split);
       Launch& stats = s.plan.launches[0];
       stats.grid[0] = grid;
       stats.block[0] = block;

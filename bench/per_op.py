@@ -495,6 +495,9 @@ def main():
     ap.add_argument("--minutes", type=float, default=20, help="the warm budget (kforge warm --minutes)")
     ap.add_argument("--max-evaluations", type=int, default=16, help="each signature's search budget (kforged --max-evaluations)")
     ap.add_argument("--only", help="comma-separated op names (the op column)")
+    ap.add_argument("--daemon-set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                    help="a kforged configuration key for the warm's daemon (kforged --set; repeatable), "
+                         "e.g. workers.prebuild_threads=0")
     ap.add_argument("--threads", default=None, help="CPU: comma-separated torch thread counts (default: 1 and all)")
     ap.add_argument("--pairs", type=int, default=10, help="eager/kforge block pairs per row")
     ap.add_argument("--block-ms", type=float, default=20, help="about this long per timed block")
@@ -537,6 +540,8 @@ def main():
     devices = "cuda:0" if args.device == "cuda" else "cpu"
     daemon_args = ["--daemon-arg=--devices", f"--daemon-arg={devices}",
                    "--daemon-arg=--max-evaluations", f"--daemon-arg={args.max_evaluations}"]
+    for kv in args.daemon_set:
+        daemon_args += ["--daemon-arg=--set", f"--daemon-arg={kv}"]
     t0 = time.monotonic()
     deadline = ["--deadline", str(time.time() + args.time_budget)] if args.time_budget else []
     warm = subprocess.CompletedProcess([], 0, "", "") if args.no_warm else subprocess.run([kforge, *cache, "warm", "--no-e2e", "--minutes", str(args.minutes), "--report", str(tmp / "warm"),

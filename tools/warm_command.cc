@@ -521,6 +521,20 @@ int run_warm_command(const std::vector<std::string>& args, const std::string& ca
       << (win == speed.first_win_s.end() ? std::string("no win") : "**" + fixed(win->second - seen, 0) + " s**") << " | `"
       << sig << "` |\n";
   }
+  {
+    // Where the workers' build time went, over this warm (the daemon's counters are since its start).
+    auto delta = [&](const char* name) {
+      const json::json_pointer at(std::string("/counters/") + name);
+      const uint64_t a = d->status.value(at, 0ull), b = last_status.value(at, a);
+      return b >= a ? b - a : 0ull;
+    };
+    const uint64_t compiled = delta("worker_builds_compiled"), cached = delta("worker_builds_cached");
+    r << "\nWorkers' builds: " << compiled << " compiled (" << fixed(static_cast<double>(delta("worker_build_ms")) / 1000, 1)
+      << " s of compiling), " << cached << " from the build cache. Builds ahead on the daemon's threads "
+         "(`workers.prebuild_threads`, Note [Builds ahead]): "
+      << delta("prebuilds_built") << " built, " << delta("prebuilds_already_cached") << " already cached, "
+      << delta("prebuilds_failed") << " failed, " << delta("prebuilds_dropped") << " dropped.\n";
+  }
   r << "\n## Runs\n\n| run | started | wall | result | kernels active | "
        "estimated kernel time saved |\n| --- | --- | --- | --- | --- | --- |\n";
   for (size_t k = 0; k < runs.size(); ++k) {

@@ -507,6 +507,13 @@ void Daemon::Impl::handle_events() {
         count("evaluations_" + std::string(eval::eval_status_name(e.status)));
         SignatureRecord* r = hot.find(e.signature);
         if (r != nullptr) ++r->evaluations;
+        // What the build cache (and builds ahead: Note [Builds ahead]) saved the workers.
+        if (e.build_cached) {
+          count("worker_builds_cached");
+        } else if (e.build_ms > 0) {
+          count("worker_builds_compiled");
+          count("worker_build_ms", static_cast<uint64_t>(e.build_ms + 0.5));
+        }
         if (!e.shared_gpu_pids.empty()) {
           count("timings_on_shared_gpu");
           if (r != nullptr) {
@@ -722,6 +729,9 @@ Status Daemon::start() {
     std::lock_guard<std::mutex> lock(d.mu);
     d.count("timings_on_shared_gpu", 0);   // in the status from the start: tools read them
     d.count("timings_implausible", 0);
+    d.count("worker_builds_compiled", 0);
+    d.count("worker_builds_cached", 0);
+    d.count("worker_build_ms", 0);
   }
   KFORGE_RETURN_IF_ERROR(d.start_http());
   d.resume_journals();

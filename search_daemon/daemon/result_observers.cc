@@ -84,6 +84,8 @@ Status ResultEvents::on_result(const EvaluatedNode& n) {
   e.uuid = n.where.uuid;
   e.shared_gpu_pids = n.outcome.shared_gpu_pids;
   e.implausible = n.outcome.implausible;
+  e.build_cached = n.result.build_cached;
+  e.build_ms = n.result.build_ms;
   if (emit_) emit_(e);
   return Status();
 }

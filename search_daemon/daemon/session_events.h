@@ -45,6 +45,10 @@ struct SessionEvent {
   std::vector<int32_t> shared_gpu_pids;
   // result: why its timing cannot be believed (Outcome::implausible); "" when it can.
   std::string implausible;
+  // result: whether the worker's build came from the build cache (no compile ran), and the
+  // milliseconds its build took (eval::EvalResult's build_cached, build_ms).
+  bool build_cached = false;
+  double build_ms = 0;
 };
 
 }  // namespace kforge::daemon

@@ -217,6 +217,8 @@ TEST_CASE("ResultEvents: the result event carries the node, its move, the verdic
   eval::EvalResult r = measured(1.5);
   r.status = eval::EvalStatus::kCompileError;
   r.message = "compile error: expected ';'";
+  r.build_cached = true;
+  r.build_ms = 3.5;
   search::Outcome o = search::outcome_of(r);
   REQUIRE(observer.on_result(EvaluatedNode{s, id, f.tree.node(id), r, eval::JobPlacement{"cuda:1", "GPU-2", {7}}, o}).ok());
   REQUIRE(f.events.size() == 1);
@@ -231,4 +233,6 @@ TEST_CASE("ResultEvents: the result event carries the node, its move, the verdic
   CHECK(e.proposer == "template");
   CHECK(e.device == "cuda:1");
   CHECK(e.uuid == "GPU-2");
+  CHECK(e.build_cached);
+  CHECK(e.build_ms == 3.5);
 }

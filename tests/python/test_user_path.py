@@ -94,6 +94,10 @@ def test_warm_export_import_then_run_without_daemon(build_dir, env, tmp_path):
     row = next(line for line in speed.splitlines() if "aten::_softmax(float32[16384,3]" in line)
     assert re.search(r"\*\*\d+ s\*\*", row), row
     assert re.search(r"warm: [0-9.]+ evaluations per minute", w.stdout), w.stdout
+    # The workers' builds over the warm, from the daemon's counters: every evaluation built its
+    # candidate, by compiling it or from the build cache.
+    builds = re.search(r"Workers' builds: (\d+) compiled \(([0-9.]+) s of compiling\), (\d+) from the build cache", speed)
+    assert builds and int(builds.group(1)) + int(builds.group(3)) >= 1, speed
     # The last run's kernels: the process's own ratio beside the worker's best.
     kernels = md.split("## Kernels in the last run", 1)[1].split("## End to end", 1)[0]
     assert "| in process | worker's best |" in kernels, kernels

@@ -1,4 +1,4 @@
-// 2D pooling of a contiguous [N, C, H, W] input, one output element per thread (CUDA) or rows of
+// 2D pooling of a contiguous [N, C, H, W] input, KF_OV outputs of a row per thread (CUDA) or rows of
 // them per block (CPU), the window geometry compiled in:
 // - aten::max_pool2d_with_indices (resnet's stem; F.max_pool2d): geometry and output size are the
 //   catalog's (catalog::pool2d_geometry). Each output element walks its window as PyTorch's
@@ -45,56 +45,117 @@ const char* const kPoolWindow = R"kf(
   while (ws < 0) ws += KF_DW;
 )kf";
 
+// Note [Outputs per thread]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// A thread computes KF_OV consecutive outputs of one output row (contiguous layout; channels-last
+// takes 1), so the position's divisions are paid once for KF_OV outputs and the outputs go out in
+// one vector store (the indices in 16-byte ones); OW is a multiple of KF_OV (`valid`), so a group
+// never crosses a row and the stores are aligned. Thread g's group starts at output g * KF_OV.
+const char* const kCudaPoolGroup = R"kf(
+#if KF_CL
+#define KF_GROUP(g, oh, ow0, base) KF_POSITION(g, oh, ow0, base)
+#else
+#define KF_GROUP(g, oh, ow0, base)                                            \
+  const kf_i64 ow0 = ((g) % (KF_OW / KF_OV)) * KF_OV;                        \
+  const kf_i64 oh##_r = (g) / (KF_OW / KF_OV);                               \
+  const kf_i64 oh = oh##_r % KF_OH;                                          \
+  const kf_i64 base = (oh##_r / KF_OH) * (KF_H * KF_W);
+#endif
+)kf";
+
 const char* const kCudaMaxPool = R"kf(
-// One output element per thread (KF_ITEMS per thread, KF_BLOCK apart) of [planes = N*C, OH, OW].
+// The max of window (oh, ow) and its first index, in the general loop's order (row by row, each
+// left to right, from -inf and the first in-bounds element, taking val > max or NaN).
+__device__ __forceinline__ void kf_max_window(const kf_t* __restrict__ xp, kf_i64 oh, kf_i64 ow, float& m, kf_i64& best) {
+  const kf_i64 h0 = oh * KF_SH - KF_PH, w0 = ow * KF_SW - KF_PW;
+  m = KF_NEG_INF;
+#if KF_EDGES
+  // Every window the same way, its out-of-bounds elements masked (Note [Whole windows]): no
+  // branch between edge and interior windows that a warp's threads would take both ways.
+  best = -1;
+  float v[KF_KH][KF_KW];
+#pragma unroll
+  for (int a = 0; a < KF_KH; ++a) {
+#pragma unroll
+    for (int b = 0; b < KF_KW; ++b) {
+      const kf_i64 h = h0 + a * KF_DH, w = w0 + b * KF_DW;
+      v[a][b] = h >= 0 && h < KF_H && w >= 0 && w < KF_W ? kf_to_float(xp[KF_AT(h, w)]) : KF_NEG_INF;
+    }
+  }
+#pragma unroll
+  for (int a = 0; a < KF_KH; ++a) {
+#pragma unroll
+    for (int b = 0; b < KF_KW; ++b) {
+      const kf_i64 h = h0 + a * KF_DH, w = w0 + b * KF_DW;
+      if (h >= 0 && h < KF_H && w >= 0 && w < KF_W) {
+        if (best < 0) best = h * KF_W + w;
+        if (v[a][b] > m || v[a][b] != v[a][b]) {
+          m = v[a][b];
+          best = h * KF_W + w;
+        }
+      }
+    }
+  }
+#else
+  // Note [Whole windows]: a window inside the input, its loads issued together.
+  if (h0 >= 0 && w0 >= 0 && h0 + (KF_KH - 1) * KF_DH < KF_H && w0 + (KF_KW - 1) * KF_DW < KF_W) {
+    float v[KF_KH][KF_KW];
+#pragma unroll
+    for (int a = 0; a < KF_KH; ++a) {
+#pragma unroll
+      for (int b = 0; b < KF_KW; ++b) v[a][b] = kf_to_float(xp[KF_AT(h0 + a * KF_DH, w0 + b * KF_DW)]);
+    }
+    best = h0 * KF_W + w0;
+#pragma unroll
+    for (int a = 0; a < KF_KH; ++a) {
+#pragma unroll
+      for (int b = 0; b < KF_KW; ++b) {
+        if (v[a][b] > m || v[a][b] != v[a][b]) {
+          m = v[a][b];
+          best = (h0 + a * KF_DH) * KF_W + w0 + b * KF_DW;
+        }
+      }
+    }
+    return;
+  }
+  KF_WINDOW(oh, ow, hs, he, ws, we)
+  best = hs * KF_W + ws;
+  for (kf_i64 h = hs; h < he; h += KF_DH) {
+    for (kf_i64 w = ws; w < we; w += KF_DW) {
+      const float v = kf_to_float(xp[KF_AT(h, w)]);
+      if (v > m || v != v) {
+        m = v;
+        best = h * KF_W + w;
+      }
+    }
+  }
+#endif
+}
+
+// KF_OV outputs per thread (Note [Outputs per thread]); KF_ITEMS groups per thread, KF_BLOCK apart,
+// of n groups.
 extern "C" __global__ void __launch_bounds__(KF_BLOCK)
 kf_max_pool2d(const kf_t* __restrict__ x, kf_t* __restrict__ y, long long* __restrict__ idx, kf_i64 n) {
   const kf_i64 first = (kf_i64)blockIdx.x * (KF_BLOCK * KF_ITEMS) + threadIdx.x;
 #pragma unroll
   for (int it = 0; it < KF_ITEMS; ++it) {
-    const kf_i64 i = first + (kf_i64)it * KF_BLOCK;
-    if (i >= n) continue;
-    KF_POSITION(i, oh, ow, base)
-    const kf_t* __restrict__ xp = x + base;
-    // Note [Whole windows]: a window inside the input, its loads issued together.
-    const kf_i64 h0 = oh * KF_SH - KF_PH, w0 = ow * KF_SW - KF_PW;
-    if (h0 >= 0 && w0 >= 0 && h0 + (KF_KH - 1) * KF_DH < KF_H && w0 + (KF_KW - 1) * KF_DW < KF_W) {
-      float v[KF_KH][KF_KW];
+    const kf_i64 g = first + (kf_i64)it * KF_BLOCK;
+    if (g >= n) continue;
+    KF_GROUP(g, oh, ow0, base)
+    float m[KF_OV];
+    kf_i64 best[KF_OV];
 #pragma unroll
-      for (int a = 0; a < KF_KH; ++a) {
+    for (int j = 0; j < KF_OV; ++j) kf_max_window(x + base, oh, ow0 + j, m[j], best[j]);
+#if KF_OV == 1
+    y[g] = kf_from_float(m[0]);
+    idx[g] = best[0];
+#else
+    kf_store<KF_OV>(y, g, m);
 #pragma unroll
-        for (int b = 0; b < KF_KW; ++b) v[a][b] = kf_to_float(xp[KF_AT(h0 + a * KF_DH, w0 + b * KF_DW)]);
-      }
-      kf_i64 best = h0 * KF_W + w0;
-      float m = KF_NEG_INF;
-#pragma unroll
-      for (int a = 0; a < KF_KH; ++a) {
-#pragma unroll
-        for (int b = 0; b < KF_KW; ++b) {
-          if (v[a][b] > m || v[a][b] != v[a][b]) {
-            m = v[a][b];
-            best = (h0 + a * KF_DH) * KF_W + w0 + b * KF_DW;
-          }
-        }
-      }
-      y[i] = kf_from_float(m);
-      idx[i] = best;
-      continue;
+    for (int j = 0; j < KF_OV; j += 2) {
+      reinterpret_cast<longlong2*>(idx)[(g * KF_OV + j) / 2] = make_longlong2(best[j], best[j + 1]);
     }
-    KF_WINDOW(oh, ow, hs, he, ws, we)
-    kf_i64 best = hs * KF_W + ws;
-    float m = KF_NEG_INF;
-    for (kf_i64 h = hs; h < he; h += KF_DH) {
-      for (kf_i64 w = ws; w < we; w += KF_DW) {
-        const float v = kf_to_float(xp[KF_AT(h, w)]);
-        if (v > m || v != v) {
-          m = v;
-          best = h * KF_W + w;
-        }
-      }
-    }
-    y[i] = kf_from_float(m);
-    idx[i] = best;
+#endif
   }
 }
 )kf";
@@ -193,44 +254,55 @@ const char* const kAdaptiveWindow = R"kf(
 )kf";
 
 const char* const kCudaMeanPool = R"kf(
-// One output element per thread (KF_ITEMS per thread, KF_BLOCK apart) of [planes = N*C, OH, OW].
+// The mean of window (oh, ow).
+__device__ __forceinline__ float kf_mean_window(const kf_t* __restrict__ xp, kf_i64 oh, kf_i64 ow) {
+#ifdef KF_KH
+  // Note [Whole windows]: avg_pool2d's window inside the input, its loads issued together; the
+  // sum in the general loop's order, the divisor what the general case counts there.
+  const kf_i64 h0 = oh * KF_SH - KF_PH, w0 = ow * KF_SW - KF_PW;
+  if (h0 >= 0 && w0 >= 0 && h0 + KF_KH <= KF_H && w0 + KF_KW <= KF_W) {
+    float v[KF_KH][KF_KW];
+#pragma unroll
+    for (int a = 0; a < KF_KH; ++a) {
+#pragma unroll
+      for (int b = 0; b < KF_KW; ++b) v[a][b] = kf_to_float(xp[KF_AT(h0 + a, w0 + b)]);
+    }
+    kf_acc sum = 0;
+#pragma unroll
+    for (int a = 0; a < KF_KH; ++a) {
+#pragma unroll
+      for (int b = 0; b < KF_KW; ++b) sum += v[a][b];
+    }
+    const kf_i64 div = KF_DIVISOR != 0 ? (kf_i64)KF_DIVISOR : (kf_i64)(KF_KH * KF_KW);
+    return (float)(sum / (kf_acc)div);
+  }
+#endif
+  KF_MEAN_WINDOW(oh, ow, hs, he, ws, we, div)
+  kf_acc sum = 0;
+  for (kf_i64 h = hs; h < he; ++h) {
+    for (kf_i64 w = ws; w < we; ++w) sum += kf_to_float(xp[KF_AT(h, w)]);
+  }
+  return hs < he && ws < we ? (float)(sum / (kf_acc)div) : 0.0f;
+}
+
+// KF_OV outputs per thread (Note [Outputs per thread]); KF_ITEMS groups per thread, KF_BLOCK apart,
+// of n groups.
 extern "C" __global__ void __launch_bounds__(KF_BLOCK)
 kf_mean_pool2d(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 n) {
   const kf_i64 first = (kf_i64)blockIdx.x * (KF_BLOCK * KF_ITEMS) + threadIdx.x;
 #pragma unroll
   for (int it = 0; it < KF_ITEMS; ++it) {
-    const kf_i64 i = first + (kf_i64)it * KF_BLOCK;
-    if (i >= n) continue;
-    KF_POSITION(i, oh, ow, base)
-    const kf_t* __restrict__ xp = x + base;
-#ifdef KF_KH
-    // Note [Whole windows]: avg_pool2d's window inside the input, its loads issued together; the
-    // sum in the general loop's order, the divisor what the general case counts there.
-    const kf_i64 h0 = oh * KF_SH - KF_PH, w0 = ow * KF_SW - KF_PW;
-    if (h0 >= 0 && w0 >= 0 && h0 + KF_KH <= KF_H && w0 + KF_KW <= KF_W) {
-      float v[KF_KH][KF_KW];
+    const kf_i64 g = first + (kf_i64)it * KF_BLOCK;
+    if (g >= n) continue;
+    KF_GROUP(g, oh, ow0, base)
+    float m[KF_OV];
 #pragma unroll
-      for (int a = 0; a < KF_KH; ++a) {
-#pragma unroll
-        for (int b = 0; b < KF_KW; ++b) v[a][b] = kf_to_float(xp[KF_AT(h0 + a, w0 + b)]);
-      }
-      kf_acc sum = 0;
-#pragma unroll
-      for (int a = 0; a < KF_KH; ++a) {
-#pragma unroll
-        for (int b = 0; b < KF_KW; ++b) sum += v[a][b];
-      }
-      const kf_i64 div = KF_DIVISOR != 0 ? (kf_i64)KF_DIVISOR : (kf_i64)(KF_KH * KF_KW);
-      y[i] = kf_from_float((float)(sum / (kf_acc)div));
-      continue;
-    }
+    for (int j = 0; j < KF_OV; ++j) m[j] = kf_mean_window(x + base, oh, ow0 + j);
+#if KF_OV == 1
+    y[g] = kf_from_float(m[0]);
+#else
+    kf_store<KF_OV>(y, g, m);
 #endif
-    KF_MEAN_WINDOW(oh, ow, hs, he, ws, we, div)
-    kf_acc sum = 0;
-    for (kf_i64 h = hs; h < he; ++h) {
-      for (kf_i64 w = ws; w < we; ++w) sum += kf_to_float(xp[KF_AT(h, w)]);
-    }
-    y[i] = kf_from_float(hs < he && ws < we ? (float)(sum / (kf_acc)div) : 0.0f);
   }
 }
 )kf";
@@ -347,7 +419,7 @@ std::vector<std::string> pool_defines(Pool kind, const PoolCall& c) {
 // The window text and the kernel, by kind.
 std::string pool_source(Backend backend, Pool kind) {
   const bool cuda = backend == Backend::kCuda;
-  std::string s = cuda ? std::string(kCudaPrelude) + kCudaImagePosition : std::string(kCpuPrelude) + "typedef int64_t kf_i64;\n";
+  std::string s = cuda ? std::string(kCudaPrelude) + kCudaImagePosition + kCudaPoolGroup : std::string(kCpuPrelude) + "typedef int64_t kf_i64;\n";
   switch (kind) {
     case Pool::kMax: return s + kPoolWindow + (cuda ? kCudaMaxPool : kCpuMaxPool);
     case Pool::kAvg: return s + kAvgWindow + (cuda ? kCudaMeanPool : kCpuMeanPool);
@@ -387,35 +459,49 @@ const char* family_name(Backend backend, Pool kind) {
 
 // ---- CUDA ------------------------------------------------------------------------------------------
 
-enum PoolCudaKnob : size_t { kBlock, kItems };
+enum PoolCudaKnob : size_t { kBlock, kItems, kOv, kEdges };
+
+std::vector<Knob> pool_cuda_knobs(Pool kind) {
+  std::vector<Knob> k = {Knob{"block", {64, 128, 256, 512}, {}}, Knob{"items", {1, 2, 4}, {}},
+                         // Note [Outputs per thread]
+                         Knob{"ov", {1, 2, 4, 8}, {}}};
+  // max: 1 masks every window's out-of-bounds elements; 0 branches to a general loop at the edges.
+  if (kind == Pool::kMax) k.push_back(Knob{"edges", {0, 1}, {"branch", "masked"}});
+  return k;
+}
 
 class PoolCuda final : public FamilyBase {
  public:
-  explicit PoolCuda(Pool kind)
-      : FamilyBase(family_name(Backend::kCuda, kind), Backend::kCuda,
-                   {Knob{"block", {64, 128, 256, 512}, {}}, Knob{"items", {1, 2, 4}, {}}}),
-        kind_(kind) {}
+  explicit PoolCuda(Pool kind) : FamilyBase(family_name(Backend::kCuda, kind), Backend::kCuda, pool_cuda_knobs(kind)), kind_(kind) {}
 
   bool applies(const OpSignature& sig) const override { return pool_call(sig, Backend::kCuda, kind_).has_value(); }
 
   bool valid(const OpSignature& sig, std::span<const int64_t> v) const override {
     const PoolCall c = *pool_call(sig, Backend::kCuda, kind_);
-    return v[kBlock] * v[kItems] <= std::max<int64_t>(64, pow2_ceil(c.x->sizes[0] * c.x->sizes[1] * c.g.oh * c.g.ow));
+    // Note [Outputs per thread]: whole groups in a row; channels-last numbers channels innermost.
+    if (v[kOv] > 1 && (c.channels_last || c.g.ow % v[kOv] != 0)) return false;
+    const int64_t groups = c.x->sizes[0] * c.x->sizes[1] * c.g.oh * c.g.ow / v[kOv];
+    return v[kBlock] * v[kItems] <= std::max<int64_t>(64, pow2_ceil(groups));
   }
 
   double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
     (void)sig;
-    return closeness(static_cast<double>(v[kBlock]), 256, 0.3) * closeness(static_cast<double>(v[kItems]), 1, 0.3);
+    double p = closeness(static_cast<double>(v[kBlock]), 256, 0.3) * closeness(static_cast<double>(v[kItems]), 1, 0.3) *
+               closeness(static_cast<double>(v[kOv]), 2, 0.2);
+    if (kind_ == Pool::kMax) p *= v[kEdges] == 1 ? 1.0 : 0.9;
+    return p;
   }
 
   KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {
     const PoolCall c = *pool_call(sig, Backend::kCuda, kind_);
-    std::vector<std::string> options = {dtype_define(c.x->dtype), define("KF_BLOCK", v[kBlock]), define("KF_ITEMS", v[kItems])};
+    std::vector<std::string> options = {dtype_define(c.x->dtype), define("KF_BLOCK", v[kBlock]), define("KF_ITEMS", v[kItems]),
+                                        define("KF_OV", v[kOv])};
+    if (kind_ == Pool::kMax) options.push_back(define("KF_EDGES", v[kEdges]));
     for (std::string& d : pool_defines(kind_, c)) options.push_back(std::move(d));
     KernelSpec s = one_launch_spec(Backend::kCuda, pool_source(Backend::kCuda, kind_), pool_entry(kind_), options);
     s.plan.outputs = pool_outputs(kind_, c);
     Launch& l = s.plan.launches[0];
-    const std::string n = planes_expr() + " * " + std::to_string(c.g.oh * c.g.ow);
+    const std::string n = planes_expr() + " * " + std::to_string(c.g.oh * c.g.ow / v[kOv]);
     l.grid[0] = "ceil_div(" + n + ", " + std::to_string(v[kBlock] * v[kItems]) + ")";
     l.block[0] = std::to_string(v[kBlock]);
     l.args = pool_bindings(kind_, n);

@@ -407,6 +407,11 @@ std::vector<OpSignature> signatures(Backend b) {
     out.push_back(clone(b, t, {4, 6}, {1, 4}, Arg::none()));          // preserve a dense transpose
     out.push_back(clone(b, t, {3, 5}, {0, 1}, Arg::integer(0)));      // an expanded row
     out.push_back(clone(b, t, {7, 33}, {}, Arg::none()));
+    // Note [Transposing clone]: a channels-last image made contiguous (group_norm's input on CUDA),
+    // odd sizes; transposed matrices, their tiles partial.
+    out.push_back(clone(b, t, {2, 24, 5, 7}, {840, 1, 168, 24}, Arg::integer(0)));
+    out.push_back(clone(b, t, {3, 64, 96}, {6144, 1, 64}, Arg::integer(0)));
+    out.push_back(clone(b, t, {2, 40, 70}, {2800, 1, 40}, Arg::integer(0)));
     out.push_back(with_number("add", b, t, {77}, DType::kInt64));            // x + 1
     out.push_back(with_number("sub", b, t, {3, 64}, DType::kFloat64, Arg::real(0.5)));
     out.push_back(with_number("div", b, t, {1 << 12}));
@@ -1325,6 +1330,7 @@ TEST_CASE("templates: the CUDA families compile with NVRTC for sm_90 over their 
       sigs.push_back(clone(Backend::kCuda, d, sizes, strides, Arg::integer(0)));
     }
     sigs.push_back(clone(Backend::kCuda, d, {8, 512, 12, 64}, {393216, 64, 32768, 1}, Arg::integer(0)));
+    sigs.push_back(clone(Backend::kCuda, d, {16, 320, 64, 64}, {1310720, 1, 20480, 320}, Arg::integer(0)));
     if (d != DType::kBFloat16) sigs.push_back(cudnn_batch_norm(d, {8, 64, 28, 28}));
     sigs.push_back(embedding(Backend::kCuda, d, 1000, 8, {64}, DType::kInt32));
     sigs.push_back(binary("sub", Backend::kCuda, d, {512, 1024}, {1024}, Arg::real(0.5)));

@@ -1,7 +1,8 @@
 // aten::clone: a copy of self, element for element (raw words, never through float). Handled:
 //   memory_format=contiguous (what Tensor.contiguous() calls on a transposed or sliced tensor):
 //     any strides, the output contiguous; the kernel walks the output in order and gathers each
-//     element from self's strides (Note [Clone plan]);
+//     element from self's strides (Note [Clone plan]), or, on CUDA, transposes tiles through
+//     shared memory when self's innermost dimension is not the output's (Note [Transposing clone]);
 //   memory_format=None or preserve with self non-overlapping and dense (contiguous, or permuted
 //     without gaps): the output has self's strides, so the copy is the linear one of self's
 //     numel elements from its first.
@@ -170,13 +171,68 @@ kf_clone(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 nvec) {
 }
 )kf";
 
-enum CloneCudaKnob : size_t { kBlock, kVec, kItems };
+// Note [Transposing clone]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// A gather whose merged dimension 1 has stride 1 in self and dimension 0 (the output's innermost)
+// does not, reads self KF_S0 elements apart in each warp: a channels-last [N, C, H, W] made
+// contiguous (group_norm's input.contiguous() on CUDA, plan [H*W, C, N]) or a transposed matrix.
+// With `tile` on, a block moves one tile of KF_T x KF_T elements (dimension 0 by dimension 1) of
+// one outer index (blockIdx.y): it reads rows along dimension 1, where self is contiguous, a word of
+// KF_VEC elements per thread, into shared memory, and writes rows along dimension 0, where the
+// output is contiguous, a word of KF_VEC elements gathered from a tile column per thread. The
+// outer index's offset in self is kf_src of its first output element.
+const char* const kCudaCloneTiles = R"kf(
+#define KF_T (32 * KF_VEC)
+#define KF_ROWS (KF_BLOCK / 32)
+#define KF_TILES0 ((KF_D0 + KF_T - 1) / KF_T)
+extern "C" __global__ void __launch_bounds__(KF_BLOCK)
+kf_clone(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 nvec) {
+  (void)nvec;
+  __shared__ kf_t tile[KF_T][KF_T + 1];   // [dimension 0][dimension 1]
+  const kf_i64 i0 = (kf_i64)(blockIdx.x % KF_TILES0) * KF_T, j0 = (kf_i64)(blockIdx.x / KF_TILES0) * KF_T;
+  const kf_i64 dst = (kf_i64)blockIdx.y * ((kf_i64)KF_D0 * KF_D1);
+  const kf_i64 src = kf_src(dst);
+  const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+#pragma unroll 4
+  for (int a = ty; a < KF_T; a += KF_ROWS) {
+    const kf_i64 i = i0 + a, j = j0 + tx * KF_VEC;
+    if (i < KF_D0 && j < KF_D1) {
+      const kf_word w = *reinterpret_cast<const kf_word*>(x + src + i * KF_S0 + j);
+      const kf_t* e = reinterpret_cast<const kf_t*>(&w);
+#pragma unroll
+      for (int k = 0; k < KF_VEC; ++k) tile[a][tx * KF_VEC + k] = e[k];
+    }
+  }
+  __syncthreads();
+#pragma unroll 4
+  for (int b = ty; b < KF_T; b += KF_ROWS) {
+    const kf_i64 j = j0 + b, i = i0 + tx * KF_VEC;
+    if (j < KF_D1 && i < KF_D0) {
+      kf_word w;
+      kf_t* e = reinterpret_cast<kf_t*>(&w);
+#pragma unroll
+      for (int k = 0; k < KF_VEC; ++k) e[k] = tile[tx * KF_VEC + k][b];
+      *reinterpret_cast<kf_word*>(y + dst + j * KF_D0 + i) = w;
+    }
+  }
+}
+)kf";
+
+// Whether a plan transposes: Note [Transposing clone].
+bool transposes(const ClonePlan& p) { return p.gather && p.dims.size() >= 2 && p.strides[1] == 1 && p.strides[0] != 1; }
+
+enum CloneCudaKnob : size_t { kBlock, kVec, kItems, kTile };
+
+std::vector<Knob> clone_cuda_knobs() {
+  std::vector<Knob> k = flat_cuda_knobs();
+  k.push_back(Knob{"tile", {0, 1}, {"gather", "transpose"}});   // Note [Transposing clone]
+  return k;
+}
 
 class CloneCuda final : public FamilyBase {
  public:
   CloneCuda()
-      : FamilyBase("clone", Backend::kCuda,
-                   flat_cuda_knobs()) {}
+      : FamilyBase("clone", Backend::kCuda, clone_cuda_knobs()) {}
 
   bool applies(const OpSignature& sig) const override { return clone_plan(sig, Backend::kCuda).has_value(); }
 
@@ -185,6 +241,18 @@ class CloneCuda final : public FamilyBase {
     const TensorMeta& x = *tensor_arg(sig, 0);
     const int64_t bytes = v[kVec] * dtype_size_bytes(x.dtype);
     if (bytes > 16 || static_cast<int64_t>(x.alignment) % bytes != 0) return false;
+    if (v[kTile] == 1) {
+      // Note [Transposing clone]: words of KF_VEC elements along dimension 1 of self and along
+      // dimension 0 of the output start aligned; the tile fits in 40 KB of shared memory; one
+      // block per tile (items 1, whole warps); the outer indices fit the grid's y.
+      if (!transposes(p) || v[kItems] != 1 || v[kBlock] < 64 || v[kBlock] > 256) return false;
+      if (p.dims[0] % v[kVec] != 0 || p.dims[1] % v[kVec] != 0 || p.strides[0] % v[kVec] != 0) return false;
+      for (size_t d = 2; d < p.strides.size(); ++d) {
+        if (p.strides[d] % v[kVec] != 0) return false;
+      }
+      const int64_t t = 32 * v[kVec];
+      return t * (t + 1) * dtype_size_bytes(x.dtype) <= 40 * 1024 && p.numel / (p.dims[0] * p.dims[1]) <= 65535;
+    }
     if (v[kVec] > 1) {
       // A vector is consecutive in self and starts aligned: innermost stride 1, its length and
       // every outer stride multiples of the width.
@@ -198,7 +266,13 @@ class CloneCuda final : public FamilyBase {
 
   double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
     const ClonePlan p = *clone_plan(sig, Backend::kCuda);
-    return flat_cuda_prior(dtype_size_bytes(tensor_arg(sig, 0)->dtype), p.numel, v);
+    const int64_t es = dtype_size_bytes(tensor_arg(sig, 0)->dtype);
+    if (v[kTile] == 1) {
+      // Whole rows of 32-byte sectors or more on both sides, 256 threads.
+      return closeness(static_cast<double>(v[kVec] * es), 8, 0.3) * closeness(static_cast<double>(v[kBlock]), 256, 0.3);
+    }
+    // A transposing gather reads a sector per element: the tiles first.
+    return flat_cuda_prior(es, p.numel, v) * (transposes(p) ? 0.5 : 1.0);
   }
 
   KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {
@@ -212,13 +286,19 @@ class CloneCuda final : public FamilyBase {
     }
     KernelSpec s = one_launch_spec(Backend::kCuda,
                                    std::string(kCudaPrelude) + kCudaRawWord + "#define KF_DEVICE __device__\n" +
-                                       kCloneOffset + kCudaClone,
+                                       kCloneOffset + (v[kTile] == 1 ? kCudaCloneTiles : kCudaClone),
                                    "kf_clone", options);
     s.plan.outputs = {clone_output(sig, p)};
     const std::string nvec = "numel0 / " + std::to_string(v[kVec]);
     Launch& l = s.plan.launches[0];
-    l.grid[0] = "ceil_div(" + nvec + ", " + std::to_string(v[kBlock] * v[kItems]) + ")";
     l.block[0] = std::to_string(v[kBlock]);
+    if (v[kTile] == 1) {   // Note [Transposing clone]: tiles of dimensions 0 and 1 by the outer indices
+      const int64_t t = 32 * v[kVec];
+      l.grid[0] = std::to_string(((p.dims[0] + t - 1) / t) * ((p.dims[1] + t - 1) / t));
+      l.grid[1] = std::to_string(p.numel / (p.dims[0] * p.dims[1]));
+    } else {
+      l.grid[0] = "ceil_div(" + nvec + ", " + std::to_string(v[kBlock] * v[kItems]) + ")";
+    }
     l.args = {ArgBinding::input(0), ArgBinding::output(0), ArgBinding::size(nvec)};
     return s;
   }

@@ -1943,6 +1943,24 @@ TEST_CASE("templates: CUDA instances of every family pass the worker's verificat
     std::vector<Move> m = instances(s, defaults, samples, 23);
     work.emplace_back(s, std::move(m));
   };
+  // Each value of each named knob of `family`, at its best configuration by prior.
+  auto plan_knobs = [&](OpSignature s, const char* family, std::initializer_list<const char*> knobs) {
+    s.target.arch = arch;
+    const KernelTemplate& t = *find_template(family);
+    std::map<std::pair<std::string, int64_t>, TemplateConfig> best;
+    for (const TemplateConfig& c : enumerate_space(s, t)) {
+      for (const char* k : knobs) {
+        auto [it, fresh] = best.emplace(std::pair<std::string, int64_t>{k, knob(c, k)}, c);
+        if (!fresh && t.prior(s, c.values) > t.prior(s, it->second.values)) it->second = c;
+      }
+    }
+    REQUIRE(!best.empty());
+    std::set<TemplateConfig> picked;
+    for (const auto& [key, c] : best) picked.insert(c);
+    std::vector<Move> moves;
+    for (const TemplateConfig& c : picked) moves.push_back(*TemplateProposer::move_for(s, c));
+    work.emplace_back(s, std::move(moves));
+  };
   for (DType d : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
     for (bool log : {false, true}) {
       plan(softmax(B, d, {37, 1000}, log), 4, 3);
@@ -2071,6 +2089,14 @@ TEST_CASE("templates: CUDA instances of every family pass the worker's verificat
     plan(clone(B, d, {4, 6}, {1, 4}, Arg::none()), 1, 0);
     plan(clone(B, d, {5, 40}, {64, 1}, Arg::integer(0)), 1, 1);
     plan(clone(B, d, {2, 3, 4, 5, 6, 7}, {2520, 1, 3, 12, 60, 360}, Arg::integer(0)), 1, 0);
+    // Note [Outputs per thread] and masked edges (padded and dilated windows); Note [Transposing
+    // clone] (a channels-last image with odd sizes, transposed matrices with partial tiles).
+    plan_knobs(max_pool(B, d, {2, 16, 32, 32}, {3, 3}, {2, 2}, {1, 1}), "max_pool2d", {"ov", "edges"});
+    plan_knobs(max_pool(B, d, {1, 2, 10, 14}, {3, 2}, {1, 2}, {1, 1}, {2, 1}), "max_pool2d", {"ov", "edges"});
+    plan_knobs(avg_pool(B, d, {2, 16, 32, 32}, {3, 3}, {2, 2}, {1, 1}, false, false), "avg_pool2d", {"ov"});
+    plan_knobs(clone(B, d, {2, 24, 5, 7}, {840, 1, 168, 24}, Arg::integer(0)), "clone", {"vec", "tile", "block"});
+    plan_knobs(clone(B, d, {3, 64, 96}, {6144, 1, 64}, Arg::integer(0)), "clone", {"vec", "tile"});
+    plan_knobs(clone(B, d, {2, 40, 70}, {2800, 1, 40}, Arg::integer(0)), "clone", {"vec", "tile"});
     if (d != DType::kBFloat16) {
       plan(cudnn_batch_norm(d, {4, 24, 9, 9}), 2, 2);
       plan(channels_last(cudnn_batch_norm(d, {4, 24, 9, 9})), 1, 1);

@@ -21,6 +21,20 @@
 //
 // Needs KFORGE_WORKER (default: beside this program, then ../search_daemon) and, where python3 has
 // no torch, KFORGE_PYTHON.
+//
+// Note [Landscape files]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// --landscape-out FILE writes every outcome the worker measured (signature, label, status, speedup,
+// noise band, significant, implausible) as tab-separated lines; --landscape-in FILE replays such a
+// file with no worker: a candidate's outcome is the recorded one for its label. A GPU's whole
+// spaces, measured once, then let the strategies be compared and tuned on any machine, every seed
+// on the same measurements; a candidate the file lacks is counted (`missing`) and scores as a
+// worker error (reward 0), so a replay of a partial landscape says how partial it was.
+// --prebuild N (CUDA) compiles the configurations to be evaluated on N threads into the worker's
+// build cache first, with the worker's own builder (Note [Builds ahead] in
+// search_daemon/daemon/prebuilder.h), so the worker's builds are cache hits: a whole space of
+// hundreds of configurations is evaluated in minutes, and the phase medians show an evaluation's
+// time with the build cache.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -29,14 +43,20 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "runtime/cuda_environment.h"
 #include "runtime/environment.h"
+#include "runtime/nvrtc.h"
 #include "search_daemon/evaluator/worker_process.h"
 #include "search_daemon/proposers/templates/kernel_template.h"
 #include "search_daemon/proposers/templates/template_proposer.h"
 #include "search_daemon/search/search_strategy.h"
+#include "search_daemon/worker/builder.h"
 #include "tests/support/temp_dir.h"
 
 using namespace kforge;
@@ -86,23 +106,89 @@ std::vector<NamedSignature> signatures(bool cuda, const std::string& arch) {
 }
 
 
-// The landscape: outcomes by spec id, evaluated on first need.
+// Note [Landscape files]: recorded outcomes by signature name and label.
+class Replay {
+ public:
+  static StatusOr<Replay> load(const std::string& path) {
+    std::ifstream in(path);
+    if (!in) return Status(StatusCode::kInvalidArgument, "cannot read the landscape file " + path);
+    Replay r;
+    std::string line;
+    size_t n = 0;
+    while (std::getline(in, line)) {
+      ++n;
+      if (line.empty() || line[0] == '#') {
+        if (line.rfind("# arch\t", 0) == 0) r.arch = line.substr(7);
+        continue;
+      }
+      std::vector<std::string> f;   // empty fields kept
+      for (size_t at = 0;;) {
+        const size_t tab = line.find('\t', at);
+        f.push_back(line.substr(at, tab == std::string::npos ? std::string::npos : tab - at));
+        if (tab == std::string::npos) break;
+        at = tab + 1;
+      }
+      if (f.size() < 8) return Status(StatusCode::kInvalidArgument, path + ":" + std::to_string(n) + ": expected 8 tab-separated fields, got " + std::to_string(f.size()));
+      Outcome o;
+      try {
+        const int status = std::stoi(f[2]);
+        if (status < 0 || status > static_cast<int>(eval::EvalStatus::kWorkerError)) throw std::out_of_range("status");
+        o.status = static_cast<eval::EvalStatus>(status);
+        o.speedup = std::stod(f[4]);
+        o.noise_band = std::stod(f[5]);
+        o.significant = f[6] == "1";
+      } catch (const std::exception&) {
+        return Status(StatusCode::kInvalidArgument, path + ":" + std::to_string(n) + ": a status, speedup or noise band that is not a number");
+      }
+      o.implausible = f[7];
+      r.outcomes[{f[0], f[1]}] = o;
+    }
+    if (r.outcomes.empty()) return Status(StatusCode::kInvalidArgument, "the landscape file " + path + " has no outcomes");
+    return r;
+  }
+  std::string arch;
+  std::map<std::pair<std::string, std::string>, Outcome> outcomes;   // (signature name, label)
+};
+
+std::string one_line(std::string s) {
+  for (char& c : s) {
+    if (c == '\t' || c == '\n' || c == '\r') c = ' ';
+  }
+  return s;
+}
+
+// The landscape: outcomes by spec id, evaluated on first need by the worker (or replayed).
 class Landscape {
  public:
-  Landscape(eval::WorkerProcess& w, OpSignature sig) : w_(w), sig_(std::move(sig)) {}
+  Landscape(eval::WorkerProcess* w, OpSignature sig, std::string name, const Replay* replay, std::ostream* record)
+      : w_(w), sig_(std::move(sig)), name_(std::move(name)), replay_(replay), record_(record) {}
   Outcome get(const KernelSpec& spec, const std::string& label) {
     const KernelId id = spec.id();
     if (auto it = memo_.find(id); it != memo_.end()) return it->second;
+    Outcome o;
+    if (replay_ != nullptr) {
+      const auto it = replay_->outcomes.find({name_, label});
+      if (it != replay_->outcomes.end()) {
+        o = it->second;
+      } else {
+        o.status = eval::EvalStatus::kWorkerError;
+        o.message = "not in the landscape file";
+        ++missing_;
+      }
+      ++evaluated_;
+      memo_.emplace(id, o);
+      return o;
+    }
     eval::EvalJob j;
     j.job_id = next_++;
     j.signature = sig_;
     j.spec = spec;
     j.policy.seed = 7;
-    const eval::EvalResult r = w_.evaluate(j);
-    Outcome o = outcome_of(r);
+    const eval::EvalResult r = w_->evaluate(j);
+    o = outcome_of(r);
     ++evaluated_;
     std::map<std::string, double> spent;   // a phase entered twice (measure) counts once, summed
-    for (const auto& [phase, ms] : w_.last_phase_ms()) {
+    for (const auto& [phase, ms] : w_->last_phase_ms()) {
       spent[phase] += ms;
       spent["total"] += ms;
     }
@@ -113,13 +199,21 @@ class Landscape {
                     ? (std::to_string(o.speedup) + "x" + (o.significant ? "" : " (noise)")).c_str()
                     : r.message.substr(0, 100).c_str());
     std::fflush(stdout);
+    if (record_ != nullptr) {
+      *record_ << name_ << '\t' << one_line(label) << '\t' << static_cast<int>(o.status) << '\t' << eval::eval_status_name(o.status)
+               << '\t' << o.speedup << '\t' << o.noise_band << '\t' << (o.significant ? 1 : 0) << '\t' << one_line(o.implausible)
+               << '\n';
+      record_->flush();
+    }
     memo_.emplace(id, o);
     return o;
   }
   size_t evaluated() const { return evaluated_; }
+  size_t missing() const { return missing_; }
   // Where an evaluation's time went: the median wall time of each phase (as the supervisor saw the
   // worker's phase messages) and of the whole evaluation, over this signature's evaluations.
   std::string phase_medians() const {
+    if (replay_ != nullptr) return "replayed (" + std::to_string(missing_) + " candidates not in the file)";
     std::string s;
     for (const char* p : {"start", "build", "verify", "baseline", "measure", "total"}) {
       const auto it = phase_ms_.find(p);
@@ -141,14 +235,56 @@ class Landscape {
   }
 
  private:
-  eval::WorkerProcess& w_;
+  eval::WorkerProcess* w_;
   OpSignature sig_;
+  std::string name_;
+  const Replay* replay_;
+  std::ostream* record_;
   std::map<KernelId, Outcome> memo_;
   uint64_t next_ = 1;
-  size_t evaluated_ = 0;
+  size_t evaluated_ = 0, missing_ = 0;
   std::map<std::string, std::vector<double>> phase_ms_;
   size_t build_cache_hits_ = 0;
 };
+
+// Note [Landscape files]: the specs compiled on `threads` threads into `cache_dir` with the
+// worker's builder for `arch`. Returns a line saying how many and how long.
+std::string prebuild(const std::vector<KernelSpec>& specs, const std::string& cache_dir, const std::string& arch, uint32_t threads) {
+  int major = 0, minor = 0;
+  if (!parse_cuda_arch(arch, major, minor)) return "prebuild: not a CUDA architecture: " + arch;
+  StatusOr<const Nvrtc*> nvrtc = Nvrtc::load();
+  if (!nvrtc.ok()) return "prebuild: no NVRTC: " + nvrtc.status().message();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::mutex mu;
+  size_t next = 0, built = 0, cached = 0, failed = 0;
+  std::vector<std::thread> pool;
+  for (uint32_t i = 0; i < threads; ++i) {
+    pool.emplace_back([&] {
+      StatusOr<CandidateBuilder> b = CandidateBuilder::for_cuda(cache_dir, *nvrtc, major, minor);
+      for (;;) {
+        size_t k;
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          if (next >= specs.size()) return;
+          k = next++;
+        }
+        bool ok = false, hit = false;
+        if (b.ok()) {
+          StatusOr<BuildOutput> out = b->build(specs[k], 120000);
+          ok = out.ok() && out->compiled;
+          hit = ok && out->cached;
+        }
+        std::lock_guard<std::mutex> lock(mu);
+        (ok ? (hit ? cached : built) : failed) += 1;
+      }
+    });
+  }
+  for (std::thread& th : pool) th.join();
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "prebuild: %zu compiled, %zu already cached, %zu failed, in %.1f s on %u threads", built, cached,
+                failed, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), threads);
+  return buf;
+}
 
 // Best improving speedup after each evaluation (1 = PyTorch's kernel).
 std::vector<double> run_strategy(const std::string& name, const OpSignature& sig, uint32_t budget, uint64_t seed,
@@ -215,15 +351,19 @@ std::string svg_plot(const std::map<std::string, std::map<std::string, std::vect
 
 int usage() {
   std::fprintf(stderr, "usage: bench_search [--device cpu|cuda:N] [--budget N] [--seeds N] [--max-space N] [--only 'a|b'] [--out DIR]\n"
-                       "  --only: the signatures whose names contain one of these texts, separated by '|'\n");
+                       "                    [--prebuild THREADS] [--landscape-out FILE | --landscape-in FILE]\n"
+                       "  --only: the signatures whose names contain one of these texts, separated by '|'\n"
+                       "  --prebuild: CUDA: compile the configurations to evaluate on THREADS threads first\n"
+                       "  --landscape-out/-in: record the worker's outcomes / replay a recording without a worker\n"
+                       "    (Note [Landscape files]; --landscape-in with --device cuda:N names the recording's device kind)\n");
   return 2;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string device = "cpu", out_dir, only;
-  uint32_t budget = 24, seeds = 10, max_space = 48;
+  std::string device = "cpu", out_dir, only, landscape_in, landscape_out;
+  uint32_t budget = 24, seeds = 10, max_space = 48, prebuild_threads = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (i + 1 >= argc) return usage();
@@ -234,23 +374,51 @@ int main(int argc, char** argv) {
     else if (a == "--max-space") max_space = static_cast<uint32_t>(std::atoi(v.c_str()));
     else if (a == "--out") out_dir = v;
     else if (a == "--only") only = v;
+    else if (a == "--prebuild") prebuild_threads = static_cast<uint32_t>(std::atoi(v.c_str()));
+    else if (a == "--landscape-in") landscape_in = v;
+    else if (a == "--landscape-out") landscape_out = v;
     else return usage();
   }
-  if (budget == 0 || seeds == 0) return usage();
+  if (budget == 0 || seeds == 0 || (!landscape_in.empty() && !landscape_out.empty())) return usage();
   const bool cuda = device != "cpu";
   const test_support::TempDir tmp("kforge-bench-search");   // under $TMPDIR; removed at exit
+  std::optional<Replay> replay;
+  std::optional<eval::WorkerProcess> w;
   eval::WorkerOptions wo;
-  wo.program = eval::WorkerOptions::default_program();
-  wo.device = device;
-  wo.build_cache_dir = (tmp.path / "builds").string();
-  eval::WorkerProcess w(wo);
-  if (Status s = w.start(); !s.ok()) {
-    std::fprintf(stderr, "bench_search: cannot start %s: %s\n", wo.program.c_str(), s.message().c_str());
-    return 1;
+  std::string arch, model;
+  if (!landscape_in.empty()) {   // Note [Landscape files]
+    StatusOr<Replay> r = Replay::load(landscape_in);
+    if (!r.ok()) {
+      std::fprintf(stderr, "bench_search: %s\n", r.status().message().c_str());
+      return 1;
+    }
+    replay = std::move(*r);
+    arch = !replay->arch.empty() ? replay->arch : cuda ? "sm_90" : cpu_host_environment("").arch;
+    model = "replay of " + fs::path(landscape_in).filename().string();
+  } else {
+    wo.program = eval::WorkerOptions::default_program();
+    wo.device = device;
+    wo.build_cache_dir = (tmp.path / "builds").string();
+    w.emplace(wo);
+    if (Status s = w->start(); !s.ok()) {
+      std::fprintf(stderr, "bench_search: cannot start %s: %s\n", wo.program.c_str(), s.message().c_str());
+      return 1;
+    }
+    arch = cuda ? w->ready()->environment.arch : cpu_host_environment("").arch;
+    model = w->ready()->environment.device_model;
   }
-  const std::string arch = cuda ? w.ready()->environment.arch : cpu_host_environment("").arch;
+  std::ofstream record;
+  if (!landscape_out.empty()) {
+    record.open(landscape_out);
+    if (!record) {
+      std::fprintf(stderr, "bench_search: cannot write %s\n", landscape_out.c_str());
+      return 1;
+    }
+    record << "# bench_search landscape (Note [Landscape files] in bench/search_bench.cc): signature, label, status, "
+              "status name, speedup, noise band, significant, implausible\n# arch\t" << arch << "\n# device\t" << model << "\n";
+  }
   std::printf("# bench_search --device %s --budget %u --seeds %u --max-space %u on %s (%s)\n", device.c_str(), budget,
-              seeds, max_space, w.ready()->environment.device_model.c_str(), arch.c_str());
+              seeds, max_space, model.c_str(), arch.c_str());
 
   const std::vector<std::string> strategies = {"mcts", "greedy", "random"};
   std::map<std::string, std::map<std::string, std::vector<double>>> mean_curves;
@@ -269,16 +437,29 @@ int main(int argc, char** argv) {
       if (!wanted) continue;
     }
     std::printf("\n%s: %s\n", ns.name.c_str(), ns.sig.to_string().c_str());
-    Landscape land(w, ns.sig);
+    Landscape land(w ? &*w : nullptr, ns.sig, ns.name, replay ? &*replay : nullptr, record.is_open() ? &record : nullptr);
     // The landscape first: the space in its fixed order, spread over the families.
     std::vector<templates::TemplateConfig> space = templates::enumerate_space(ns.sig);
     space_size[ns.name] = space.size();
     std::vector<templates::TemplateConfig> chosen;
     const size_t n = std::min<size_t>(space.size(), max_space);
     for (size_t k = 0; k < n; ++k) chosen.push_back(space[k * space.size() / std::max<size_t>(n, 1)]);
+    std::vector<Move> moves;
     for (const templates::TemplateConfig& c : chosen) {
       StatusOr<Move> m = TemplateProposer::move_for(ns.sig, c);
-      if (m.ok()) (void)land.get(m->spec, m->label);
+      if (m.ok()) moves.push_back(std::move(*m));
+    }
+    if (prebuild_threads > 0 && cuda && w) {
+      std::vector<KernelSpec> specs;
+      for (const Move& m : moves) specs.push_back(m.spec);
+      std::printf("  %s\n", prebuild(specs, wo.build_cache_dir, arch, prebuild_threads).c_str());
+      std::fflush(stdout);
+    }
+    const auto land_t0 = std::chrono::steady_clock::now();
+    for (const Move& m : moves) (void)land.get(m.spec, m.label);
+    if (!moves.empty() && w) {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - land_t0).count();
+      std::printf("  landscape: %zu evaluations in %.1f s, %.0f per minute\n", moves.size(), s, static_cast<double>(moves.size()) / s * 60);
     }
     for (const std::string& st : strategies) {
       std::vector<double> mean(budget, 0);
@@ -291,6 +472,7 @@ int main(int argc, char** argv) {
     space_best[ns.name] = land.best();
     evaluated[ns.name] = land.evaluated();
     std::printf("  evaluation time, median per phase: %s\n", land.phase_medians().c_str());
+    if (land.missing() > 0) std::printf("  %zu candidates were not in the landscape file (scored as worker errors)\n", land.missing());
   }
   const double minutes = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 60;
 

@@ -286,14 +286,61 @@ std::string prebuild(const std::vector<KernelSpec>& specs, const std::string& ca
   return buf;
 }
 
-// Best improving speedup after each evaluation (1 = PyTorch's kernel).
+// Note [Prior ablation]
+// ~~~~~~~~~~~~~~~~~~~~~
+// What the tree buys apart from the priors: the template proposer with its knowledge taken out.
+// The root's moves are uniform samples of the space (not each variant's best default), and a node's
+// neighbours come in a seeded random order, every prior 1. "mcts/flat" and "greedy/flat" (with
+// --ablate-priors) are the strategies on this proposer.
+class FlatPriors final : public Proposer {
+ public:
+  explicit FlatPriors(uint64_t seed) : rng_(seed) {}
+  std::string_view name() const override { return "template"; }
+  bool supports(const OpSignature& sig) const override { return inner_.supports(sig); }
+  std::vector<Move> propose(const ProposalRequest& r) override {
+    std::vector<Move> out;
+    if (r.parent == 0) {
+      for (size_t tries = 0; tries < 8 * r.max_moves && out.size() < r.max_moves; ++tries) {
+        std::optional<Move> m = inner_.sample(*r.signature, rng_);
+        if (!m) break;
+        if (r.tree->find(m->spec.id())) continue;
+        bool repeat = false;
+        for (const Move& o : out) repeat = repeat || o.spec.id() == m->spec.id();
+        if (!repeat) out.push_back(std::move(*m));
+      }
+    } else {
+      ProposalRequest all = r;
+      all.max_moves = 1u << 20;
+      out = inner_.propose(all);
+      std::shuffle(out.begin(), out.end(), rng_);
+      if (out.size() > r.max_moves) out.resize(r.max_moves);
+    }
+    for (Move& m : out) m.prior = 1;
+    return out;
+  }
+  std::optional<Move> sample(const OpSignature& sig, std::mt19937_64& rng) override {
+    std::optional<Move> m = inner_.sample(sig, rng);
+    if (m) m->prior = 1;
+    return m;
+  }
+
+ private:
+  TemplateProposer inner_;
+  std::mt19937_64 rng_;
+};
+
+// Best improving speedup after each evaluation (1 = PyTorch's kernel). A name ending in "/flat"
+// runs the strategy on FlatPriors (Note [Prior ablation]).
 std::vector<double> run_strategy(const std::string& name, const OpSignature& sig, uint32_t budget, uint64_t seed,
-                                 Landscape& land) {
+                                 Landscape& land, const StrategyOptions& base) {
+  const bool flat = name.size() > 5 && name.compare(name.size() - 5, 5, "/flat") == 0;
   TemplateProposer proposer;
-  StrategyOptions o;
+  FlatPriors flat_proposer(seed * 0x9E3779B97F4A7C15ull + 1);
+  StrategyOptions o = base;
   o.max_evaluations = budget;
   o.seed = seed;
-  std::unique_ptr<SearchStrategy> s = make_strategy(name, SearchTask{sig, {}}, {&proposer}, o);
+  std::unique_ptr<SearchStrategy> s = make_strategy(flat ? name.substr(0, name.size() - 5) : name, SearchTask{sig, {}},
+                                                    {flat ? static_cast<Proposer*>(&flat_proposer) : &proposer}, o);
   std::vector<double> curve;
   double best = 1;
   while (!s->done() && curve.size() < budget) {
@@ -318,7 +365,8 @@ std::string svg_plot(const std::map<std::string, std::map<std::string, std::vect
   const int panels = static_cast<int>(curves.size());
   std::string s = "<svg xmlns='http://www.w3.org/2000/svg' width='" + std::to_string(panels * (pw + pad) + pad) +
                   "' height='" + std::to_string(ph + 2 * pad) + "' font-family='sans-serif' font-size='11'>\n";
-  const std::map<std::string, std::string> color = {{"mcts", "#d62728"}, {"greedy", "#1f77b4"}, {"random", "#7f7f7f"}};
+  const std::map<std::string, std::string> color = {{"mcts", "#d62728"}, {"greedy", "#1f77b4"}, {"random", "#7f7f7f"},
+                                                    {"mcts/flat", "#ff9896"}, {"greedy/flat", "#aec7e8"}};
   int p = 0;
   for (const auto& [sig, by_strategy] : curves) {
     double top = 1.05;
@@ -351,11 +399,13 @@ std::string svg_plot(const std::map<std::string, std::map<std::string, std::vect
 
 int usage() {
   std::fprintf(stderr, "usage: bench_search [--device cpu|cuda:N] [--budget N] [--seeds N] [--max-space N] [--only 'a|b'] [--out DIR]\n"
-                       "                    [--prebuild THREADS] [--landscape-out FILE | --landscape-in FILE]\n"
+                       "                    [--prebuild THREADS] [--landscape-out FILE | --landscape-in FILE] [--ablate-priors]\n"
                        "  --only: the signatures whose names contain one of these texts, separated by '|'\n"
                        "  --prebuild: CUDA: compile the configurations to evaluate on THREADS threads first\n"
                        "  --landscape-out/-in: record the worker's outcomes / replay a recording without a worker\n"
-                       "    (Note [Landscape files]; --landscape-in with --device cuda:N names the recording's device kind)\n");
+                       "    (Note [Landscape files]; --landscape-in with --device cuda:N names the recording's device kind)\n"
+                       "  --c-puct X, --widening-c X, --widening-alpha X, --moves-per-expansion N: the tree's parameters\n"
+                       "  --ablate-priors: also mcts/flat and greedy/flat, the proposer's priors taken out (Note [Prior ablation])\n");
   return 2;
 }
 
@@ -364,8 +414,14 @@ int usage() {
 int main(int argc, char** argv) {
   std::string device = "cpu", out_dir, only, landscape_in, landscape_out;
   uint32_t budget = 24, seeds = 10, max_space = 48, prebuild_threads = 0;
+  bool ablate = false;
+  StrategyOptions tree_options;   // the tree's parameters (Note [MCTS] in search/mcts.h)
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
+    if (a == "--ablate-priors") {
+      ablate = true;
+      continue;
+    }
     if (i + 1 >= argc) return usage();
     const std::string v = argv[++i];
     if (a == "--device") device = v;
@@ -374,6 +430,10 @@ int main(int argc, char** argv) {
     else if (a == "--max-space") max_space = static_cast<uint32_t>(std::atoi(v.c_str()));
     else if (a == "--out") out_dir = v;
     else if (a == "--only") only = v;
+    else if (a == "--c-puct") tree_options.c_puct = std::atof(v.c_str());
+    else if (a == "--widening-c") tree_options.widening_c = std::atof(v.c_str());
+    else if (a == "--widening-alpha") tree_options.widening_alpha = std::atof(v.c_str());
+    else if (a == "--moves-per-expansion") tree_options.moves_per_expansion = static_cast<size_t>(std::atoi(v.c_str()));
     else if (a == "--prebuild") prebuild_threads = static_cast<uint32_t>(std::atoi(v.c_str()));
     else if (a == "--landscape-in") landscape_in = v;
     else if (a == "--landscape-out") landscape_out = v;
@@ -420,7 +480,8 @@ int main(int argc, char** argv) {
   std::printf("# bench_search --device %s --budget %u --seeds %u --max-space %u on %s (%s)\n", device.c_str(), budget,
               seeds, max_space, model.c_str(), arch.c_str());
 
-  const std::vector<std::string> strategies = {"mcts", "greedy", "random"};
+  std::vector<std::string> strategies = {"mcts", "greedy", "random"};
+  if (ablate) strategies.insert(strategies.end(), {"mcts/flat", "greedy/flat"});
   std::map<std::string, std::map<std::string, std::vector<double>>> mean_curves;
   std::map<std::string, double> space_best;
   std::map<std::string, size_t> space_size, evaluated;
@@ -464,7 +525,7 @@ int main(int argc, char** argv) {
     for (const std::string& st : strategies) {
       std::vector<double> mean(budget, 0);
       for (uint32_t seed = 1; seed <= seeds; ++seed) {
-        const std::vector<double> c = run_strategy(st, ns.sig, budget, seed, land);
+        const std::vector<double> c = run_strategy(st, ns.sig, budget, seed, land, tree_options);
         for (uint32_t k = 0; k < budget; ++k) mean[k] += c[k] / seeds;
       }
       mean_curves[ns.name][st] = mean;

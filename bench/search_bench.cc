@@ -55,6 +55,7 @@
 #include "search_daemon/evaluator/worker_process.h"
 #include "search_daemon/proposers/templates/kernel_template.h"
 #include "search_daemon/proposers/templates/template_proposer.h"
+#include "search_daemon/search/landscape_file.h"
 #include "search_daemon/search/search_strategy.h"
 #include "search_daemon/worker/builder.h"
 #include "tests/support/temp_dir.h"
@@ -106,61 +107,10 @@ std::vector<NamedSignature> signatures(bool cuda, const std::string& arch) {
 }
 
 
-// Note [Landscape files]: recorded outcomes by signature name and label.
-class Replay {
- public:
-  static StatusOr<Replay> load(const std::string& path) {
-    std::ifstream in(path);
-    if (!in) return Status(StatusCode::kInvalidArgument, "cannot read the landscape file " + path);
-    Replay r;
-    std::string line;
-    size_t n = 0;
-    while (std::getline(in, line)) {
-      ++n;
-      if (line.empty() || line[0] == '#') {
-        if (line.rfind("# arch\t", 0) == 0) r.arch = line.substr(7);
-        continue;
-      }
-      std::vector<std::string> f;   // empty fields kept
-      for (size_t at = 0;;) {
-        const size_t tab = line.find('\t', at);
-        f.push_back(line.substr(at, tab == std::string::npos ? std::string::npos : tab - at));
-        if (tab == std::string::npos) break;
-        at = tab + 1;
-      }
-      if (f.size() < 8) return Status(StatusCode::kInvalidArgument, path + ":" + std::to_string(n) + ": expected 8 tab-separated fields, got " + std::to_string(f.size()));
-      Outcome o;
-      try {
-        const int status = std::stoi(f[2]);
-        if (status < 0 || status > static_cast<int>(eval::EvalStatus::kWorkerError)) throw std::out_of_range("status");
-        o.status = static_cast<eval::EvalStatus>(status);
-        o.speedup = std::stod(f[4]);
-        o.noise_band = std::stod(f[5]);
-        o.significant = f[6] == "1";
-      } catch (const std::exception&) {
-        return Status(StatusCode::kInvalidArgument, path + ":" + std::to_string(n) + ": a status, speedup or noise band that is not a number");
-      }
-      o.implausible = f[7];
-      r.outcomes[{f[0], f[1]}] = o;
-    }
-    if (r.outcomes.empty()) return Status(StatusCode::kInvalidArgument, "the landscape file " + path + " has no outcomes");
-    return r;
-  }
-  std::string arch;
-  std::map<std::pair<std::string, std::string>, Outcome> outcomes;   // (signature name, label)
-};
-
-std::string one_line(std::string s) {
-  for (char& c : s) {
-    if (c == '\t' || c == '\n' || c == '\r') c = ' ';
-  }
-  return s;
-}
-
 // The landscape: outcomes by spec id, evaluated on first need by the worker (or replayed).
 class Landscape {
  public:
-  Landscape(eval::WorkerProcess* w, OpSignature sig, std::string name, const Replay* replay, std::ostream* record)
+  Landscape(eval::WorkerProcess* w, OpSignature sig, std::string name, const LandscapeFile* replay, std::ostream* record)
       : w_(w), sig_(std::move(sig)), name_(std::move(name)), replay_(replay), record_(record) {}
   Outcome get(const KernelSpec& spec, const std::string& label) {
     const KernelId id = spec.id();
@@ -200,9 +150,7 @@ class Landscape {
                     : r.message.substr(0, 100).c_str());
     std::fflush(stdout);
     if (record_ != nullptr) {
-      *record_ << name_ << '\t' << one_line(label) << '\t' << static_cast<int>(o.status) << '\t' << eval::eval_status_name(o.status)
-               << '\t' << o.speedup << '\t' << o.noise_band << '\t' << (o.significant ? 1 : 0) << '\t' << one_line(o.implausible)
-               << '\n';
+      *record_ << LandscapeFile::line(name_, label, o);
       record_->flush();
     }
     memo_.emplace(id, o);
@@ -238,7 +186,7 @@ class Landscape {
   eval::WorkerProcess* w_;
   OpSignature sig_;
   std::string name_;
-  const Replay* replay_;
+  const LandscapeFile* replay_;
   std::ostream* record_;
   std::map<KernelId, Outcome> memo_;
   uint64_t next_ = 1;
@@ -442,12 +390,12 @@ int main(int argc, char** argv) {
   if (budget == 0 || seeds == 0 || (!landscape_in.empty() && !landscape_out.empty())) return usage();
   const bool cuda = device != "cpu";
   const test_support::TempDir tmp("kforge-bench-search");   // under $TMPDIR; removed at exit
-  std::optional<Replay> replay;
+  std::optional<LandscapeFile> replay;
   std::optional<eval::WorkerProcess> w;
   eval::WorkerOptions wo;
   std::string arch, model;
   if (!landscape_in.empty()) {   // Note [Landscape files]
-    StatusOr<Replay> r = Replay::load(landscape_in);
+    StatusOr<LandscapeFile> r = LandscapeFile::load(landscape_in);
     if (!r.ok()) {
       std::fprintf(stderr, "bench_search: %s\n", r.status().message().c_str());
       return 1;

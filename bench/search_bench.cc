@@ -352,6 +352,7 @@ int usage() {
                        "  --prebuild: CUDA: compile the configurations to evaluate on THREADS threads first\n"
                        "  --landscape-out/-in: record the worker's outcomes / replay a recording without a worker\n"
                        "    (Note [Landscape files]; --landscape-in with --device cuda:N names the recording's device kind)\n"
+                       "  --show-prior N: the N configurations the priors rank first, with their outcomes\n"
                        "  --c-puct X, --widening-c X, --widening-alpha X, --moves-per-expansion N: the tree's parameters\n"
                        "  --ablate-priors: also mcts/flat and greedy/flat, the proposer's priors taken out (Note [Prior ablation])\n");
   return 2;
@@ -361,7 +362,7 @@ int usage() {
 
 int main(int argc, char** argv) {
   std::string device = "cpu", out_dir, only, landscape_in, landscape_out;
-  uint32_t budget = 24, seeds = 10, max_space = 48, prebuild_threads = 0;
+  uint32_t budget = 24, seeds = 10, max_space = 48, prebuild_threads = 0, show_prior = 0;
   bool ablate = false;
   StrategyOptions tree_options;   // the tree's parameters (Note [MCTS] in search/mcts.h)
   for (int i = 1; i < argc; ++i) {
@@ -378,6 +379,7 @@ int main(int argc, char** argv) {
     else if (a == "--max-space") max_space = static_cast<uint32_t>(std::atoi(v.c_str()));
     else if (a == "--out") out_dir = v;
     else if (a == "--only") only = v;
+    else if (a == "--show-prior") show_prior = static_cast<uint32_t>(std::atoi(v.c_str()));
     else if (a == "--c-puct") tree_options.c_puct = std::atof(v.c_str());
     else if (a == "--widening-c") tree_options.widening_c = std::atof(v.c_str());
     else if (a == "--widening-alpha") tree_options.widening_alpha = std::atof(v.c_str());
@@ -450,6 +452,23 @@ int main(int argc, char** argv) {
     // The landscape first: the space in its fixed order, spread over the families.
     std::vector<templates::TemplateConfig> space = templates::enumerate_space(ns.sig);
     space_size[ns.name] = space.size();
+    if (show_prior > 0) {
+      // The configurations the priors rank first, each family's own ranking, beside their
+      // (recorded or measured) outcomes: how well the priors know the landscape.
+      std::vector<std::pair<double, const templates::TemplateConfig*>> ranked;
+      for (const templates::TemplateConfig& c : space) {
+        ranked.emplace_back(templates::find_template(c.family)->prior(ns.sig, c.values), &c);
+      }
+      std::stable_sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+      std::printf("  the priors' first %u:\n", show_prior);
+      for (size_t k = 0; k < ranked.size() && k < show_prior; ++k) {
+        StatusOr<Move> m = TemplateProposer::move_for(ns.sig, *ranked[k].second);
+        if (!m.ok()) continue;
+        const Outcome o = land.get(m->spec, m->label);
+        std::printf("    prior %.3f  %-60s %s\n", ranked[k].first, m->label.c_str(),
+                    o.measured() ? (std::to_string(o.speedup) + "x").c_str() : std::string(eval::eval_status_name(o.status)).c_str());
+      }
+    }
     std::vector<templates::TemplateConfig> chosen;
     const size_t n = std::min<size_t>(space.size(), max_space);
     for (size_t k = 0; k < n; ++k) chosen.push_back(space[k * space.size() / std::max<size_t>(n, 1)]);

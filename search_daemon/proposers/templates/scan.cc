@@ -217,8 +217,14 @@ class CumsumCuda final : public FamilyBase {
   }
 
   double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
-    (void)sig;
-    return closeness(static_cast<double>(v[0]), 128, 0.3);
+    // A thread per column: too few columns leave the GPU without the threads that cover its
+    // latency (about 2^17), where cumsum_split cuts columns into segments (H100, bf16
+    // [64,4096,512] over dim 1, 32,768 columns: 2.87x PyTorch's kernel here, 6.0-6.5x split;
+    // bench/results/2026-12-07-h100-landscape-81bc259.tsv).
+    const TensorMeta& x = *tensor_arg(sig, 0);
+    const int64_t columns = x.numel() / std::max<int64_t>(1, x.sizes[static_cast<size_t>(cumsum_dim(sig, Backend::kCuda))]);
+    return closeness(static_cast<double>(v[0]), 128, 0.3) *
+           closeness(static_cast<double>(std::min<int64_t>(columns, int64_t{1} << 17)), static_cast<double>(int64_t{1} << 17), 1.0);
   }
 
   KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {
@@ -274,7 +280,9 @@ class CumsumSplitCuda final : public FamilyBase {
       const bool copy_fits = e.len_size * 16 + 1024 <= kCudaSharedBudget / 2;
       return split_columns_prior(sig, e, v, 2, 64, 16) * (large && copy_fits ? 0.5 : 1.0);
     }
-    return cached_columns_prior(sig, e, v, static_bytes(sig, v), 16) * (large ? 1.0 : 0.6);
+    // A tile row under a sector is costly here (H100, bf16 [64,4096,512] over dim 1: the copy with
+    // 8-column tiles 1.9-2.5x PyTorch's kernel, with 16 columns 6.0-6.5x; the landscape file).
+    return cached_columns_prior(sig, e, v, static_bytes(sig, v), 16, 1.5) * (large ? 1.0 : 0.6);
   }
 
   KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {

@@ -210,7 +210,7 @@ bool columns_past_l2(const OpSignature& sig, const DimSplit& e) {
 }
 
 double cached_columns_prior(const OpSignature& sig, const DimSplit& e, std::span<const int64_t> v, int64_t static_bytes,
-                            int64_t per_thread) {
+                            int64_t per_thread, double sector_weight) {
   const int64_t block = v[0], split = v[1], vec = v[2];
   const int64_t esz = dtype_size_bytes(tensor_arg(sig, 0)->dtype);
   int64_t best_vec = 1;
@@ -223,7 +223,7 @@ double cached_columns_prior(const OpSignature& sig, const DimSplit& e, std::span
   const double resident = static_cast<double>(std::min<int64_t>(2048, blocks_per_sm * block));
   const double elements = static_cast<double>(std::max<int64_t>(1, e.len_size / split));
   return closeness(static_cast<double>(vec), static_cast<double>(best_vec), 0.5) * closeness(resident, 2048, 0.5) *
-         closeness(std::min<double>(static_cast<double>(tile * esz), 32), 32, 0.2) *
+         closeness(std::min<double>(static_cast<double>(tile * esz), 32), 32, sector_weight) *
          closeness(elements, static_cast<double>(per_thread), 0.2);
 }
 

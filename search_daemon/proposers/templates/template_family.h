@@ -143,15 +143,16 @@ double split_columns_prior(const OpSignature& sig, const DimSplit& e, std::span<
 // - columns_past_l2: whether the tensor is past about half of a Hopper's 50 MB L2, so that a
 //   second pass without the copy reads memory again;
 // - cached_columns_prior: the widest access, resident threads per SM (the copy and the kernel's
-//   static shared memory limit the blocks an SM holds), rows of the tile of at least 32 bytes, about
-//   `per_thread` elements of a column per thread;
+//   static shared memory limit the blocks an SM holds), rows of the tile of at least 32 bytes (a
+//   sector; `sector_weight` says how much a narrower row costs), about `per_thread` elements of a
+//   column per thread;
 // - cached_columns_launch: after split_columns_launch, the copy's dynamic shared memory and a last
 //   size argument, 1 when the copy fits the signature the spec is resolved for (else 0: the kernel
 //   streams, with no shared memory asked).
 int64_t column_copy_bytes(const OpSignature& sig, const DimSplit& e, std::span<const int64_t> v);
 bool columns_past_l2(const OpSignature& sig, const DimSplit& e);
 double cached_columns_prior(const OpSignature& sig, const DimSplit& e, std::span<const int64_t> v, int64_t static_bytes,
-                            int64_t per_thread);
+                            int64_t per_thread, double sector_weight = 0.2);
 void cached_columns_launch(const OpSignature& sig, const DimSplit& e, std::span<const int64_t> v, int64_t static_bytes,
                            Launch& l);
 // A warp's threads of one column in those kernels (lanes block / split apart) share their partials

@@ -320,6 +320,9 @@ def child_time(args):
                     interceptors(True)
                     entries = settle(fn, a)
                     active = sorted(k for k, v in entries.items() if v["state"] == "active")
+                    # Every entry the row's calls reached and its state in this process: a row that
+                    # calls several operators (group_norm's contiguous() copy) says which ones ran.
+                    row["entries"] = {k: v["state"] for k, v in entries.items()}
                     if active:
                         row["kernel"] = "kforge: " + "; ".join(active)
                     elif entries:
@@ -589,6 +592,12 @@ def main():
             f.write("| " + " | ".join(cell(r.get(c)) for c in ("op", "dtype", "shape", "threads", "torch_us", "compile_us",
                                                                  "kforge_us", "speedup", "speedup_vs_compile", "pct_copy_bw"))
                     + f" | {note[:120]} |\n")
+        several = [r for r in table if len(r.get("entries") or {}) > 1 or any(s != "active" for s in (r.get("entries") or {}).values())]
+        if several:
+            f.write("\n## Entries reached\n\nRows whose calls reached more than one kforge entry, or one not active in this "
+                    "process, with each entry's state after the trial:\n\n")
+            for r in several:
+                f.write(f"- {r['op']} {r['dtype']} {r['shape']}: " + "; ".join(f"{s}: `{k}`" for k, s in sorted(r["entries"].items())) + "\n")
         if args.device == "cuda":
             f.write("\n## Issue 23's targets\n\nA named shape's speedup over PyTorch eager, and for every other row that moves "
                     f"{LARGE_BYTES >> 20} MB or more, {TARGET_PCT_BW:.0f}% of the copy bandwidth. The ceiling is PyTorch's time over "

@@ -211,20 +211,16 @@ class CumsumCuda final : public FamilyBase {
   }
 
   bool valid(const OpSignature& sig, std::span<const int64_t> v) const override {
-    const TensorMeta& x = *tensor_arg(sig, 0);
-    const int64_t columns = x.numel() / x.sizes[static_cast<size_t>(cumsum_dim(sig, Backend::kCuda))];
-    return v[0] <= std::max<int64_t>(32, pow2_ceil(columns));
+    return v[0] <= std::max<int64_t>(32, pow2_ceil(columns(sig)));
   }
 
   double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
     // A thread per column: too few columns leave the GPU without the threads that cover its
-    // latency (about 2^17), where cumsum_split cuts columns into segments (H100, bf16
+    // latency (kCudaLatencyThreads), where cumsum_split cuts columns into segments (H100, bf16
     // [64,4096,512] over dim 1, 32,768 columns: 2.87x PyTorch's kernel here, 6.0-6.5x split;
     // bench/results/2026-12-07-h100-landscape-81bc259.tsv).
-    const TensorMeta& x = *tensor_arg(sig, 0);
-    const int64_t columns = x.numel() / std::max<int64_t>(1, x.sizes[static_cast<size_t>(cumsum_dim(sig, Backend::kCuda))]);
     return closeness(static_cast<double>(v[0]), 128, 0.3) *
-           closeness(static_cast<double>(std::min<int64_t>(columns, int64_t{1} << 17)), static_cast<double>(int64_t{1} << 17), 1.0);
+           closeness(static_cast<double>(std::min(columns(sig), kCudaLatencyThreads)), static_cast<double>(kCudaLatencyThreads), 1.0);
   }
 
   KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {
@@ -240,6 +236,13 @@ class CumsumCuda final : public FamilyBase {
     l.args = {ArgBinding::input(0), ArgBinding::output(0), ArgBinding::size(columns), ArgBinding::size(e.len),
               ArgBinding::size(e.inner)};
     return s;
+  }
+
+ private:
+  // The columns scanned, one per thread (a dimension of size 0 counted as 1).
+  static int64_t columns(const OpSignature& sig) {
+    const TensorMeta& x = *tensor_arg(sig, 0);
+    return x.numel() / std::max<int64_t>(1, x.sizes[static_cast<size_t>(cumsum_dim(sig, Backend::kCuda))]);
   }
 };
 

@@ -183,9 +183,9 @@ double split_columns_prior(const OpSignature& sig, const DimSplit& e, std::span<
   for (int64_t w : {2, 4, 8}) {
     if (e.inner_size % w == 0 && vector_fits(sig, w)) best_vec = w;
   }
-  // Enough threads to cover the latency (about 2^17; an H100 or H200 holds 270,336).
+  // Enough threads to cover the latency.
   const int64_t column_threads = std::max<int64_t>(1, e.outer_size * e.inner_size / best_vec);
-  int64_t ideal_split = std::clamp<int64_t>(pow2_ceil((int64_t{1} << 17) / column_threads), min_split, max_split);
+  int64_t ideal_split = std::clamp<int64_t>(pow2_ceil(kCudaLatencyThreads / column_threads), min_split, max_split);
   while (ideal_split > min_split && e.len_size / ideal_split < min_per_thread) ideal_split /= 2;
   const double row_bytes = static_cast<double>(std::min<int64_t>(block / split * vec, e.inner_size) * bytes);
   return closeness(static_cast<double>(vec), static_cast<double>(best_vec), 0.5) *

@@ -105,6 +105,9 @@ constexpr int64_t kMaxCpuChannelsOnStack = 4096;
 // The most dynamic shared memory a CUDA family's copy of its data may take: an sm_90 block can have
 // 227 KiB, less the kernels' static reductions.
 constexpr int64_t kCudaSharedBudget = 224 * 1024;
+// Threads that cover a Hopper's memory latency in a memory-bound kernel (an H100 or H200 holds
+// 270,336 resident): what the column priors aim a launch at.
+constexpr int64_t kCudaLatencyThreads = int64_t{1} << 17;
 // [N, C, OH, OW] of dtype `t` (N and C argument 0's), contiguous or channels-last.
 OutputSpec image_output(DType t, int64_t oh, int64_t ow, bool channels_last);
 // The rows the CPU image kernels split into blocks: [N*C, OH] contiguous, or [N, OH] channels-last

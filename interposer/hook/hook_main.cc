@@ -426,8 +426,10 @@ std::string stats_json() {
 // What skips every exit handler writes nothing: a crash, a kill, _exit/os._exit, and so the
 // children of Python's multiprocessing "fork" and "forkserver" start methods, which end in
 // os._exit (the "spawn" method's children exit normally and do write one).
-// The handler is registered after the Recorder's, so it runs first, while the reporter still runs;
-// it uses only the hook's own objects (torch may be partly torn down by then), is bounded (one
+// The handler is registered after the Recorder's first one, so without CUDA it runs first, while
+// the reporter still runs; a process that called CUDA operators registers the Recorder's once more
+// (Note [Stopping before CUDA's teardown] in recorder.cc), which then runs first and ends with the
+// reporter's last round, so the summary counts it. The handler uses only the hook's own objects (torch may be partly torn down by then), is bounded (one
 // small file, no fsync), catches everything, and writes once per process. The directory is checked
 // at start: a bad one costs one line there and no handler. A failed write costs one line at exit.
 // The file appears whole or not at all: it is written as a hidden temp file in the same directory

@@ -1,11 +1,13 @@
 #include "interposer/hook/input_sampler.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <cmath>
 #include <limits>
+#include <stdexcept>
 
 #include "interposer/hook/hook_work.h"
 #include "runtime/cuda_driver.h"
@@ -24,7 +26,26 @@ bool capturing(const c10::Stream& stream) {
   return r != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
+// Note [Sample events]
+// ~~~~~~~~~~~~~~~~~~~~
+// A CUDA sample's copy is awaited on an event made and destroyed through the driver API, not a
+// c10::Event: c10's event destructor is noexcept and switches devices through c10::cuda::SetDevice,
+// which throws when the CUDA runtime is being torn down; a throw there ends the process
+// (std::terminate), which is what killed the demo model at exit on the H100 (Note [Stopping before
+// CUDA's teardown] in recorder.cc). The driver's calls return error codes: a failed record skips
+// the sample, a failed wait counts it as failed, a failed destroy is ignored.
+const CudaDriver* sample_driver() noexcept {
+  StatusOr<const CudaDriver*> d = CudaDriver::load();
+  return d.ok() ? *d : nullptr;
+}
+
 }  // namespace
+
+void InputSampler::DoneEvent::reset() noexcept {
+  if (e_ == nullptr) return;
+  if (const CudaDriver* cu = sample_driver()) (void)cu->cuEventDestroy(e_);
+  e_ = nullptr;
+}
 
 void InputSampler::sample(const SignatureId& id, const c10::IValue* args, uint32_t n) noexcept {
   try {
@@ -54,7 +75,7 @@ void InputSampler::sample(const SignatureId& id, const c10::IValue* args, uint32
     for (uint32_t i = 0; i < n; ++i) {
       if (!args[i].isTensor() || !args[i].toTensor().defined()) continue;
       const at::Tensor& t = args[i].toTensor();
-      Pending::Tensor pt{i, at::Tensor(), t.strides().vec(), std::nullopt, std::nullopt};
+      Pending::Tensor pt{i, at::Tensor(), t.strides().vec(), std::nullopt, DoneEvent()};
       if (t.is_cuda()) {
         const c10::Stream stream =
             c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(t.device());
@@ -67,9 +88,21 @@ void InputSampler::sample(const SignatureId& id, const c10::IValue* args, uint32
       }
       // Stream-ordered on CUDA (the current stream, before PyTorch's kernel runs); synchronous on CPU.
       pt.copy = t.clone(at::MemoryFormat::Contiguous);
-      if (pt.stream) {   // Note [Samples and graph capture]
-        pt.done.emplace(c10::DeviceType::CUDA);
-        pt.done->record(*pt.stream);
+      if (pt.stream) {   // Note [Samples and graph capture], Note [Sample events]
+        const CudaDriver* cu = sample_driver();
+        const c10::DeviceGuard guard(t.device());   // the device's primary context is current here
+        CUevent e = nullptr;
+        if (cu == nullptr || cu->cuEventCreate(&e, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
+          std::lock_guard<std::mutex> lock(mu_);
+          ++counters_.failed;
+          return;
+        }
+        pt.done = DoneEvent(e);
+        if (cu->cuEventRecord(e, static_cast<CUstream>(pt.stream->native_handle())) != CUDA_SUCCESS) {
+          std::lock_guard<std::mutex> lock(mu_);
+          ++counters_.failed;
+          return;
+        }
       }
       p.tensors.push_back(std::move(pt));
     }
@@ -112,7 +145,11 @@ void InputSampler::drain(int32_t pid, RoundExtras& round) noexcept {
       for (Pending::Tensor& t : p.tensors) {
         at::Tensor host;
         if (t.stream) {   // Note [Samples and graph capture]
-          if (t.done) t.done->synchronize();   // the copy is done; blocks this thread only
+          // The copy is done; blocks this thread only. Note [Sample events]
+          const CudaDriver* cu = sample_driver();
+          if (cu == nullptr || t.done.get() == nullptr || cu->cuEventSynchronize(t.done.get()) != CUDA_SUCCESS) {
+            throw std::runtime_error("the sample's copy could not be awaited");
+          }
           const c10::Stream own =
               c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStreamFromGlobalPool(t.copy.device());
           const c10::StreamGuard on_own(own);

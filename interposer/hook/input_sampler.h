@@ -16,8 +16,8 @@
 //   samples nothing while the caller's stream is capturing a CUDA graph (the copy would become part
 //   of the graph), when the tensors total more than kMaxSampleBytes, or once a signature has been
 //   sampled kMaxSamplesPerSignature times in this process. Never throws.
-// - drain() runs on the reporter thread: it waits for each CUDA copy by synchronizing the stream
-//   it was made on (blocking the reporter only), copies to host memory, and computes per tensor
+// - drain() runs on the reporter thread: it waits for each CUDA copy on an event recorded right
+//   after it (blocking the reporter only), copies to host memory, and computes per tensor
 //   argument: min, max, mean and standard deviation over finite elements, NaN and Inf counts and
 //   the fraction of zeros (wire::InputStats), accumulated over the samples of the signature. With
 //   capture on, each sample also becomes one wire::CapturedInputs message (row-major bytes, the
@@ -28,8 +28,8 @@
 #pragma once
 
 #include <ATen/core/ivalue.h>
-#include <c10/core/Event.h>
 #include <c10/core/Stream.h>
+#include <cuda.h>
 
 #include <atomic>
 #include <cstdint>
@@ -74,6 +74,31 @@ class InputSampler {
   bool capture() const noexcept { return capture_; }
 
  private:
+  // A driver event (Note [Sample events] in input_sampler.cc): destroying it returns an error
+  // code where c10::Event's destructor could end the process. Move-only.
+  class DoneEvent {
+   public:
+    DoneEvent() = default;
+    explicit DoneEvent(CUevent e) noexcept : e_(e) {}
+    DoneEvent(DoneEvent&& o) noexcept : e_(o.e_) { o.e_ = nullptr; }
+    DoneEvent& operator=(DoneEvent&& o) noexcept {
+      if (this != &o) {
+        reset();
+        e_ = o.e_;
+        o.e_ = nullptr;
+      }
+      return *this;
+    }
+    DoneEvent(const DoneEvent&) = delete;
+    DoneEvent& operator=(const DoneEvent&) = delete;
+    ~DoneEvent() { reset(); }
+    CUevent get() const noexcept { return e_; }
+    void reset() noexcept;
+
+   private:
+    CUevent e_ = nullptr;
+  };
+
   struct Pending {
     SignatureId id;
     struct Tensor {
@@ -81,7 +106,7 @@ class InputSampler {
       at::Tensor copy;                    // contiguous
       std::vector<int64_t> strides;       // of the original
       std::optional<c10::Stream> stream;  // CUDA: the caller's current stream, which made the copy
-      std::optional<c10::Event> done{};   // CUDA: recorded on `stream` after the copy
+      DoneEvent done{};                   // CUDA: recorded on `stream` after the copy
     };
     std::vector<Tensor> tensors;
   };

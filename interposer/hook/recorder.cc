@@ -40,6 +40,20 @@ std::atomic<Recorder*> g_recorder{nullptr};
 alignas(OpSignature) unsigned char g_poison_tag[sizeof(OpSignature)];
 const OpSignature* poisoned() noexcept { return reinterpret_cast<const OpSignature*>(g_poison_tag); }
 
+// Note [Stopping before CUDA's teardown]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// exit() runs the atexit handlers in the reverse order of their registration. The one start()
+// registers comes early, when the hook loads (before the program's first CUDA call), so it runs
+// late: after the CUDA runtime has begun its own teardown, which it registers at its first call.
+// The reporter thread's last round (and any round still running when exit() begins) then drains
+// CUDA input samples into a runtime that is going away: on the H100 the demo process (whose last
+// steps, a float64 run, sample new signatures) died at exit by SIGABRT, c10's event destructor
+// throwing from CUDA's SetDevice in a noexcept destructor, and once by SIGSEGV. So the first CUDA
+// signature the process calls (CUDA is initialized by then) registers the handler once more: it
+// runs before CUDA's teardown, stops the reporter after its last round, and the early one finds
+// nothing left to do (shutdown() is idempotent).
+std::atomic<bool> g_exit_after_cuda{false};
+
 }  // namespace
 
 namespace {
@@ -169,6 +183,10 @@ Recorder::Call Recorder::on_call_slow(const SignatureId& id, SignatureFactory ma
                  sig->id().hex() + " for " + sig->to_string() + "; that operator is no longer intercepted");
       }
       sig = nullptr;
+    }
+    if (published != poisoned() && published->target.backend == Backend::kCuda &&
+        !g_exit_after_cuda.exchange(true, std::memory_order_acq_rel)) {
+      std::atexit(&Recorder::at_exit);   // Note [Stopping before CUDA's teardown]
     }
     s = t->insert(id, published, std::move(sig));
   }

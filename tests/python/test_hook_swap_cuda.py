@@ -542,6 +542,36 @@ def test_a_sample_drained_during_graph_capture_leaves_the_capture_whole(hook_pat
     assert res["exact"], err
 
 
+# Note [Stopping before CUDA's teardown] (recorder.cc): a program whose last calls are new CUDA
+# signatures leaves input samples for the reporter's last round, which runs at exit. That round
+# must run before the CUDA runtime's own teardown: on the H100, `kforge demo` (whose last steps,
+# a float64 run, are new signatures) died at exit by SIGABRT from c10's event destructor, 3 runs
+# of 3. The child exits normally right after its calls; its exit summary, written after that last
+# round (for a process that used CUDA), must count every sample and no failure.
+SAMPLES_LEFT_AT_EXIT = """
+torch.manual_seed(0)
+for n in range(8):
+    for dt in (torch.float32, torch.float64):
+        torch.softmax(torch.randn(16 + n, 300 + n, device=DEVICE, dtype=dt), -1)
+emit({"inputs": stats()["inputs"]})
+"""
+
+
+def test_samples_left_at_exit_are_drained_before_cuda_tears_down(hook_path, tmp_path):
+    for attempt in range(3):
+        summary_dir = tmp_path / f"summary{attempt}"
+        summary_dir.mkdir()
+        # No round before exit: every sample is still waiting when the program ends.
+        res, err = run_child(SAMPLES_LEFT_AT_EXIT,
+                             child_env(hook_path, KFORGE_MODE="observe", KFORGE_REPORT_INTERVAL_MS=3600000,
+                                       KFORGE_SUMMARY_DIR=summary_dir))
+        assert "terminate called" not in err and "AcceleratorError" not in err, err
+        assert res["inputs"]["sampled"] >= 8 and res["inputs"]["failed"] == 0, res
+        (summary,) = [json.loads(f.read_text()) for f in summary_dir.glob("kforge-summary-*.json")]
+        assert summary["inputs"]["sampled"] == res["inputs"]["sampled"], (summary["inputs"], res)
+        assert summary["inputs"]["failed"] == 0, (summary["inputs"], err)
+
+
 # ---- Note [Daemon notices]: a live upgrade and a disable in the cache, in one running process -------
 # The CUDA twin of test_hook_upgrade.py's. The daemon republishes a better kernel under the same key
 # (one entry per signature and environment): the process trials the new kernel beside PyTorch's and

@@ -76,7 +76,14 @@ struct DaemonConfig {
   uint32_t max_evaluations_per_signature = 64;
   uint64_t max_evaluations_total = 100000;
   uint32_t max_seconds_per_signature = 1800;
-  uint32_t concurrent_searches = 2;
+  // Note [First wins]: searches in flight share the slots evaluation by evaluation (each keeps
+  // one job per idle slot, the pool's queue is first come, first served), so eight at once give
+  // every hot signature its first, prior-ranked candidates within seconds of being listed. With 2,
+  // on an H100 through kforged (4 softmax signatures, 64 evaluations each), the third and fourth
+  // signatures waited for the first two to spend their budgets: first wins 112-120 s after they
+  // were listed, against 0-4 s for the first two (bench/results/2026-12-07-h100-prebuild-ab-5936214.md).
+  // The price: the hottest signature's deep search advances at its share of the slots.
+  uint32_t concurrent_searches = 8;
   uint64_t min_calls = 50;             // a signature is a search candidate after this many calls
   double min_time_share = 0.0;         // ... and this share of the process's intercepted time
   uint64_t seed = 0;

@@ -173,6 +173,13 @@ def selected_rows(device, only):
     return [row for row in rows(device) if keep is None or row[0] in keep]
 
 
+# Bytes a row's operator writes that its Python function drops: F.max_pool2d runs
+# aten::max_pool2d_with_indices (on CUDA and on the CPU), whose kernel, PyTorch's and kforge's
+# alike, also writes an int64 index per output; torch.compile's kernel for the same function does
+# not write them, so its % copy bw counts bytes it never moved (a lower bound on what it saves).
+HIDDEN_OUTPUT_BYTES = {"max_pool2d": lambda result: result.numel() * 8}
+
+
 def nbytes(obj):
     import torch
     if isinstance(obj, torch.Tensor):
@@ -262,7 +269,8 @@ def child_time(args):
             now = sigs()
             entries = {k: now[k] for k in touched if now[k].get("entry")}
             if all(v["state"] != "shadow" for v in entries.values()) or time.monotonic() - start > 60:
-                return entries
+                # A signature the row calls that has no entry in this process says so too.
+                return {**{k: {"state": "none"} for k in touched if k not in entries}, **entries}
             for _ in range(20):
                 fn(*a)
             sync()
@@ -315,7 +323,7 @@ def child_time(args):
                 try:
                     interceptors(False)
                     result = fn(*a)
-                    row["bytes"] = nbytes(a) + nbytes(result)
+                    row["bytes"] = nbytes(a) + nbytes(result) + HIDDEN_OUTPUT_BYTES.get(op, lambda _: 0)(result)
                     del result
                     interceptors(True)
                     entries = settle(fn, a)
@@ -325,8 +333,8 @@ def child_time(args):
                     row["entries"] = {k: v["state"] for k, v in entries.items()}
                     if active:
                         row["kernel"] = "kforge: " + "; ".join(active)
-                    elif entries:
-                        row["kernel"] = "pytorch (kforge's entry: " + ", ".join(sorted({v["state"] for v in entries.values()})) + ")"
+                    elif any(v["state"] != "none" for v in entries.values()):
+                        row["kernel"] = "pytorch (kforge's entry: " + ", ".join(sorted({v["state"] for v in entries.values() if v["state"] != "none"})) + ")"
                     n = calls_for(fn, a)
                     eager, kf = [], []
                     for p in range(args.pairs):
@@ -560,7 +568,8 @@ def main():
     timed = subprocess.run([kforge, *cache, "run", "--no-daemon", "--", *common, "--child", "time", "--result", str(result),
                             "--pairs", str(args.pairs), "--block-ms", str(args.block_ms),
                             "--threads", ",".join(map(str, args.threads))] + deadline + (["--no-compile"] if args.no_compile else []),
-                           env=dict(env, KFORGE_BENCH_TOGGLE="1", KFORGE_REPORT_INTERVAL_MS="200"), capture_output=True, text=True)
+                           env=dict(env, KFORGE_BENCH_TOGGLE="1", KFORGE_REPORT_INTERVAL_MS="200", KFORGE_LOG="1"),
+                           capture_output=True, text=True)
     if timed.returncode != 0 or not result.exists():
         print(timed.stderr[-6000:], file=sys.stderr)
         sys.exit(f"per_op: the timing run failed with {timed.returncode} (temporary directory {tmp})")
@@ -571,6 +580,10 @@ def main():
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = out / f"{time.strftime('%Y-%m-%d', time.gmtime())}-{args.device}-per-op"
+    # The hook's own lines in the timing process (KFORGE_LOG=1): which entries it found, loaded,
+    # trialled, and why one was not used.
+    with open(f"{stem}-hook.log", "w") as f:
+        f.writelines(line.replace(str(tmp), "<tmp>") + "\n" for line in timed.stderr.splitlines() if line.startswith("kforge"))
     with open(f"{stem}.csv", "w") as f:
         f.write(",".join(COLUMNS) + "\n")
         for r in table:
@@ -584,7 +597,8 @@ def main():
                 f"{'no warm step (a given cache)' if args.no_warm else f'warm took {warm_s / 60:.1f} min'}. Copy bandwidth measured in the timing process: {copy_bw / 1e9:.1f} GB/s. "
                 f"{served} of {len(table)} rows served by a kforge kernel; the others keep PyTorch's (their kforge "
                 f"column is PyTorch's kernel called through the hook). A % copy bw over 100 is a shape that stays in "
-                f"the caches.\n\n")
+                f"the caches. Bytes are the row's inputs and outputs, and for max_pool2d the int64 indices "
+                f"PyTorch's operator (max_pool2d_with_indices) writes and F.max_pool2d drops.\n\n")
         f.write("| op | dtype | shape | threads | torch us | compile us | kforge us | speedup | vs compile | % copy bw | kernel |\n")
         f.write("|---|---|---|---|---|---|---|---|---|---|---|\n")
         for r in table:
@@ -592,10 +606,11 @@ def main():
             f.write("| " + " | ".join(cell(r.get(c)) for c in ("op", "dtype", "shape", "threads", "torch_us", "compile_us",
                                                                  "kforge_us", "speedup", "speedup_vs_compile", "pct_copy_bw"))
                     + f" | {note[:120]} |\n")
-        several = [r for r in table if len(r.get("entries") or {}) > 1 or any(s != "active" for s in (r.get("entries") or {}).values())]
+        several = [r for r in table if any(s != "none" for s in (r.get("entries") or {}).values()) and
+                   (len(r["entries"]) > 1 or any(s != "active" for s in r["entries"].values()))]
         if several:
-            f.write("\n## Entries reached\n\nRows whose calls reached more than one kforge entry, or one not active in this "
-                    "process, with each entry's state after the trial:\n\n")
+            f.write("\n## Entries reached\n\nRows whose calls reached a kforge entry and another signature, or an entry not "
+                    "active in this process, with each signature's state after the trial (none: no entry in this process):\n\n")
             for r in several:
                 f.write(f"- {r['op']} {r['dtype']} {r['shape']}: " + "; ".join(f"{s}: `{k}`" for k, s in sorted(r["entries"].items())) + "\n")
         if args.device == "cuda":

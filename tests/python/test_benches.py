@@ -99,6 +99,9 @@ def test_per_op_warms_times_and_writes_its_report(build_dir, tmp_path):
         assert "| op | dtype | shape | threads |" in md and str(tmp_path) not in md, md
         warm = next(tmp_path.glob("*-cpu-per-op-warm.md")).read_text()
         assert "## Search speed" in warm and kept[0] not in warm, warm
+        # The timing process's hook lines, for why an entry was or was not used there.
+        hook = next(tmp_path.glob("*-cpu-per-op-hook.log")).read_text()
+        assert kept[0] not in hook and all(l.startswith("kforge") for l in hook.splitlines()), hook
     finally:
         shutil.rmtree(kept[0], ignore_errors=True)
 

@@ -51,6 +51,19 @@ const char* const kPoolWindow = R"kf(
 // takes 1), so the position's divisions are paid once for KF_OV outputs and the outputs go out in
 // one vector store (the indices in 16-byte ones); OW is a multiple of KF_OV (`valid`), so a group
 // never crosses a row and the stores are aligned. Thread g's group starts at output g * KF_OV.
+// Note [Window spans]
+// ~~~~~~~~~~~~~~~~~~~
+// With KF_OV outputs per thread, the windows of a group overlap (a 3x3 window at stride 2 shares a
+// column with the next), and each was read element by element: 72 two-byte loads for 8 bf16
+// outputs, each instruction touching 32 sectors for 64 useful bytes. The max pooling kernel ran at
+// 74% of the H100's copy bandwidth (its int64 indices counted), most likely held by those load
+// instructions rather than by DRAM (not profiled). With `span`, a thread reads, for each window row, the columns its KF_OV windows cover as
+// aligned 16-byte vectors (3 per row for 8 bf16 outputs of a 3x3 window at stride 2), then reduces
+// each window from registers in the general loop's order, masking what lies outside the input as
+// the `edges` path does. valid() keeps the vectors aligned: KF_W a multiple of the vector, so a
+// vector is wholly inside a row or wholly outside it, and KF_OV * KF_SW a multiple of it, so
+// every group's first column sits at the same offset in its first vector, a compile-time constant
+// (KF_SPAN_OFF) like every register index.
 const char* const kCudaPoolGroup = R"kf(
 #if KF_CL
 #define KF_GROUP(g, oh, ow0, base) KF_POSITION(g, oh, ow0, base)
@@ -132,6 +145,61 @@ __device__ __forceinline__ void kf_max_window(const kf_t* __restrict__ xp, kf_i6
 #endif
 }
 
+#if KF_SPAN
+// Note [Window spans]: the KF_OV windows of a group, row a of each, read as aligned 16-byte
+// vectors of input row h0 + a * KF_DH, then reduced in the general loop's order.
+#define KF_VEC (16 / (int)sizeof(kf_t))
+#define KF_SPAN_COLS ((KF_OV - 1) * KF_SW + (KF_KW - 1) * KF_DW + 1)
+#define KF_SPAN_OFF ((KF_VEC - KF_PW % KF_VEC) % KF_VEC)
+#define KF_SPAN_VECS ((KF_SPAN_OFF + KF_SPAN_COLS + KF_VEC - 1) / KF_VEC)
+__device__ __forceinline__ void kf_max_span(const kf_t* __restrict__ xp, kf_i64 oh, kf_i64 ow0, float (&m)[KF_OV],
+                                            kf_i64 (&best)[KF_OV]) {
+  const kf_i64 h0 = oh * KF_SH - KF_PH;
+  const kf_i64 a0 = ow0 * KF_SW - KF_PW - KF_SPAN_OFF;   // a multiple of KF_VEC (valid())
+#pragma unroll
+  for (int j = 0; j < KF_OV; ++j) {
+    m[j] = KF_NEG_INF;
+    best[j] = -1;
+  }
+#pragma unroll
+  for (int a = 0; a < KF_KH; ++a) {
+    const kf_i64 h = h0 + a * KF_DH;
+    const bool row_in = h >= 0 && h < KF_H;
+    float r[KF_SPAN_VECS * KF_VEC];
+#pragma unroll
+    for (int q = 0; q < KF_SPAN_VECS; ++q) {
+      // KF_W is a multiple of KF_VEC: a vector lies wholly inside the row or wholly outside it.
+      const kf_i64 w = a0 + q * KF_VEC;
+      float part[KF_VEC];
+      if (row_in && w >= 0 && w + KF_VEC <= KF_W) {
+        kf_load<KF_VEC>(xp + h * KF_W + w, 0, part);
+      } else {
+#pragma unroll
+        for (int k = 0; k < KF_VEC; ++k) part[k] = KF_NEG_INF;
+      }
+#pragma unroll
+      for (int k = 0; k < KF_VEC; ++k) r[q * KF_VEC + k] = part[k];
+    }
+#pragma unroll
+    for (int j = 0; j < KF_OV; ++j) {
+#pragma unroll
+      for (int b = 0; b < KF_KW; ++b) {
+        const int c = KF_SPAN_OFF + j * KF_SW + b * KF_DW;   // a constant once unrolled
+        const kf_i64 w = a0 + c;
+        if (row_in && w >= 0 && w < KF_W) {
+          const kf_i64 at = h * KF_W + w;
+          if (best[j] < 0) best[j] = at;
+          if (r[c] > m[j] || r[c] != r[c]) {
+            m[j] = r[c];
+            best[j] = at;
+          }
+        }
+      }
+    }
+  }
+}
+#endif
+
 // KF_OV outputs per thread (Note [Outputs per thread]); KF_ITEMS groups per thread, KF_BLOCK apart,
 // of n groups.
 extern "C" __global__ void __launch_bounds__(KF_BLOCK)
@@ -144,8 +212,12 @@ kf_max_pool2d(const kf_t* __restrict__ x, kf_t* __restrict__ y, long long* __res
     KF_GROUP(g, oh, ow0, base)
     float m[KF_OV];
     kf_i64 best[KF_OV];
+#if KF_SPAN
+    kf_max_span(x + base, oh, ow0, m, best);
+#else
 #pragma unroll
     for (int j = 0; j < KF_OV; ++j) kf_max_window(x + base, oh, ow0 + j, m[j], best[j]);
+#endif
 #if KF_OV == 1
     y[g] = kf_from_float(m[0]);
     idx[g] = best[0];
@@ -459,7 +531,7 @@ const char* family_name(Backend backend, Pool kind) {
 
 // ---- CUDA ------------------------------------------------------------------------------------------
 
-enum PoolCudaKnob : size_t { kBlock, kItems, kOv, kEdges };
+enum PoolCudaKnob : size_t { kBlock, kItems, kOv, kEdges, kSpan };
 
 std::vector<Knob> pool_cuda_knobs(Pool kind) {
   std::vector<Knob> k = {Knob{"block", {64, 128, 256, 512}, {}}, Knob{"items", {1, 2, 4}, {}},
@@ -467,6 +539,8 @@ std::vector<Knob> pool_cuda_knobs(Pool kind) {
                          Knob{"ov", {1, 2, 4, 8}, {}}};
   // max: 1 masks every window's out-of-bounds elements; 0 branches to a general loop at the edges.
   if (kind == Pool::kMax) k.push_back(Knob{"edges", {0, 1}, {"branch", "masked"}});
+  // max: 1 reads a group's windows as aligned vectors of the rows they cover (Note [Window spans]).
+  if (kind == Pool::kMax) k.push_back(Knob{"span", {0, 1}, {"windows", "vectors"}});
   return k;
 }
 
@@ -480,6 +554,16 @@ class PoolCuda final : public FamilyBase {
     const PoolCall c = *pool_call(sig, Backend::kCuda, kind_);
     // Note [Outputs per thread]: whole groups in a row; channels-last numbers channels innermost.
     if (v[kOv] > 1 && (c.channels_last || c.g.ow % v[kOv] != 0)) return false;
+    if (kind_ == Pool::kMax && v[kSpan] == 1) {
+      // Note [Window spans]: 16-byte vectors at multiples of 16 bytes in every row of every plane,
+      // and a group's first column at one, which fixes the span's offset at compile time. The
+      // masks cover every window the same way: one edges value is enough.
+      const int64_t vec = 16 / static_cast<int64_t>(dtype_size_bytes(c.x->dtype));
+      if (c.channels_last || v[kOv] * c.g.sw % vec != 0 || c.g.w % vec != 0 || !vector_fits(sig, vec) ||
+          v[kEdges] != 1) {
+        return false;
+      }
+    }
     const int64_t groups = c.x->sizes[0] * c.x->sizes[1] * c.g.oh * c.g.ow / v[kOv];
     return v[kBlock] * v[kItems] <= std::max<int64_t>(64, pow2_ceil(groups));
   }
@@ -488,7 +572,7 @@ class PoolCuda final : public FamilyBase {
     (void)sig;
     double p = closeness(static_cast<double>(v[kBlock]), 256, 0.3) * closeness(static_cast<double>(v[kItems]), 1, 0.3) *
                closeness(static_cast<double>(v[kOv]), 2, 0.2);
-    if (kind_ == Pool::kMax) p *= v[kEdges] == 1 ? 1.0 : 0.9;
+    if (kind_ == Pool::kMax) p *= (v[kEdges] == 1 ? 1.0 : 0.9) * (v[kSpan] == 1 ? 1.0 : 0.9);
     return p;
   }
 
@@ -496,7 +580,10 @@ class PoolCuda final : public FamilyBase {
     const PoolCall c = *pool_call(sig, Backend::kCuda, kind_);
     std::vector<std::string> options = {dtype_define(c.x->dtype), define("KF_BLOCK", v[kBlock]), define("KF_ITEMS", v[kItems]),
                                         define("KF_OV", v[kOv])};
-    if (kind_ == Pool::kMax) options.push_back(define("KF_EDGES", v[kEdges]));
+    if (kind_ == Pool::kMax) {
+      options.push_back(define("KF_EDGES", v[kEdges]));
+      options.push_back(define("KF_SPAN", v[kSpan]));
+    }
     for (std::string& d : pool_defines(kind_, c)) options.push_back(std::move(d));
     KernelSpec s = one_launch_spec(Backend::kCuda, pool_source(Backend::kCuda, kind_), pool_entry(kind_), options);
     s.plan.outputs = pool_outputs(kind_, c);

@@ -74,6 +74,11 @@ const char* const kCudaPoolGroup = R"kf(
   const kf_i64 oh = oh##_r % KF_OH;                                          \
   const kf_i64 base = (oh##_r / KF_OH) * (KF_H * KF_W);
 #endif
+// The body that follows runs for each of this thread's groups g: KF_ITEMS of them, KF_BLOCK apart,
+// those below n.
+#define KF_FOR_GROUPS(g, n)                                                                  \
+  _Pragma("unroll") for (int kf_item = 0; kf_item < KF_ITEMS; ++kf_item)                    \
+    if (const kf_i64 g = (kf_i64)blockIdx.x * (KF_BLOCK * KF_ITEMS) + threadIdx.x + (kf_i64)kf_item * KF_BLOCK; g < (n))
 )kf";
 
 const char* const kCudaMaxPool = R"kf(
@@ -204,11 +209,7 @@ __device__ __forceinline__ void kf_max_span(const kf_t* __restrict__ xp, kf_i64 
 // of n groups.
 extern "C" __global__ void __launch_bounds__(KF_BLOCK)
 kf_max_pool2d(const kf_t* __restrict__ x, kf_t* __restrict__ y, long long* __restrict__ idx, kf_i64 n) {
-  const kf_i64 first = (kf_i64)blockIdx.x * (KF_BLOCK * KF_ITEMS) + threadIdx.x;
-#pragma unroll
-  for (int it = 0; it < KF_ITEMS; ++it) {
-    const kf_i64 g = first + (kf_i64)it * KF_BLOCK;
-    if (g >= n) continue;
+  KF_FOR_GROUPS(g, n) {
     KF_GROUP(g, oh, ow0, base)
     float m[KF_OV];
     kf_i64 best[KF_OV];
@@ -361,11 +362,7 @@ __device__ __forceinline__ float kf_mean_window(const kf_t* __restrict__ xp, kf_
 // of n groups.
 extern "C" __global__ void __launch_bounds__(KF_BLOCK)
 kf_mean_pool2d(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 n) {
-  const kf_i64 first = (kf_i64)blockIdx.x * (KF_BLOCK * KF_ITEMS) + threadIdx.x;
-#pragma unroll
-  for (int it = 0; it < KF_ITEMS; ++it) {
-    const kf_i64 g = first + (kf_i64)it * KF_BLOCK;
-    if (g >= n) continue;
+  KF_FOR_GROUPS(g, n) {
     KF_GROUP(g, oh, ow0, base)
     float m[KF_OV];
 #pragma unroll

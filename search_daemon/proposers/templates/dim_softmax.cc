@@ -294,9 +294,30 @@ int64_t softmax_dim(const OpSignature& sig, Softmax kind, Backend backend) {
 // Tiles of 8 bf16 columns (16 bytes a row) and 4096 rows take 64 KiB: three blocks of 512 threads
 // per SM. A spec resolved for a longer len than the copy can hold streams instead (its `cached`
 // argument is 0, and it asks for no shared memory).
+//
+// Note [Dim softmax priors]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// What the prior knows, from the H100's whole space for softmax over dim 1 of bf16 [64, 4096, 512]
+// (182 configurations, bench/results/2026-12-07-h100-landscape-softmax-5936214.tsv):
+// - Each of a thread's `vec` columns keeps a running max and sum in registers, beside the 16
+//   elements in flight. 8 bf16 columns (a 16-byte access) take 56-59 registers on sm_90, about half
+//   an SM's 2048 threads; 4 take 40 (1536), 2 take 32 (all). With two exponentials an element the
+//   kernel needs those warps: the widest access the prior aims at is 8 bytes (kStateVecBytes). Streamed, at every tile
+//   row width from 32 bytes up the best vec 8 configuration was the slowest width's best (overall
+//   13.5x PyTorch's kernel; vec 2 15.75x, vec 4 14.7x).
+// - A tile row under a 32-byte sector wastes the rest of it, as in cumsum_split (sector weight
+//   1.5): streamed, 16-byte rows reached 7.1x, 32-byte ones 14.4x.
+// - The copy holds len elements of each tile column: for 4096 of them a sector-wide tile row takes
+//   128 KiB, one block (at most 512 threads) per SM, and a 16-byte row half a sector. It saves one
+//   pass of the three a streamed kernel makes over memory (2/3 for streaming past L2, not 1/2), and
+//   costs the resident threads or the sectors: the cached configurations reached 10.0x, the
+//   streamed 15.75x; with block 512, 32-byte tile rows and vec 1 to 4, 9.0-9.6x cached against
+//   13.4-14.4x streamed (cumsum_split's lighter scan, at one block per SM, gains from its copy).
 class DimSoftmaxCuda final : public FamilyBase {
  public:
   enum : size_t { kBlock, kSplit, kVec, kCache };
+  // The widest access the prior aims at (Note [Dim softmax priors]).
+  static constexpr int64_t kStateVecBytes = 8;
 
   explicit DimSoftmaxCuda(Softmax kind)
       : FamilyBase(softmax_family_name(kind, Backend::kCuda, "_dim"), Backend::kCuda,
@@ -321,13 +342,14 @@ class DimSoftmaxCuda final : public FamilyBase {
   double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
     const DimSplit e = shape(sig);
     const bool large = columns_past_l2(sig, e);
+    // Note [Dim softmax priors]
     if (v[kCache] == 0) {
       // Columns of at least 8 elements per thread; the copy, where it fits, saves a large tensor's
-      // second read from memory.
+      // second read from memory: one pass of three.
       const bool copy_fits = e.len_size * 16 + 1024 <= kCudaSharedBudget / 2;
-      return split_columns_prior(sig, e, v, 1, 32, 8) * (large && copy_fits ? 0.5 : 1.0);
+      return split_columns_prior(sig, e, v, 1, 32, 8, kStateVecBytes) * (large && copy_fits ? 2.0 / 3.0 : 1.0);
     }
-    return cached_columns_prior(sig, e, v, static_bytes(sig, v), 16) * (large ? 1.0 : 0.6);
+    return cached_columns_prior(sig, e, v, static_bytes(sig, v), 16, 1.5, kStateVecBytes) * (large ? 1.0 : 0.6);
   }
 
   KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {

@@ -174,15 +174,25 @@ DimSplit split_at_dim(const TensorMeta& t, int64_t dim) {
   return s;
 }
 
-double split_columns_prior(const OpSignature& sig, const DimSplit& e, std::span<const int64_t> v, int64_t min_split,
-                           int64_t max_split, int64_t min_per_thread) {
-  const int64_t block = v[0], split = v[1], vec = v[2];
+namespace {
+
+// The widest access of the column kernels the columns allow, up to `max_vec_bytes` bytes.
+int64_t widest_column_vec(const OpSignature& sig, const DimSplit& e, int64_t max_vec_bytes) {
   const int64_t bytes = dtype_size_bytes(tensor_arg(sig, 0)->dtype);
-  // The widest access the columns allow, up to 16 bytes.
   int64_t best_vec = 1;
   for (int64_t w : {2, 4, 8}) {
-    if (e.inner_size % w == 0 && vector_fits(sig, w)) best_vec = w;
+    if (e.inner_size % w == 0 && w * bytes <= max_vec_bytes && vector_fits(sig, w)) best_vec = w;
   }
+  return best_vec;
+}
+
+}  // namespace
+
+double split_columns_prior(const OpSignature& sig, const DimSplit& e, std::span<const int64_t> v, int64_t min_split,
+                           int64_t max_split, int64_t min_per_thread, int64_t max_vec_bytes) {
+  const int64_t block = v[0], split = v[1], vec = v[2];
+  const int64_t bytes = dtype_size_bytes(tensor_arg(sig, 0)->dtype);
+  const int64_t best_vec = widest_column_vec(sig, e, max_vec_bytes);
   // Enough threads to cover the latency.
   const int64_t column_threads = std::max<int64_t>(1, e.outer_size * e.inner_size / best_vec);
   int64_t ideal_split = std::clamp<int64_t>(pow2_ceil(kCudaLatencyThreads / column_threads), min_split, max_split);
@@ -210,13 +220,10 @@ bool columns_past_l2(const OpSignature& sig, const DimSplit& e) {
 }
 
 double cached_columns_prior(const OpSignature& sig, const DimSplit& e, std::span<const int64_t> v, int64_t static_bytes,
-                            int64_t per_thread, double sector_weight) {
+                            int64_t per_thread, double sector_weight, int64_t max_vec_bytes) {
   const int64_t block = v[0], split = v[1], vec = v[2];
   const int64_t esz = dtype_size_bytes(tensor_arg(sig, 0)->dtype);
-  int64_t best_vec = 1;
-  for (int64_t w : {2, 4, 8}) {
-    if (e.inner_size % w == 0 && vector_fits(sig, w)) best_vec = w;
-  }
+  const int64_t best_vec = widest_column_vec(sig, e, max_vec_bytes);
   const int64_t tile = block / split * vec;
   const int64_t per_block = column_copy_bytes(sig, e, v) + static_bytes + 1024;
   const int64_t blocks_per_sm = std::max<int64_t>(1, std::min<int64_t>(2048 / block, (228 * 1024) / per_block));

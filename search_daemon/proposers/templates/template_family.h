@@ -135,27 +135,29 @@ DimSplit split_at_dim(const TensorMeta& t, int64_t dim);
 // The column kernels over [outer, len, inner] (softmax_dim, cumsum_split): a block takes a tile of
 // block / split * vec neighbouring columns of one outer index, `split` threads share each column,
 // `vec` columns per access. Knobs v = {block, split, vec}. The prior: the widest access the columns
-// allow, about 2^17 threads in all with split in [min_split, max_split] and at least
-// `min_per_thread` elements of a column per thread, blocks of 256, tiles of 128 bytes. The launch:
-// grid outer * tiles, block, and the size arguments (len, inner, tiles) after x and y.
+// allow up to `max_vec_bytes` (a kernel that keeps per-column state in registers may want fewer
+// columns per thread than 16 bytes hold), about 2^17 threads in all with split in [min_split,
+// max_split] and at least `min_per_thread` elements of a column per thread, blocks of 256, tiles
+// of 128 bytes. The launch: grid outer * tiles, block, and the size arguments (len, inner, tiles)
+// after x and y.
 double split_columns_prior(const OpSignature& sig, const DimSplit& e, std::span<const int64_t> v, int64_t min_split,
-                           int64_t max_split, int64_t min_per_thread);
+                           int64_t max_split, int64_t min_per_thread, int64_t max_vec_bytes = 16);
 // The same kernels with a copy of the block's tile (len x tile elements) in dynamic shared memory
 // (Note [Cached columns] in dim_softmax.cc), knobs v = {block, split, vec, cache}:
 // - column_copy_bytes: the copy's bytes for the signature;
 // - columns_past_l2: whether the tensor is past about half of a Hopper's 50 MB L2, so that a
 //   second pass without the copy reads memory again;
-// - cached_columns_prior: the widest access, resident threads per SM (the copy and the kernel's
-//   static shared memory limit the blocks an SM holds), rows of the tile of at least 32 bytes (a
-//   sector; `sector_weight` says how much a narrower row costs), about `per_thread` elements of a
-//   column per thread;
+// - cached_columns_prior: the widest access (up to `max_vec_bytes`, as above), resident threads
+//   per SM (the copy and the kernel's static shared memory limit the blocks an SM holds), rows of
+//   the tile of at least 32 bytes (a sector; `sector_weight` says how much a narrower row costs),
+//   about `per_thread` elements of a column per thread;
 // - cached_columns_launch: after split_columns_launch, the copy's dynamic shared memory and a last
 //   size argument, 1 when the copy fits the signature the spec is resolved for (else 0: the kernel
 //   streams, with no shared memory asked).
 int64_t column_copy_bytes(const OpSignature& sig, const DimSplit& e, std::span<const int64_t> v);
 bool columns_past_l2(const OpSignature& sig, const DimSplit& e);
 double cached_columns_prior(const OpSignature& sig, const DimSplit& e, std::span<const int64_t> v, int64_t static_bytes,
-                            int64_t per_thread, double sector_weight = 0.2);
+                            int64_t per_thread, double sector_weight, int64_t max_vec_bytes = 16);
 void cached_columns_launch(const OpSignature& sig, const DimSplit& e, std::span<const int64_t> v, int64_t static_bytes,
                            Launch& l);
 // A warp's threads of one column in those kernels (lanes block / split apart) share their partials

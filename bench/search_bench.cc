@@ -66,15 +66,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-TensorMeta tensor(DType dt, DeviceType dev, std::vector<int64_t> sizes) {
-  TensorMeta m;
-  m.dtype = dt;
-  m.device = dev;
-  m.sizes = sizes;
-  m.strides.assign(sizes.size(), 1);
-  for (size_t d = sizes.size() - 1; d-- > 0;) m.strides[d] = m.strides[d + 1] * sizes[d + 1];
-  return m;
-}
+TensorMeta tensor(DType dt, DeviceType dev, std::vector<int64_t> sizes) { return contiguous_tensor(dt, dev, std::move(sizes)); }
 
 struct NamedSignature {
   std::string name;

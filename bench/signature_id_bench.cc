@@ -14,15 +14,7 @@ using namespace kforge;
 
 namespace {
 
-TensorMeta contiguous(DType dt, std::vector<int64_t> sizes) {
-  TensorMeta t;
-  t.dtype = dt;
-  t.device = DeviceType::kCuda;
-  t.sizes = sizes;
-  t.strides.assign(sizes.size(), 1);
-  for (size_t d = sizes.size(); d-- > 1;) t.strides[d - 1] = t.strides[d] * sizes[d];
-  return t;
-}
+TensorMeta contiguous(DType dt, std::vector<int64_t> sizes) { return contiguous_tensor(dt, DeviceType::kCuda, std::move(sizes)); }
 
 double ns_per_op(const OpSignature& s, long iters, uint64_t* sink) {
   auto t0 = std::chrono::steady_clock::now();

@@ -203,6 +203,21 @@ int64_t TensorMeta::numel() const noexcept {
   return n;
 }
 
+std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& sizes) {
+  std::vector<int64_t> strides(sizes.size(), 1);
+  for (size_t d = sizes.size(); d-- > 1;) strides[d - 1] = strides[d] * sizes[d];
+  return strides;
+}
+
+TensorMeta contiguous_tensor(DType dtype, DeviceType device, std::vector<int64_t> sizes) {
+  TensorMeta t;
+  t.dtype = dtype;
+  t.device = device;
+  t.strides = contiguous_strides(sizes);
+  t.sizes = std::move(sizes);
+  return t;
+}
+
 bool TensorMeta::is_contiguous() const noexcept {
   int64_t expected = 1;
   for (size_t d = sizes.size(); d-- > 0;) {

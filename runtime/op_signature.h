@@ -65,6 +65,12 @@ struct TensorMeta {
   friend bool operator==(const TensorMeta&, const TensorMeta&) = default;
 };
 
+// Row-major strides for `sizes`: each the product of the later sizes, as is_contiguous() expects.
+std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& sizes);
+// A contiguous tensor's metadata (aligned to kMaxAlignment): what tests, benches and signature
+// builders start from.
+TensorMeta contiguous_tensor(DType dtype, DeviceType device, std::vector<int64_t> sizes);
+
 // An argument's value: None, a tensor, a tensor list, or a scalar.
 struct Arg {
   using Value = std::variant<std::monostate, TensorMeta, std::vector<TensorMeta>, bool, int64_t,

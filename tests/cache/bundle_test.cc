@@ -54,15 +54,7 @@ std::string random_bytes(std::mt19937_64& rng, size_t n) {
   return s;
 }
 
-TensorMeta contiguous(DType dt, std::vector<int64_t> sizes, DeviceType dev) {
-  TensorMeta t;
-  t.dtype = dt;
-  t.device = dev;
-  t.sizes = sizes;
-  t.strides.assign(sizes.size(), 1);
-  for (size_t d = sizes.size(); d-- > 1;) t.strides[d - 1] = t.strides[d] * sizes[d];
-  return t;
-}
+TensorMeta contiguous(DType dt, std::vector<int64_t> sizes, DeviceType dev) { return contiguous_tensor(dt, dev, std::move(sizes)); }
 
 Environment h200() {
   Environment e;

@@ -322,15 +322,7 @@ ChatRequest hello() { return ChatRequest{"be brief", {ChatMessage{ChatRole::kUse
 
 // ---- signatures and kernels -------------------------------------------------------------------------
 
-TensorMeta contiguous(DType dt, DeviceType dev, std::vector<int64_t> sizes) {
-  TensorMeta t;
-  t.dtype = dt;
-  t.device = dev;
-  t.sizes = sizes;
-  t.strides.assign(sizes.size(), 1);
-  for (size_t d = sizes.size(); d-- > 1;) t.strides[d - 1] = t.strides[d] * sizes[d];
-  return t;
-}
+TensorMeta contiguous(DType dt, DeviceType dev, std::vector<int64_t> sizes) { return contiguous_tensor(dt, dev, std::move(sizes)); }
 
 OpSignature cuda_softmax() {
   return OpSignature{"aten::_softmax", "",

@@ -24,15 +24,7 @@ using namespace kforge::search;
 
 namespace {
 
-TensorMeta tensor(DType dt, std::vector<int64_t> sizes) {
-  TensorMeta m;
-  m.dtype = dt;
-  m.device = DeviceType::kCuda;
-  m.sizes = sizes;
-  m.strides.assign(sizes.size(), 1);
-  for (size_t d = sizes.size() - 1; d-- > 0;) m.strides[d] = m.strides[d + 1] * sizes[d + 1];
-  return m;
-}
+TensorMeta tensor(DType dt, std::vector<int64_t> sizes) { return contiguous_tensor(dt, DeviceType::kCuda, std::move(sizes)); }
 
 OpSignature softmax(DType dt, std::vector<int64_t> sizes, int64_t dim = -1) {
   return OpSignature{"aten::_softmax",

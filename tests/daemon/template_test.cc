@@ -44,12 +44,7 @@ namespace {
 // ---- signatures -----------------------------------------------------------------------------------
 
 TensorMeta tensor(Backend b, DType dtype, std::vector<int64_t> sizes, uint32_t alignment = kMaxAlignment) {
-  TensorMeta m;
-  m.dtype = dtype;
-  m.device = b == Backend::kCuda ? DeviceType::kCuda : DeviceType::kCpu;
-  m.sizes = sizes;
-  m.strides.assign(sizes.size(), 1);
-  for (size_t d = sizes.size(); d-- > 1;) m.strides[d - 1] = m.strides[d] * sizes[d];
+  TensorMeta m = contiguous_tensor(dtype, b == Backend::kCuda ? DeviceType::kCuda : DeviceType::kCpu, std::move(sizes));
   m.alignment = alignment;
   return m;
 }

@@ -63,15 +63,7 @@ constexpr auto kSchedulingSlack = 50ms * kSlowdown;
 
 // ---- messages as the hook and the daemon really send them ----------------------------------------
 
-TensorMeta contiguous(DType dt, std::vector<int64_t> sizes) {
-  TensorMeta t;
-  t.dtype = dt;
-  t.device = DeviceType::kCuda;
-  t.sizes = sizes;
-  t.strides.assign(sizes.size(), 1);
-  for (size_t d = sizes.size(); d-- > 1;) t.strides[d - 1] = t.strides[d] * sizes[d];
-  return t;
-}
+TensorMeta contiguous(DType dt, std::vector<int64_t> sizes) { return contiguous_tensor(dt, DeviceType::kCuda, std::move(sizes)); }
 
 OpSignature softmax() {
   return OpSignature{"aten::_softmax", "",

@@ -68,15 +68,7 @@ std::string compile_shared_object(const TempDir& t, const std::string& source) {
   return ss.str();
 }
 
-TensorMeta contiguous(std::vector<int64_t> sizes) {
-  TensorMeta t;
-  t.dtype = DType::kFloat32;
-  t.device = DeviceType::kCpu;
-  t.sizes = sizes;
-  t.strides.assign(sizes.size(), 1);
-  for (size_t d = sizes.size(); d-- > 1;) t.strides[d - 1] = t.strides[d] * sizes[d];
-  return t;
-}
+TensorMeta contiguous(std::vector<int64_t> sizes) { return contiguous_tensor(DType::kFloat32, DeviceType::kCpu, std::move(sizes)); }
 
 KernelSpec softmax_spec(const std::string& source) {
   KernelSpec s;

@@ -38,15 +38,7 @@ extern "C" __global__ void normalize(const float* x, const float* stats, float* 
 }
 )";
 
-TensorMeta contiguous(std::vector<int64_t> sizes) {
-  TensorMeta t;
-  t.dtype = DType::kFloat32;
-  t.device = DeviceType::kCuda;
-  t.sizes = sizes;
-  t.strides.assign(sizes.size(), 1);
-  for (size_t d = sizes.size(); d-- > 1;) t.strides[d - 1] = t.strides[d] * sizes[d];
-  return t;
-}
+TensorMeta contiguous(std::vector<int64_t> sizes) { return contiguous_tensor(DType::kFloat32, DeviceType::kCuda, std::move(sizes)); }
 
 KernelSpec spec_with_smem(const std::string& smem_expr) {
   KernelSpec s;

@@ -22,15 +22,8 @@ using namespace kforge;
 namespace {
 
 TensorMeta tensor(DType dt, std::vector<int64_t> sizes, std::vector<int64_t> strides = {}) {
-  TensorMeta t;
-  t.dtype = dt;
-  t.device = DeviceType::kCuda;
-  t.sizes = sizes;
-  if (strides.empty()) {
-    strides.assign(sizes.size(), 1);
-    for (size_t d = sizes.size(); d-- > 1;) strides[d - 1] = strides[d] * sizes[d];
-  }
-  t.strides = strides;
+  TensorMeta t = contiguous_tensor(dt, DeviceType::kCuda, std::move(sizes));
+  if (!strides.empty()) t.strides = std::move(strides);
   return t;
 }
 

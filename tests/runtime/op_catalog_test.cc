@@ -15,16 +15,7 @@ using namespace kforge;
 namespace {
 
 TensorMeta tensor(std::vector<int64_t> sizes, DType dtype = DType::kFloat32) {
-  TensorMeta t;
-  t.dtype = dtype;
-  t.sizes = std::move(sizes);
-  int64_t step = 1;
-  t.strides.assign(t.sizes.size(), 1);
-  for (size_t d = t.sizes.size(); d-- > 0;) {
-    t.strides[d] = step;
-    step *= t.sizes[d];
-  }
-  return t;
+  return contiguous_tensor(dtype, DeviceType::kCpu, std::move(sizes));
 }
 
 }  // namespace

@@ -13,13 +13,7 @@ using namespace kforge;
 namespace {
 
 TensorMeta contiguous(DType dt, std::vector<int64_t> sizes, DeviceType dev = DeviceType::kCuda) {
-  TensorMeta t;
-  t.dtype = dt;
-  t.device = dev;
-  t.sizes = sizes;
-  t.strides.assign(sizes.size(), 1);
-  for (size_t d = sizes.size(); d-- > 1;) t.strides[d - 1] = t.strides[d] * sizes[d];
-  return t;
+  return contiguous_tensor(dt, dev, std::move(sizes));
 }
 
 OpSignature softmax(int64_t dim) {

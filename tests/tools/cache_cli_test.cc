@@ -41,15 +41,7 @@ Store private_store(const fs::path& dir) {
   return std::move(*store);
 }
 
-TensorMeta contiguous(std::vector<int64_t> sizes) {
-  TensorMeta t;
-  t.dtype = DType::kFloat32;
-  t.device = DeviceType::kCpu;
-  t.sizes = sizes;
-  t.strides.assign(sizes.size(), 1);
-  for (size_t d = sizes.size(); d-- > 1;) t.strides[d - 1] = t.strides[d] * sizes[d];
-  return t;
-}
+TensorMeta contiguous(std::vector<int64_t> sizes) { return contiguous_tensor(DType::kFloat32, DeviceType::kCpu, std::move(sizes)); }
 
 CacheEntry entry(int64_t rows, double speedup) {
   CacheEntry e;

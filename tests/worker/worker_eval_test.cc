@@ -40,16 +40,7 @@ namespace {
 constexpr int64_t kRows = 64;
 constexpr int64_t kCols = 256;
 
-TensorMeta matrix(DeviceType device, std::vector<int64_t> sizes) {
-  TensorMeta m;
-  m.dtype = DType::kFloat32;
-  m.device = device;
-  m.sizes = sizes;
-  m.strides.assign(sizes.size(), 1);
-  for (size_t d = sizes.size() - 1; d-- > 0;) m.strides[d] = m.strides[d + 1] * sizes[d + 1];
-  m.alignment = kMaxAlignment;
-  return m;
-}
+TensorMeta matrix(DeviceType device, std::vector<int64_t> sizes) { return contiguous_tensor(DType::kFloat32, device, std::move(sizes)); }
 
 Target target_for(Backend b, const std::string& arch) { return Target{b, arch}; }
 

@@ -53,8 +53,7 @@ std::optional<ClonePlan> clone_plan(const OpSignature& sig, Backend backend) {
   if (x == nullptr || x->sizes.empty() || x->numel() <= 0) return std::nullopt;
   // The dtypes and device of template_tensor, any strides.
   TensorMeta as_contiguous = *x;
-  as_contiguous.strides.assign(x->sizes.size(), 1);
-  for (size_t d = x->sizes.size(); d-- > 1;) as_contiguous.strides[d - 1] = as_contiguous.strides[d] * x->sizes[d];
+  as_contiguous.strides = contiguous_strides(x->sizes);
   if (!template_tensor(&as_contiguous, backend)) return std::nullopt;
   int64_t format = kPreserveFormat;
   if (const int64_t* f = int_arg(sig, 1)) {

@@ -131,7 +131,7 @@ EvalResult JobRunner::run_checked(const EvalJob& job, EvalResult& r) {
   // Verify.
   r.phase = "verify";
   on_phase_(JobPhase{job.job_id, "verify", job.run_budget_ms});
-  VerifyRequest vr{&sig, &job.spec, &*plan, *op, job.policy, &job.input_stats, &job.captured};
+  VerifyRequest vr{&sig, &job.spec, &*plan, *op, job.policy, &job.input_stats, &job.captured, verify_profile_};
   VerifyRun v = verify(device_, *candidate, vr);
   r.verify = v.outcome;
   if (v.fault) {

@@ -33,6 +33,8 @@ class JobRunner {
       : device_(device), builder_(builder), compiler_(std::move(compiler_identity)), on_phase_(std::move(on_phase)) {}
 
   EvalResult run(const EvalJob& job);
+  // KFORGE_WORKER_PROFILE (worker_config.h): verifications say where their time went.
+  void set_verify_profile(bool on) { verify_profile_ = on; }
 
  private:
   EvalResult run_checked(const EvalJob& job, EvalResult& r);
@@ -41,6 +43,7 @@ class JobRunner {
   const CandidateBuilder& builder_;
   std::string compiler_;
   PhaseCallback on_phase_;
+  bool verify_profile_ = false;
 };
 
 }  // namespace kforge::eval

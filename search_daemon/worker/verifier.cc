@@ -1,6 +1,7 @@
 #include "search_daemon/worker/verifier.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <exception>
@@ -208,10 +209,38 @@ std::optional<Failure> differs(const RunBuffers& first, const RunBuffers& b, con
   return std::nullopt;
 }
 
+// Note [Verify profile]
+// ~~~~~~~~~~~~~~~~~~~~~
+// Where a verification's time goes, for KFORGE_WORKER_PROFILE: per trial, drawing the inputs,
+// PyTorch's kernel and the float64 reference, the candidate's runs with their memory, determinism
+// and staleness checks, and the accuracy comparison; one line on the worker's stderr per
+// verification. Each section ends with the device synchronized, so GPU work is charged to the
+// section that queued it (which slows a profiled verification a little; an unprofiled one never
+// synchronizes for it). A trial that fails stops the clock where it failed.
+struct VerifyProfile {
+  enum Section : size_t { kInputs, kReference, kRuns, kAccuracy, kSections };
+  bool on = false;
+  double ms[kSections] = {};
+  std::chrono::steady_clock::time_point last{};
+  void start() {
+    if (on) last = std::chrono::steady_clock::now();
+  }
+  void end(Section section, EvalDevice& device) {
+    if (!on) return;
+    (void)device.synchronize();
+    const auto now = std::chrono::steady_clock::now();
+    ms[section] += std::chrono::duration<double, std::milli>(now - last).count();
+    last = now;
+  }
+};
+
 class TrialRunner {
  public:
   TrialRunner(EvalDevice& device, const LoadedCandidate& candidate, const VerifyRequest& r, VerifyRun& out)
-      : device_(device), candidate_(candidate), r_(r), out_(out) {}
+      : device_(device), candidate_(candidate), r_(r), out_(out) {
+    profile_.on = r.profile;
+  }
+  const VerifyProfile& profile() const { return profile_; }
 
   // Empty optional: the trial passed. Sets out_.fault / out_.worker_error where it applies.
   std::optional<Failure> run(const TrialPlan& t, size_t trial_index);
@@ -228,6 +257,7 @@ class TrialRunner {
   std::vector<at::Tensor> prev_candidate_;   // the previous trial's candidate outputs (bits)
   std::vector<at::Tensor> prev_torch_;       // and PyTorch's
   std::vector<bool> written_;                // the arguments the plan writes in place
+  VerifyProfile profile_;
 };
 
 std::optional<Failure> TrialRunner::launch(const TrialInputs& in, RunBuffers& b, uint64_t block_seed,
@@ -270,6 +300,7 @@ std::optional<Failure> TrialRunner::check_memory(const TrialInputs& in, const st
 
 std::optional<Failure> TrialRunner::run(const TrialPlan& t, size_t trial_index) {
   const ResolvedLaunchPlan& plan = *r_.plan;
+  profile_.start();
   StatusOr<TrialInputs> made = TrialInputs::make(*r_.signature, device_.device(), t.dist, t.seed,
                                                  r_.input_stats != nullptr ? *r_.input_stats : std::vector<wire::InputStats>{},
                                                  t.captured);
@@ -285,6 +316,7 @@ std::optional<Failure> TrialRunner::run(const TrialPlan& t, size_t trial_index) 
     if (written_[i]) in_place_values[i] = in.args()[i].tensors.at(0).clone();
   }
 
+  profile_.end(VerifyProfile::kInputs, device_);
   std::vector<at::Tensor> torch_out;
   std::vector<at::Tensor> ref;
   try {
@@ -315,6 +347,7 @@ std::optional<Failure> TrialRunner::run(const TrialPlan& t, size_t trial_index) 
     }
   }
 
+  profile_.end(VerifyProfile::kReference, device_);
   const std::vector<at::Tensor> before = in.snapshot();
   const uint64_t seed_base = 0x9E3779B97F4A7C15ull * (trial_index + 1);
 
@@ -406,6 +439,7 @@ std::optional<Failure> TrialRunner::run(const TrialPlan& t, size_t trial_index) 
   prev_candidate_ = bits;
   prev_torch_.clear();
   for (const at::Tensor& o : torch_out) prev_torch_.push_back(bits_of(o).clone());
+  profile_.end(VerifyProfile::kRuns, device_);
 
   for (size_t k = 0; k < first.outputs.size(); ++k) {
     const at::Tensor& c = first.outputs[k];
@@ -465,6 +499,7 @@ std::optional<Failure> TrialRunner::run(const TrialPlan& t, size_t trial_index) 
                                      element_text(fd, i)};
     }
   }
+  profile_.end(VerifyProfile::kAccuracy, device_);
   return std::nullopt;
 }
 
@@ -516,6 +551,14 @@ VerifyRun verify(EvalDevice& device, const LoadedCandidate& candidate, const Ver
       return run;
     }
     ++v.trials_passed;
+  }
+  if (request.profile) {
+    const VerifyProfile& p = runner.profile();
+    std::fprintf(stderr,
+                 "kforge-worker: verify profile (KFORGE_WORKER_PROFILE): %s, %u trials passed: inputs %.1f ms, "
+                 "PyTorch and float64 reference %.1f ms, candidate runs and their checks %.1f ms, accuracy %.1f ms\n",
+                 request.signature->to_string().c_str(), v.trials_passed, p.ms[VerifyProfile::kInputs],
+                 p.ms[VerifyProfile::kReference], p.ms[VerifyProfile::kRuns], p.ms[VerifyProfile::kAccuracy]);
   }
   return run;
 }

@@ -52,6 +52,7 @@ struct VerifyRequest {
   InputPolicy policy;
   const std::vector<wire::InputStats>* input_stats = nullptr;
   const std::vector<wire::CapturedInputs>* captured = nullptr;
+  bool profile = false;   // Note [Verify profile] in verifier.cc
 };
 
 struct VerifyRun {

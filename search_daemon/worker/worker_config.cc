@@ -22,13 +22,14 @@ StatusOr<WorkerConfig> WorkerConfig::from_env(const Lookup& env) {
   }
   if (std::optional<std::string> off = env("KFORGE_WORKER_NO_CUPTI"); off && !off->empty() && *off != "0") c.cupti = false;
   if (std::optional<std::string> cxx = env("KFORGE_CXX"); cxx && !cxx->empty()) c.cxx = *cxx;
+  if (std::optional<std::string> p = env("KFORGE_WORKER_PROFILE"); p && !p->empty() && *p != "0") c.profile = true;
   return c;
 }
 
 std::string WorkerConfig::to_string() const {
   return "cpu_threads=" + (cpu_threads > 0 ? std::to_string(cpu_threads) : std::string("default")) +
          " cpus=" + (cpus.empty() ? std::string("(not pinned)") : cpus) + " cupti=" + (cupti ? "on" : "off") +
-         " cxx=" + cxx;
+         " cxx=" + cxx + (profile ? " profile=on" : "");
 }
 
 }  // namespace kforge::eval

@@ -10,6 +10,8 @@
 //                               workers] in evaluator/evaluator_pool.h), reported only
 //   KFORGE_WORKER_NO_CUPTI      any value but 0: time CUDA work with events, not CUPTI
 //   KFORGE_CXX                  the compiler of CPU candidates (default c++)
+//   KFORGE_WORKER_PROFILE       any value but 0: one line on stderr per verification, where its
+//                               time went (Note [Verify profile] in verifier.cc)
 // (The launcher reads KFORGE_PYTHON, KFORGE_WORKER_LIB_DIR and KFORGE_WORKER_CPUS before python
 // starts: worker_launcher.cc.)
 #pragma once
@@ -28,6 +30,7 @@ struct WorkerConfig {
   std::string cpus;           // "" when not pinned
   bool cupti = true;
   std::string cxx = "c++";
+  bool profile = false;
 
   using Lookup = std::function<std::optional<std::string>(const char* name)>;
   static StatusOr<WorkerConfig> from_env(const Lookup& env);

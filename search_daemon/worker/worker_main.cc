@@ -174,6 +174,7 @@ int worker_main(int argc, char** argv) {
   if (!channel.send(EvalMessage(ready))) return fail("cannot send WorkerReady");
 
   JobRunner runner(dev, *builder, compiler_identity, [&](const JobPhase& p) { (void)channel.send(EvalMessage(p)); });
+  runner.set_verify_profile(config->profile);
   std::string bytes;
   while (channel.receive(bytes)) {
     StatusOr<EvalMessage> m = decode_eval_message(bytes);

@@ -38,6 +38,12 @@ TEST_CASE("worker config: defaults, the pool's settings, and one error per bad v
   CHECK_FALSE(pool->cupti);
   CHECK(pool->cxx == "clang++");
   CHECK(WorkerConfig::from_env(table({{"KFORGE_WORKER_NO_CUPTI", "0"}}))->cupti);
+  CHECK_FALSE(d->profile);
+  CHECK_FALSE(WorkerConfig::from_env(table({{"KFORGE_WORKER_PROFILE", "0"}}))->profile);
+  StatusOr<WorkerConfig> profiled = WorkerConfig::from_env(table({{"KFORGE_WORKER_PROFILE", "1"}}));
+  REQUIRE(profiled.ok());
+  CHECK(profiled->profile);
+  CHECK(profiled->to_string() == "cpu_threads=default cpus=(not pinned) cupti=on cxx=c++ profile=on");
 
   for (const char* bad : {"0", "-1", "4097", "two", "2x"}) {
     StatusOr<WorkerConfig> c = WorkerConfig::from_env(table({{"KFORGE_WORKER_CPU_THREADS", bad}}));

@@ -112,6 +112,11 @@ StatusOr<const CudaDriver*> CudaDriver::load() {
   return *loaded;
 }
 
+const CudaDriver* CudaDriver::loaded() noexcept {
+  StatusOr<const CudaDriver*> d = load();
+  return d.ok() ? *d : nullptr;
+}
+
 StatusOr<std::unique_ptr<CudaDriver>> CudaDriver::load_uncached() {
   std::string tried;
   for (const std::string& path : search_paths()) {

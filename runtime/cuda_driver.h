@@ -93,6 +93,10 @@ class CudaDriver {
   // toolkit's stub) is kUnavailable.
   static StatusOr<const CudaDriver*> load();
 
+  // load()'s driver, or null where it failed. For callers that cannot report why (destructors, the
+  // hook's noexcept paths): they fall back, and whoever needs the reason calls load().
+  static const CudaDriver* loaded() noexcept;
+
   // Same search as load(), without the process-wide cache. For tests and diagnostics.
   static StatusOr<std::unique_ptr<CudaDriver>> load_uncached();
 

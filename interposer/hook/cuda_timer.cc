@@ -11,11 +11,6 @@ namespace kforge::hook {
 
 namespace {
 
-const CudaDriver* driver() noexcept {
-  StatusOr<const CudaDriver*> d = CudaDriver::load();
-  return d.ok() ? *d : nullptr;
-}
-
 // Note [CUDA timing budget]
 // A timed CUDA call costs its thread far more than the interceptor's miss path: a device guard, a
 // capture query and two event records through the driver. On the H200 host, GPT-2 small's decode
@@ -55,7 +50,7 @@ CUevent CudaTimer::take_event(int device) noexcept {
     }
   }
   // A new event in the current context, which the caller made the device's (torch's primary).
-  const CudaDriver* cu = driver();
+  const CudaDriver* cu = CudaDriver::loaded();
   CUevent e = nullptr;
   if (cu == nullptr || cu->cuEventCreate(&e, CU_EVENT_DEFAULT) != CUDA_SUCCESS) return nullptr;
   return e;
@@ -66,7 +61,7 @@ void CudaTimer::give_back(int device, CUevent e) { free_[device].push_back(e); }
 CudaTimer::Mark CudaTimer::begin(int device) noexcept {
   Mark m;
   try {
-    const CudaDriver* cu = driver();
+    const CudaDriver* cu = CudaDriver::loaded();
     if (cu == nullptr || device < 0 || device >= kMaxDevices) {
       std::lock_guard<std::mutex> lock(mu_);
       ++counters_.skipped_other;
@@ -113,7 +108,7 @@ CudaTimer::Mark CudaTimer::begin(int device) noexcept {
 void CudaTimer::end(const Mark& m, const SignatureId& id) noexcept {
   if (m.start == nullptr) return;
   try {
-    const CudaDriver* cu = driver();
+    const CudaDriver* cu = CudaDriver::loaded();
     const c10::DeviceGuard guard(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(m.device)));
     CUevent e = take_event(m.device);
     std::lock_guard<std::mutex> lock(mu_);
@@ -136,7 +131,7 @@ void CudaTimer::collect(RoundExtras& out) noexcept {
     if (pending_.empty()) return;
     work.swap(pending_);
   }
-  const CudaDriver* cu = driver();
+  const CudaDriver* cu = CudaDriver::loaded();
   std::vector<Pair> keep;
   std::vector<Pair> done;
   for (Pair& p : work) {

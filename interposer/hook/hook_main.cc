@@ -237,7 +237,7 @@ void start() noexcept {
       // The round's CUDA work is no part of any graph a program thread captures (Note [Samples
       // and graph capture] in input_sampler.cc): relaxed, so it neither fails nor spoils one.
       std::optional<ScopedCaptureMode> relaxed;
-      if (StatusOr<const CudaDriver*> cu = CudaDriver::load(); cu.ok()) relaxed.emplace(**cu, CU_STREAM_CAPTURE_MODE_RELAXED);
+      if (const CudaDriver* cu = CudaDriver::loaded()) relaxed.emplace(*cu, CU_STREAM_CAPTURE_MODE_RELAXED);
       sampler->drain(pid, extras);
       timer->collect(extras);
       extras.gpus_in_use = gpus->current();
@@ -429,8 +429,9 @@ std::string stats_json() {
 // The handler is registered after the Recorder's first one, so without CUDA it runs first, while
 // the reporter still runs; a process that called CUDA operators registers the Recorder's once more
 // (Note [Stopping before CUDA's teardown] in recorder.cc), which then runs first and ends with the
-// reporter's last round, so the summary counts it. The handler uses only the hook's own objects (torch may be partly torn down by then), is bounded (one
-// small file, no fsync), catches everything, and writes once per process. The directory is checked
+// reporter's last round, so the summary counts it. The handler uses only the hook's own objects
+// (torch may be partly torn down by then), is bounded (one small file, no fsync), catches
+// everything, and writes once per process. The directory is checked
 // at start: a bad one costs one line there and no handler. A failed write costs one line at exit.
 // The file appears whole or not at all: it is written as a hidden temp file in the same directory
 // (O_EXCL, 0600) and renamed.

@@ -26,6 +26,8 @@ bool capturing(const c10::Stream& stream) {
   return r != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
+}  // namespace
+
 // Note [Sample events]
 // ~~~~~~~~~~~~~~~~~~~~
 // A CUDA sample's copy is awaited on an event made and destroyed through the driver API, not a
@@ -34,16 +36,10 @@ bool capturing(const c10::Stream& stream) {
 // (std::terminate), which is what killed the demo model at exit on the H100 (Note [Stopping before
 // CUDA's teardown] in recorder.cc). The driver's calls return error codes: a failed record skips
 // the sample, a failed wait counts it as failed, a failed destroy is ignored.
-const CudaDriver* sample_driver() noexcept {
-  StatusOr<const CudaDriver*> d = CudaDriver::load();
-  return d.ok() ? *d : nullptr;
-}
-
-}  // namespace
 
 void InputSampler::DoneEvent::reset() noexcept {
   if (e_ == nullptr) return;
-  if (const CudaDriver* cu = sample_driver()) (void)cu->cuEventDestroy(e_);
+  if (const CudaDriver* cu = CudaDriver::loaded()) (void)cu->cuEventDestroy(e_);
   e_ = nullptr;
 }
 
@@ -89,7 +85,7 @@ void InputSampler::sample(const SignatureId& id, const c10::IValue* args, uint32
       // Stream-ordered on CUDA (the current stream, before PyTorch's kernel runs); synchronous on CPU.
       pt.copy = t.clone(at::MemoryFormat::Contiguous);
       if (pt.stream) {   // Note [Samples and graph capture], Note [Sample events]
-        const CudaDriver* cu = sample_driver();
+        const CudaDriver* cu = CudaDriver::loaded();
         const c10::DeviceGuard guard(t.device());   // the device's primary context is current here
         CUevent e = nullptr;
         if (cu == nullptr || cu->cuEventCreate(&e, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
@@ -146,7 +142,7 @@ void InputSampler::drain(int32_t pid, RoundExtras& round) noexcept {
         at::Tensor host;
         if (t.stream) {   // Note [Samples and graph capture]
           // The copy is done; blocks this thread only. Note [Sample events]
-          const CudaDriver* cu = sample_driver();
+          const CudaDriver* cu = CudaDriver::loaded();
           if (cu == nullptr || t.done.get() == nullptr || cu->cuEventSynchronize(t.done.get()) != CUDA_SUCCESS) {
             throw std::runtime_error("the sample's copy could not be awaited");
           }

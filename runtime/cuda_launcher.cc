@@ -1,5 +1,7 @@
 #include "runtime/cuda_launcher.h"
 
+#include <algorithm>
+
 #include "runtime/launch_args.h"
 
 namespace kforge {
@@ -7,6 +9,33 @@ namespace kforge {
 namespace {
 
 constexpr uint32_t kDefaultDynamicSmem = 48 * 1024;
+
+// Note [Non-portable clusters]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A kernel compiled with __cluster_dims__ of more than 8 blocks (the portable size every sm_90
+// part schedules) launches only once its function allows non-portable sizes: sm_90 parts take 16.
+// The opt-in is per function and sticky, so it is made where the function is loaded, from the
+// cluster size the image itself declares; a kernel without clusters, or with 8 or fewer blocks,
+// is left as compiled. A device that cannot schedule the size fails the launch with
+// CUDA_ERROR_CLUSTER_OUT_OF_RESOURCES (a candidate the worker rejects, a fallback in the hook),
+// never a hang: a cluster's blocks are scheduled together or not at all.
+constexpr int kMaxPortableCluster = 8;
+
+Status allow_large_clusters(const CudaDriver& cu, CUfunction fn, const std::string& name) {
+  int dims[3] = {0, 0, 0};
+  const CUfunction_attribute which[3] = {CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH, CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT,
+                                         CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH};
+  for (int i = 0; i < 3; ++i) {
+    // A driver that cannot say has no clusters to allow.
+    if (cu.cuFuncGetAttribute(&dims[i], which[i], fn) != CUDA_SUCCESS) return Status();
+  }
+  if (dims[0] * std::max(dims[1], 1) * std::max(dims[2], 1) <= kMaxPortableCluster) return Status();
+  const CUresult r = cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1);
+  if (r == CUDA_SUCCESS) return Status();
+  Status e = cu.error(r, "cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED)", __FILE__, __LINE__);
+  return Status(e.code(), name + ": clusters of " + std::to_string(dims[0]) + "x" + std::to_string(dims[1]) + "x" +
+                              std::to_string(dims[2]) + " blocks: " + e.message());
+}
 
 
 }  // namespace
@@ -18,6 +47,7 @@ StatusOr<CudaKernel> CudaKernel::load(const CudaDriver& driver, const void* imag
   k.driver_ = &driver;
   for (const std::string& name : spec.entry_points) {
     KFORGE_ASSIGN_OR_RETURN(CUfunction fn, module.function(name));
+    KFORGE_RETURN_IF_ERROR(allow_large_clusters(driver, fn, name));   // Note [Non-portable clusters]
     k.names_.push_back(name);
     k.functions_.push_back(fn);
   }

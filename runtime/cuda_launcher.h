@@ -17,6 +17,8 @@
 //   scratch through PyTorch's caching allocator).
 // - Dynamic shared memory above the 48 KiB default is enabled per function before the first launch
 //   that needs it (cuFuncSetAttribute); more than the device allows is a launch error, not a crash.
+// - A kernel compiled for clusters of more than 8 blocks is allowed them when it is loaded (Note
+//   [Non-portable clusters] in cuda_launcher.cc).
 // - Errors name the launch, the entry point and the CUresult. Nothing throws.
 #pragma once
 

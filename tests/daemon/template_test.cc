@@ -814,7 +814,7 @@ TEST_CASE("templates: long rows split over blocks, read once into shared memory,
     const OpSignature s = softmax(G, DType::kBFloat16, {8, 262144});
     const TemplateConfig top = best(s);
     CHECK(knob(top, "cluster") == 1);
-    CHECK(knob(top, "split") == 8);
+    CHECK(knob(top, "split") == 16);
     CHECK(knob(top, "cache") == 1);
     std::vector<TemplateConfig> space = enumerate_space(s, t);
     std::erase_if(space, [&](const TemplateConfig& c) { return knob(c, "cluster") == 1; });
@@ -837,7 +837,8 @@ TEST_CASE("templates: long rows split over blocks, read once into shared memory,
     CHECK(r->scratch[0].bytes == 8 * 32 * 16);   // a (max, sum) pair of doubles per chunk
   }
   // Note [Split rows]: as a cluster (sm_90 on), a row's chunks merge through distributed shared
-  // memory in one launch, with no scratch buffer; at most 8 chunks a row.
+  // memory in one launch, with no scratch buffer; at most 16 chunks a row (Note [Non-portable
+  // clusters] in cuda_launcher.cc).
   {
     const OpSignature s = softmax(G, DType::kBFloat16, {8, 262144});
     std::set<int64_t> splits;
@@ -847,16 +848,16 @@ TEST_CASE("templates: long rows split over blocks, read once into shared memory,
       splits.insert(knob(c, "split"));
       if (knob(c, "cache") == 1 && (!top || t.prior(s, c.values) > t.prior(s, top->values))) top = c;
     }
-    CHECK(splits == std::set<int64_t>{2, 4, 8});
+    CHECK(splits == std::set<int64_t>{2, 4, 8, 16});
     REQUIRE(top.has_value());
-    CHECK(knob(*top, "split") == 8);
+    CHECK(knob(*top, "split") == 16);
     const KernelSpec spec = t.instantiate(s, top->values);
     CHECK(spec.entry_points == std::vector<std::string>{"kf_split_cluster"});
     const StatusOr<ResolvedLaunchPlan> r = spec.resolve(s);
     REQUIRE(r.ok());
     REQUIRE(r->launches.size() == 1);
-    CHECK(r->launches[0].grid[0] == 8 * 8);
-    CHECK(r->launches[0].shared_mem_bytes == 32768 * 2 + 32);   // the chunk's copy
+    CHECK(r->launches[0].grid[0] == 8 * 16);
+    CHECK(r->launches[0].shared_mem_bytes == 16384 * 2 + 32);   // the chunk's copy
     CHECK(r->scratch.empty());
     // Before sm_90 there are no clusters.
     OpSignature ampere = s;
@@ -1265,6 +1266,26 @@ std::vector<TemplateConfig> sample_of(const std::vector<TemplateConfig>& space, 
 
 namespace {
 
+std::string env_or_empty(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? v : "";
+}
+
+// KFORGE_TEST_OPS: a comma-separated list of operators ("aten::_softmax,aten::cumsum") whose
+// signatures alone the NVRTC compile test and verify_all take (on a GPU host, to check one family in
+// minutes rather than all of them in five); unset or empty: every signature.
+bool op_selected(const OpSignature& sig) {
+  const std::string ops = env_or_empty("KFORGE_TEST_OPS");
+  if (ops.empty()) return true;
+  size_t at = 0;
+  while (at <= ops.size()) {
+    const size_t end = std::min(ops.find(',', at), ops.size());
+    if (ops.compare(at, end - at, sig.op) == 0) return true;
+    at = end + 1;
+  }
+  return false;
+}
+
 // A sampling knob from the environment (KFORGE_NVRTC_EVERY, KFORGE_SWEEP_EVERY): n keeps one case
 // in n; unset, 1: every case.
 size_t every_from_env(const char* name) {
@@ -1272,10 +1293,6 @@ size_t every_from_env(const char* name) {
   return text == nullptr || *text == '\0' ? 1 : std::max<size_t>(1, std::stoul(text));
 }
 
-}  // namespace
-
-namespace {
-bool op_selected(const OpSignature& sig);   // KFORGE_TEST_OPS, below
 }  // namespace
 
 TEST_CASE("templates: the CUDA families compile with NVRTC for sm_90 over their knob spaces", "[templates]") {
@@ -1373,7 +1390,7 @@ TEST_CASE("templates: the CUDA families compile with NVRTC for sm_90 over their 
   // NVRTC, not NVRTC; the plain run compiles them all). KFORGE_TEST_OPS keeps those operators'
   // signatures only (a family's knobs compiled in a minute while it is written).
   const size_t every = every_from_env("KFORGE_NVRTC_EVERY");
-  const bool filtered = std::getenv("KFORGE_TEST_OPS") != nullptr && *std::getenv("KFORGE_TEST_OPS") != '\0';
+  const bool filtered = !env_or_empty("KFORGE_TEST_OPS").empty();
   std::erase_if(sigs, [](const OpSignature& s) { return !op_selected(s); });
   size_t position = 0;
   std::set<std::string> built;   // the build cache key: each distinct source and options once
@@ -1426,11 +1443,6 @@ TEST_CASE("templates: the CUDA families compile with NVRTC for sm_90 over their 
 
 namespace {
 
-std::string env_or_empty(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr ? v : "";
-}
-
 // The instances to verify for one signature: the root's defaults (one per variant first), then
 // `samples` uniform draws, without repeats.
 std::vector<Move> instances(const OpSignature& s, size_t defaults, size_t samples, uint64_t seed) {
@@ -1478,21 +1490,6 @@ eval::WorkerOptions worker_options(const std::string& device, const TempDir& dir
 // Every instance must come back verified: built, six trials (normal, uniform, large, offset,
 // zeros, normal) passed with every check. `every_family`: and every family of the device's backend
 // has verified instances among them.
-// KFORGE_TEST_OPS: a comma-separated list of operators ("aten::_softmax,aten::cumsum") whose
-// signatures alone verify_all runs (on a GPU host, to check one family in minutes rather than all
-// of them in five); unset or empty: every signature.
-bool op_selected(const OpSignature& sig) {
-  const std::string ops = env_or_empty("KFORGE_TEST_OPS");
-  if (ops.empty()) return true;
-  size_t at = 0;
-  while (at <= ops.size()) {
-    const size_t end = std::min(ops.find(',', at), ops.size());
-    if (ops.compare(at, end - at, sig.op) == 0) return true;
-    at = end + 1;
-  }
-  return false;
-}
-
 void verify_all(const std::string& device, const std::vector<std::pair<OpSignature, std::vector<Move>>>& work,
                 bool every_family = true) {
   if (!env_or_empty("KFORGE_TEST_OPS").empty()) every_family = false;
@@ -2009,9 +2006,9 @@ TEST_CASE("templates: CUDA instances of every family pass the worker's verificat
         for (const auto& [key, c] : best) moves.push_back(*TemplateProposer::move_for(s, c));
         work.emplace_back(s, std::move(moves));
       }
-      // Note [Split rows]: split 1 and more, cached and streamed, as a cluster and not, the widest
-      // and the narrowest access, on odd rows, an input aligned only to its element, and a row in
-      // 64 chunks.
+      // Note [Split rows]: split 1 and more, cached and streamed, as a cluster and not (of 16
+      // blocks too: Note [Non-portable clusters]), the widest and the narrowest access, on odd
+      // rows, an input aligned only to its element, and a row in 64 chunks.
       for (OpSignature s : {softmax(B, d, {3, 4099}, log), softmax(B, d, {3, 4099}, log, -1, static_cast<uint32_t>(dtype_size_bytes(d))),
                             softmax(B, d, {2, 65537}, log)}) {
         s.target.arch = arch;
@@ -2020,8 +2017,9 @@ TEST_CASE("templates: CUDA instances of every family pass the worker's verificat
         for (const TemplateConfig& c : enumerate_space(s, t)) {
           const int64_t vec = knob(c, "vec");
           if (vec != 1 && vec * dtype_size_bytes(d) != 16) continue;
-          const std::vector<int64_t> key = {knob(c, "split") == 1 ? 1 : knob(c, "split") == 64 ? 64 : 2, knob(c, "cache"), vec,
-                                            knob(c, "cluster")};
+          const int64_t split = knob(c, "split"), cluster = knob(c, "cluster");
+          const int64_t kind = split == 1 ? 1 : split == 64 ? 64 : split == 16 && cluster == 1 ? 16 : 2;
+          const std::vector<int64_t> key = {kind, knob(c, "cache"), vec, cluster};
           auto [it, fresh] = best.emplace(key, c);
           if (!fresh && t.prior(s, c.values) > t.prior(s, it->second.values)) it->second = c;
         }

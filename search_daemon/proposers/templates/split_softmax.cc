@@ -30,7 +30,10 @@ namespace {
 //     through distributed shared memory after a cluster barrier, merges them in chunk order, and
 //     writes its chunk (from its shared copy: the row is read from memory once). A second barrier,
 //     waited on at the end, keeps every block's pair alive until the others have read it. Clusters
-//     of up to 8 blocks (the portable size), so a row has at most 8 chunks.
+//     of up to 16 blocks, so a row has at most 16 chunks: 8 rows then cover 128 SMs, where the
+//     portable size (8) left 64 idle. Sizes over 8 are allowed when the kernel is loaded (Note
+//     [Non-portable clusters] in cuda_launcher.cc); a device that cannot place them fails the
+//     launch, and the candidate with it.
 // A configuration's source compiles only the entries its plan launches (#if on KF_SPLIT and
 // KF_CLUSTER): the build is most of an evaluation's time, and emitting all four cost 2.5-3 times
 // as long.
@@ -289,9 +292,9 @@ constexpr int64_t kMinCols = 2048;
 
 enum SplitKnob : size_t { kSplit, kBlock, kVec, kCache, kCluster, kInflight };
 
-// Clusters of thread blocks (Note [Split rows]) from sm_90 on, of at most 8 blocks (the size every
-// sm_90 part supports without opting in).
-constexpr int64_t kMaxCluster = 8;
+// Clusters of thread blocks (Note [Split rows]) from sm_90 on, of at most 16 blocks (the most an
+// sm_90 part takes, opted in where the kernel is loaded).
+constexpr int64_t kMaxCluster = 16;
 bool has_clusters(const OpSignature& sig) {
   int major = 0, minor = 0;
   return parse_cuda_arch(sig.target.arch, major, minor) && major >= 9;
@@ -347,10 +350,11 @@ class SplitSoftmaxCuda final : public FamilyBase {
     // clusters of 8 over 8 rows of 262,144 bf16: 5.4-6.0x PyTorch's time with the copy, 2.4-3.7x
     // without.)
     const double cache_weight = cached ? 1.0 : (split == 1 || cluster ? 0.6 : 0.85);
-    // A cluster saves split > 1 its second launch and, streaming, its second read; capped at 8
+    // A cluster saves split > 1 its second launch and, streaming, its second read; capped at 16
     // chunks a row, it may leave SMs idle that two launches would fill, which costs it less than
     // the second launch does (an H100's worker over 8 rows of 262,144 bf16: 5.99x PyTorch's time
-    // at split 8 as a cluster against 5.21x at split 8 and 4.76-4.94x at split 32 in two launches).
+    // at split 8 as a cluster against 5.21x at split 8 and 4.76-4.94x at split 32 in two launches;
+    // split 16 as a cluster, which fills the SMs that split 8 left idle, was not yet measured).
     const double blocks = static_cast<double>(std::min<int64_t>(rows * split, kTargetBlocks));
     const double launch_weight =
         split == 1 ? closeness(blocks, kTargetBlocks, 0.3) : cluster ? closeness(blocks, kTargetBlocks, 0.15) : 0.8;

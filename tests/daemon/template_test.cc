@@ -2041,6 +2041,9 @@ TEST_CASE("templates: CUDA instances of every family pass the worker's verificat
     plan(with_strides(layer_norm(B, d, {4, 6, 8}), 0, {120, 20, 1}), 1, 1);          // rows 20 apart
     plan(group_norm(B, d, {3, 32, 7, 7}, 8), 2, 2);
     plan(group_norm(B, d, {2, 6, 16}, 3, false), 1, 1);
+    // Note [Cached group rows]: the row in shared memory and not, every access width and unroll,
+    // rows of several channels with a tail of vectors that is not a whole round of the block.
+    plan_knobs(group_norm(B, d, {2, 24, 24, 28}, 8), "group_norm", {"cache", "unroll", "vec", "block"});
     plan(gelu(B, d, {5, 1001}), 2, 2);
     plan(gelu(B, d, {70001}, "tanh"), 2, 2);
     plan(silu(B, d, {3, 4099}), 2, 2);

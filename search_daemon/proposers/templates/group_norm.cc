@@ -11,9 +11,73 @@ namespace kforge::search::templates {
 
 namespace {
 
+// Note [Cached group rows]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// A row (C / group channels of HxW elements) is read from memory three times by two_pass and
+// twice by welford: the statistics' passes, then the write's. For a UNet's groups (10 channels of
+// 64x64 bf16, 80 KiB) the later reads miss L2 once the rows in flight outgrow it, and PyTorch's
+// kernel and ours stayed far from the copy bandwidth (ours 59% on the H100, [16,320,64,64]).
+// With `cache` the block copies its row into shared memory as it reads it (KF_UNROLL accesses in
+// flight per thread), and the variance and the write read that copy: one read of memory and one
+// write, the copy bandwidth's traffic. A row too long for shared memory (the `cached` argument is
+// 0) takes the uncached path.
+// The arithmetic stays as exact as the double path's at float cost: the mean is kept as two floats
+// (hi + lo, the double mean to about 48 bits), x - mean as (x - hi) - lo (x - hi is exact where x
+// is within a factor of two of the mean, as in an offset row of small variance, where a float
+// mean alone loses the variance), the sums of a vector in float and of the row in double.
 const char* const kCudaGroupNorm = R"kf(
+#if KF_CACHE
+extern __shared__ __align__(16) unsigned char kf_smem[];
+// The row's mean (hi + lo) and variance from one read of memory, the row copied to sv as it is
+// read (Note [Cached group rows]); on every thread of the block.
+__device__ __forceinline__ void kf_group_stats_cached(const kf_t* __restrict__ xr, kf_vec<KF_VEC>* sv, int nvec, int d,
+                                                      double* red, float& mhi, float& mlo, double& var) {
+  const kf_vec<KF_VEC>* __restrict__ xv = reinterpret_cast<const kf_vec<KF_VEC>*>(xr);
+  double s = 0;
+  int i = threadIdx.x;
+  for (; i + (KF_UNROLL - 1) * KF_BLOCK < nvec; i += KF_UNROLL * KF_BLOCK) {
+    kf_vec<KF_VEC> r[KF_UNROLL];
+#pragma unroll
+    for (int u = 0; u < KF_UNROLL; ++u) r[u] = xv[i + u * KF_BLOCK];
+#pragma unroll
+    for (int u = 0; u < KF_UNROLL; ++u) {
+      sv[i + u * KF_BLOCK] = r[u];
+      float t = 0;
+#pragma unroll
+      for (int k = 0; k < KF_VEC; ++k) t += kf_to_float(r[u].v[k]);
+      s += (double)t;
+    }
+  }
+  for (; i < nvec; i += KF_BLOCK) {
+    const kf_vec<KF_VEC> r = xv[i];
+    sv[i] = r;
+    float t = 0;
+#pragma unroll
+    for (int k = 0; k < KF_VEC; ++k) t += kf_to_float(r.v[k]);
+    s += (double)t;
+  }
+  const double mean = kf_row_sum<double>(s, red) / (double)d;
+  mhi = (float)mean;
+  mlo = (float)(mean - (double)mhi);
+  __syncthreads();   // the copy is whole
+  double q = 0;
+  for (int j = threadIdx.x; j < nvec; j += KF_BLOCK) {
+    const kf_vec<KF_VEC> r = sv[j];
+    float t = 0;
+#pragma unroll
+    for (int k = 0; k < KF_VEC; ++k) {
+      const float e = (kf_to_float(r.v[k]) - mhi) - mlo;
+      t += e * e;
+    }
+    q += (double)t;
+  }
+  var = kf_row_sum<double>(q, red) / (double)d;
+}
+#endif
+
 // One (n, g) row per block of KF_BLOCK threads; KF_WELFORD: Note [Norm statistics]; KF_VEC
-// elements per access (HxW % KF_VEC == 0, so a vector never straddles two channels).
+// elements per access (HxW % KF_VEC == 0, so a vector never straddles two channels); KF_CACHE:
+// Note [Cached group rows], where `cached` is 1.
 extern "C" __global__ void __launch_bounds__(KF_BLOCK)
 kf_group_norm(const kf_t* __restrict__ x,
 #if KF_HAS_WEIGHT
@@ -23,13 +87,51 @@ kf_group_norm(const kf_t* __restrict__ x,
               const kf_t* __restrict__ b,
 #endif
               kf_t* __restrict__ y, kf_t* __restrict__ mean_out, kf_t* __restrict__ rstd_out, kf_i64 groups,
-              kf_i64 d, kf_i64 hxw, kf_i64 cpg, double eps) {
+              kf_i64 d, kf_i64 hxw, kf_i64 cpg, double eps
+#if KF_CACHE
+              , kf_i64 cached
+#endif
+              ) {
   __shared__ double red[96];
   const kf_i64 row = blockIdx.x;
   const kf_i64 c0 = (row % groups) * cpg;
   const kf_t* __restrict__ xr = x + row * d;
   kf_t* __restrict__ yr = y + row * d;
   const kf_i64 nvec = d / KF_VEC;
+#if KF_CACHE
+  if (cached != 0) {   // the row fits shared memory, so every index below fits an int
+    kf_vec<KF_VEC>* sv = reinterpret_cast<kf_vec<KF_VEC>*>(kf_smem);
+    float mhi, mlo;
+    double cvar;
+    kf_group_stats_cached(xr, sv, (int)nvec, (int)d, red, mhi, mlo, cvar);
+    const double crstd = 1.0 / sqrt(cvar + eps);
+    const float crstd_f = (float)crstd;
+    for (int j = threadIdx.x; j < (int)nvec; j += KF_BLOCK) {
+      const kf_vec<KF_VEC> r = sv[j];
+      const int c = (int)c0 + (j * KF_VEC) / (int)hxw;
+      float o[KF_VEC];
+#pragma unroll
+      for (int k = 0; k < KF_VEC; ++k) o[k] = ((kf_to_float(r.v[k]) - mhi) - mlo) * crstd_f;
+#if KF_HAS_WEIGHT
+      const float wc = kf_to_float(w[c]);
+#pragma unroll
+      for (int k = 0; k < KF_VEC; ++k) o[k] *= wc;
+#endif
+#if KF_HAS_BIAS
+      const float bc = kf_to_float(b[c]);
+#pragma unroll
+      for (int k = 0; k < KF_VEC; ++k) o[k] += bc;
+#endif
+      (void)c;
+      kf_store<KF_VEC>(yr, j, o);
+    }
+    if (threadIdx.x == 0) {
+      mean_out[row] = kf_from_float((float)((double)mhi + (double)mlo));
+      rstd_out[row] = kf_from_float((float)crstd);
+    }
+    return;
+  }
+#endif
   double mean, var;
 #if KF_WELFORD
   kf_welford st = {0.0, 0.0, 0.0};
@@ -195,14 +297,14 @@ std::vector<ArgBinding> group_norm_bindings(const GroupNormArgs& a, bool cpu) {
 
 // ---- CUDA ------------------------------------------------------------------------------------------
 
-enum GroupNormCudaKnob : size_t { kAlgo, kBlock, kVec };
+enum GroupNormCudaKnob : size_t { kAlgo, kBlock, kVec, kCache, kUnroll };
 
 class GroupNormCuda final : public FamilyBase {
  public:
   GroupNormCuda()
       : FamilyBase("group_norm", Backend::kCuda,
                    {Knob{"algo", {0, 1}, {"two_pass", "welford"}}, Knob{"block", {64, 128, 256, 512, 1024}, {}},
-                    Knob{"vec", {1, 2, 4, 8}, {}}}) {}
+                    Knob{"vec", {1, 2, 4, 8}, {}}, Knob{"cache", {0, 1}, {}}, Knob{"unroll", {1, 2, 4}, {}}}) {}
 
   bool applies(const OpSignature& sig) const override { return group_norm_args(sig, Backend::kCuda).x != nullptr; }
 
@@ -211,14 +313,27 @@ class GroupNormCuda final : public FamilyBase {
     const int64_t bytes = v[kVec] * dtype_size_bytes(a.x->dtype);
     if (a.hxw % v[kVec] != 0 || bytes > 16 || a.x->alignment % bytes != 0) return false;   // w, b: scalar loads
     const int64_t nvec = a.x->numel() / (a.n * a.group) / v[kVec];
-    return v[kBlock] <= std::max<int64_t>(64, (nvec + 31) / 32 * 32);
+    if (v[kBlock] > std::max<int64_t>(64, (nvec + 31) / 32 * 32)) return false;
+    // Note [Cached group rows]: a row that fits shared memory, its statistics in two passes over
+    // the copy (welford has nothing to add there); unrolled loads on that path only.
+    if (v[kCache] == 0) return v[kUnroll] == 1;
+    return v[kAlgo] == 0 && row_bytes(a) <= kCudaSharedBudget && nvec >= v[kBlock] * v[kUnroll];
   }
 
   double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
     const GroupNormArgs a = group_norm_args(sig, Backend::kCuda);
     const double nvec = static_cast<double>(a.x->numel() / (a.n * a.group) / v[kVec]);
-    return closeness(static_cast<double>(v[kVec] * dtype_size_bytes(a.x->dtype)), 16, 0.5) *
-           closeness(nvec / static_cast<double>(v[kBlock]), 8, 0.3) * (v[kAlgo] == 0 ? 1.0 : 0.8);
+    const double access = static_cast<double>(v[kVec] * dtype_size_bytes(a.x->dtype));
+    if (v[kCache] == 0) {
+      return 0.6 * closeness(access, 16, 0.5) * closeness(nvec / static_cast<double>(v[kBlock]), 8, 0.3) *
+             (v[kAlgo] == 0 ? 1.0 : 0.8);
+    }
+    // Threads resident per SM, the copies limiting the blocks; 32-64 bytes of loads in flight per
+    // thread.
+    const int64_t per_sm = std::min<int64_t>(2048 / v[kBlock], (228 * 1024) / (row_bytes(a) + 1024));
+    const double resident = static_cast<double>(std::min<int64_t>(2048, std::max<int64_t>(1, per_sm) * v[kBlock]));
+    return closeness(access, 16, 0.5) * closeness(resident, 2048, 0.5) *
+           closeness(access * static_cast<double>(v[kUnroll]), 48, 0.3);
   }
 
   KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {
@@ -227,14 +342,26 @@ class GroupNormCuda final : public FamilyBase {
         Backend::kCuda, std::string(kCudaPrelude) + kCudaRowMapping + kCudaNormStatistics + kCudaGroupNorm, "kf_group_norm",
         {dtype_define(a.x->dtype), define("KF_HAS_WEIGHT", a.weight ? 1 : 0), define("KF_HAS_BIAS", a.bias ? 1 : 0),
          define("KF_WARP_ROW", 0), define("KF_ROW_LANES", 32), define("KF_WELFORD", v[kAlgo]),
-         define("KF_BLOCK", v[kBlock]), define("KF_VEC", v[kVec])});
+         define("KF_BLOCK", v[kBlock]), define("KF_VEC", v[kVec]), define("KF_CACHE", v[kCache]),
+         define("KF_UNROLL", v[kUnroll])});
     s.plan.outputs = {OutputSpec::like(0), group_stats_output(a.x->dtype), group_stats_output(a.x->dtype)};
     Launch& l = s.plan.launches[0];
     l.grid[0] = "arg3 * arg6";
     l.block[0] = std::to_string(v[kBlock]);
     l.args = group_norm_bindings(a, false);
+    if (v[kCache] == 1) {
+      // The row's bytes, and whether they fit (for any signature the spec is resolved for: the
+      // kernel takes the uncached path where they do not).
+      const std::string bytes = "numel0 / (arg3 * arg6) * " + std::to_string(dtype_size_bytes(a.x->dtype));
+      const std::string fits = "min(1, " + std::to_string(kCudaSharedBudget) + " / (" + bytes + "))";
+      l.shared_mem_bytes = "(" + fits + ") * (" + bytes + ")";
+      l.args.push_back(ArgBinding::size(fits));
+    }
     return s;
   }
+
+ private:
+  static int64_t row_bytes(const GroupNormArgs& a) { return a.x->numel() / (a.n * a.group) * dtype_size_bytes(a.x->dtype); }
 };
 
 // ---- CPU -------------------------------------------------------------------------------------------

@@ -814,7 +814,7 @@ TEST_CASE("templates: long rows split over blocks, read once into shared memory,
     const OpSignature s = softmax(G, DType::kBFloat16, {8, 262144});
     const TemplateConfig top = best(s);
     CHECK(knob(top, "cluster") == 1);
-    CHECK(knob(top, "split") == 16);
+    CHECK(knob(top, "split") == 8);
     CHECK(knob(top, "cache") == 1);
     std::vector<TemplateConfig> space = enumerate_space(s, t);
     std::erase_if(space, [&](const TemplateConfig& c) { return knob(c, "cluster") == 1; });
@@ -850,14 +850,14 @@ TEST_CASE("templates: long rows split over blocks, read once into shared memory,
     }
     CHECK(splits == std::set<int64_t>{2, 4, 8, 16});
     REQUIRE(top.has_value());
-    CHECK(knob(*top, "split") == 16);
+    CHECK(knob(*top, "split") == 8);   // 16 measured no faster
     const KernelSpec spec = t.instantiate(s, top->values);
     CHECK(spec.entry_points == std::vector<std::string>{"kf_split_cluster"});
     const StatusOr<ResolvedLaunchPlan> r = spec.resolve(s);
     REQUIRE(r.ok());
     REQUIRE(r->launches.size() == 1);
-    CHECK(r->launches[0].grid[0] == 8 * 16);
-    CHECK(r->launches[0].shared_mem_bytes == 16384 * 2 + 32);   // the chunk's copy
+    CHECK(r->launches[0].grid[0] == 8 * 8);
+    CHECK(r->launches[0].shared_mem_bytes == 32768 * 2 + 32);   // the chunk's copy
     CHECK(r->scratch.empty());
     // Before sm_90 there are no clusters.
     OpSignature ampere = s;

@@ -30,10 +30,12 @@ namespace {
 //     through distributed shared memory after a cluster barrier, merges them in chunk order, and
 //     writes its chunk (from its shared copy: the row is read from memory once). A second barrier,
 //     waited on at the end, keeps every block's pair alive until the others have read it. Clusters
-//     of up to 16 blocks, so a row has at most 16 chunks: 8 rows then cover 128 SMs, where the
-//     portable size (8) left 64 idle. Sizes over 8 are allowed when the kernel is loaded (Note
-//     [Non-portable clusters] in cuda_launcher.cc); a device that cannot place them fails the
-//     launch, and the candidate with it.
+//     of up to 16 blocks, so a row has at most 16 chunks: 8 rows can then cover 128 SMs, where
+//     the portable size (8) leaves 64 idle. Sizes over 8 are allowed when the kernel is loaded
+//     (Note [Non-portable clusters] in cuda_launcher.cc); a device that cannot place them fails
+//     the launch, and the candidate with it. Measured on an H100, the idle SMs were not what
+//     limited 8 rows of 262,144 bf16: clusters of 16 ran 5.86-5.92x PyTorch's time, clusters of 8
+//     up to 6.11x (bench/results/2026-12-07-h100-landscape-fd79d86.tsv), so the prior prefers 8.
 // A configuration's source compiles only the entries its plan launches (#if on KF_SPLIT and
 // KF_CLUSTER): the build is most of an evaluation's time, and emitting all four cost 2.5-3 times
 // as long.
@@ -293,8 +295,9 @@ constexpr int64_t kMinCols = 2048;
 enum SplitKnob : size_t { kSplit, kBlock, kVec, kCache, kCluster, kInflight };
 
 // Clusters of thread blocks (Note [Split rows]) from sm_90 on, of at most 16 blocks (the most an
-// sm_90 part takes, opted in where the kernel is loaded).
+// sm_90 part takes, opted in where the kernel is loaded); the prior's ideal is at most 8.
 constexpr int64_t kMaxCluster = 16;
+constexpr int64_t kIdealCluster = 8;
 bool has_clusters(const OpSignature& sig) {
   int major = 0, minor = 0;
   return parse_cuda_arch(sig.target.arch, major, minor) && major >= 9;
@@ -337,7 +340,7 @@ class SplitSoftmaxCuda final : public FamilyBase {
     const bool cached = v[kCache] == 1;
     // Enough blocks for the whole GPU, chunks of at least 4096 elements.
     const bool cluster = v[kCluster] == 1;
-    int64_t ideal_split = std::clamp<int64_t>(pow2_ceil((kTargetBlocks + rows - 1) / rows), 1, cluster ? kMaxCluster : 64);
+    int64_t ideal_split = std::clamp<int64_t>(pow2_ceil((kTargetBlocks + rows - 1) / rows), 1, cluster ? kIdealCluster : 64);
     while (ideal_split > 1 && cols / ideal_split < 4096) ideal_split /= 2;
     const int64_t chunk = chunk_of(cols, split);
     // Resident threads per SM: the shared copy limits the blocks an SM holds.
@@ -354,7 +357,7 @@ class SplitSoftmaxCuda final : public FamilyBase {
     // chunks a row, it may leave SMs idle that two launches would fill, which costs it less than
     // the second launch does (an H100's worker over 8 rows of 262,144 bf16: 5.99x PyTorch's time
     // at split 8 as a cluster against 5.21x at split 8 and 4.76-4.94x at split 32 in two launches;
-    // split 16 as a cluster, which fills the SMs that split 8 left idle, was not yet measured).
+    // split 16 as a cluster, which fills the SMs that split 8 leaves idle, at most 5.92x).
     const double blocks = static_cast<double>(std::min<int64_t>(rows * split, kTargetBlocks));
     const double launch_weight =
         split == 1 ? closeness(blocks, kTargetBlocks, 0.3) : cluster ? closeness(blocks, kTargetBlocks, 0.15) : 0.8;

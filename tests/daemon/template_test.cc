@@ -899,6 +899,60 @@ TEST_CASE("templates: long rows split over blocks, read once into shared memory,
   }
 }
 
+TEST_CASE("templates: group_norm copies a row into shared memory, over a cluster of blocks where rows are few", "[templates]") {
+  // Note [Cached group rows].
+  const KernelTemplate& t = *find_template("group_norm");
+  auto best = [&](const OpSignature& s) {
+    std::vector<TemplateConfig> space = enumerate_space(s, t);
+    REQUIRE(!space.empty());
+    return *std::max_element(space.begin(), space.end(), [&](const TemplateConfig& a, const TemplateConfig& b) {
+      return t.prior(s, a.values) < t.prior(s, b.values);
+    });
+  };
+  // 512 rows of 10 channels of 64x64: a row per block, its 80 KiB copied.
+  {
+    const OpSignature s = group_norm(Backend::kCuda, DType::kBFloat16, {16, 320, 64, 64}, 32);
+    const TemplateConfig c = best(s);
+    CHECK(knob(c, "cache") == 1);
+    CHECK(knob(c, "split") == 1);
+    CHECK(knob(c, "vec") == 8);
+    const KernelSpec spec = t.instantiate(s, c.values);
+    CHECK(spec.entry_points == std::vector<std::string>{"kf_group_norm"});
+    const StatusOr<ResolvedLaunchPlan> r = spec.resolve(s);
+    REQUIRE(r.ok());
+    CHECK(r->launches[0].grid[0] == 512);
+    CHECK(r->launches[0].shared_mem_bytes == 40960 * 2);
+  }
+  // The same layer at batch 2: 64 rows, each over a cluster of 4 blocks of 10,240 elements.
+  {
+    const OpSignature s = group_norm(Backend::kCuda, DType::kBFloat16, {2, 320, 64, 64}, 32);
+    const TemplateConfig c = best(s);
+    CHECK(knob(c, "cache") == 1);
+    CHECK(knob(c, "split") == 4);
+    const KernelSpec spec = t.instantiate(s, c.values);
+    CHECK(spec.entry_points == std::vector<std::string>{"kf_group_norm_cluster"});
+    const StatusOr<ResolvedLaunchPlan> r = spec.resolve(s);
+    REQUIRE(r.ok());
+    CHECK(r->launches[0].grid[0] == 64 * 4);
+    CHECK(r->launches[0].shared_mem_bytes == 10240 * 2);
+    // Before sm_90 there are no clusters.
+    OpSignature ampere = s;
+    ampere.target.arch = "sm_80";
+    for (const TemplateConfig& k : enumerate_space(ampere, t)) CHECK(knob(k, "split") == 1);
+  }
+  // A 256 KiB row (the demo's group_norm: 8 channels of 128x128 fp16) does not fit one block's
+  // shared memory: only a cluster copies it.
+  {
+    const OpSignature s = group_norm(Backend::kCuda, DType::kFloat16, {2, 64, 128, 128}, 8);
+    std::set<int64_t> cached_splits;
+    for (const TemplateConfig& k : enumerate_space(s, t)) {
+      if (knob(k, "cache") == 1) cached_splits.insert(knob(k, "split"));
+    }
+    CHECK(cached_splits == std::set<int64_t>{2, 4, 8});
+    CHECK(knob(best(s), "split") == 8);
+  }
+}
+
 TEST_CASE("templates: softmax over a middle dimension keeps a block's columns in shared memory where the copy leaves the SM its threads", "[templates]") {
   const Backend G = Backend::kCuda;
   const KernelTemplate& t = *find_template("softmax_dim");
@@ -1320,6 +1374,7 @@ TEST_CASE("templates: the CUDA families compile with NVRTC for sm_90 over their 
     sigs.push_back(with_strides(layer_norm(Backend::kCuda, d, {32, 1024, 8, 8}), 0, {196608, 192, 8, 1}));   // QK-norm
     sigs.push_back(group_norm(Backend::kCuda, d, {4, 32, 8, 8}, 8));
     sigs.push_back(group_norm(Backend::kCuda, d, {4, 32, 8, 8}, 8, false));
+    sigs.push_back(group_norm(Backend::kCuda, d, {2, 64, 64, 64}, 32));   // rows over clusters
     sigs.push_back(gelu(Backend::kCuda, d, {1 << 20}));
     sigs.push_back(gelu(Backend::kCuda, d, {1 << 20}, "tanh"));
     sigs.push_back(silu(Backend::kCuda, d, {1 << 20}));
@@ -2044,6 +2099,9 @@ TEST_CASE("templates: CUDA instances of every family pass the worker's verificat
     // Note [Cached group rows]: the row in shared memory and not, every access width and unroll,
     // rows of several channels with a tail of vectors that is not a whole round of the block.
     plan_knobs(group_norm(B, d, {2, 24, 24, 28}, 8), "group_norm", {"cache", "unroll", "vec", "block"});
+    // Rows over clusters of 2 to 8 blocks, chunks that end inside a channel, a short last chunk.
+    plan_knobs(group_norm(B, d, {2, 40, 36, 36}, 4), "group_norm", {"split", "vec"});
+    plan_knobs(group_norm(B, d, {1, 6, 40, 52}, 2, false), "group_norm", {"split"});
     plan(gelu(B, d, {5, 1001}), 2, 2);
     plan(gelu(B, d, {70001}, "tanh"), 2, 2);
     plan(silu(B, d, {3, 4099}), 2, 2);

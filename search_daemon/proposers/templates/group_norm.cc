@@ -5,6 +5,7 @@
 // HxW elements, contiguous.
 #include <algorithm>
 
+#include "runtime/cuda_environment.h"
 #include "search_daemon/proposers/templates/template_family.h"
 
 namespace kforge::search::templates {
@@ -21,6 +22,12 @@ namespace {
 // flight per thread), and the variance and the write read that copy: one read of memory and one
 // write, the copy bandwidth's traffic. A row too long for shared memory (the `cached` argument is
 // 0) takes the uncached path.
+// With `split` > 1 (sm_90) a row is `split` chunks, one block each, the blocks of a row one thread
+// block cluster: each block copies its chunk, the row's sum and then its sum of squared deviations
+// are the blocks' partial sums read through distributed shared memory and added in rank order (so
+// every block of the row gets the same bits), and each block writes its chunk. Few rows (a UNet's
+// group_norm at batch 1 or 2: 32 to 64 rows, or the demo's 16 rows of 128 KiB) otherwise leave most
+// SMs idle with a block per row.
 // The arithmetic stays as exact as the double path's at float cost: the mean is kept as two floats
 // (hi + lo, the double mean to about 48 bits), x - mean as (x - hi) - lo (x - hi is exact where x
 // is within a factor of two of the mean, as in an offset row of small variance, where a float
@@ -28,11 +35,9 @@ namespace {
 const char* const kCudaGroupNorm = R"kf(
 #if KF_CACHE
 extern __shared__ __align__(16) unsigned char kf_smem[];
-// The row's mean (hi + lo) and variance from one read of memory, the row copied to sv as it is
-// read (Note [Cached group rows]); on every thread of the block.
-__device__ __forceinline__ void kf_group_stats_cached(const kf_t* __restrict__ xr, kf_vec<KF_VEC>* sv, int nvec, int d,
-                                                      double* red, float& mhi, float& mlo, double& var) {
-  const kf_vec<KF_VEC>* __restrict__ xv = reinterpret_cast<const kf_vec<KF_VEC>*>(xr);
+// This thread's part of the sum of xv[0, nvec), each vector copied to sv as it is read, KF_UNROLL
+// accesses in flight (Note [Cached group rows]).
+__device__ __forceinline__ double kf_copy_sum(const kf_vec<KF_VEC>* __restrict__ xv, kf_vec<KF_VEC>* sv, int nvec) {
   double s = 0;
   int i = threadIdx.x;
   for (; i + (KF_UNROLL - 1) * KF_BLOCK < nvec; i += KF_UNROLL * KF_BLOCK) {
@@ -56,10 +61,10 @@ __device__ __forceinline__ void kf_group_stats_cached(const kf_t* __restrict__ x
     for (int k = 0; k < KF_VEC; ++k) t += kf_to_float(r.v[k]);
     s += (double)t;
   }
-  const double mean = kf_row_sum<double>(s, red) / (double)d;
-  mhi = (float)mean;
-  mlo = (float)(mean - (double)mhi);
-  __syncthreads();   // the copy is whole
+  return s;
+}
+// This thread's part of the sum of (x - mean)^2 over the copy, the mean as hi + lo.
+__device__ __forceinline__ double kf_copy_sq_dev(const kf_vec<KF_VEC>* sv, int nvec, float mhi, float mlo) {
   double q = 0;
   for (int j = threadIdx.x; j < nvec; j += KF_BLOCK) {
     const kf_vec<KF_VEC> r = sv[j];
@@ -71,7 +76,18 @@ __device__ __forceinline__ void kf_group_stats_cached(const kf_t* __restrict__ x
     }
     q += (double)t;
   }
-  var = kf_row_sum<double>(q, red) / (double)d;
+  return q;
+}
+// The row's mean (hi + lo) and variance from one read of memory, the row copied to sv as it is
+// read; on every thread of the block.
+__device__ __forceinline__ void kf_group_stats_cached(const kf_t* __restrict__ xr, kf_vec<KF_VEC>* sv, int nvec, int d,
+                                                      double* red, float& mhi, float& mlo, double& var) {
+  const double mean =
+      kf_row_sum<double>(kf_copy_sum(reinterpret_cast<const kf_vec<KF_VEC>*>(xr), sv, nvec), red) / (double)d;
+  mhi = (float)mean;
+  mlo = (float)(mean - (double)mhi);
+  __syncthreads();   // the copy is whole
+  var = kf_row_sum<double>(kf_copy_sq_dev(sv, nvec, mhi, mlo), red) / (double)d;
 }
 #endif
 
@@ -191,6 +207,84 @@ kf_group_norm(const kf_t* __restrict__ x,
     rstd_out[row] = kf_from_float((float)rstd);
   }
 }
+
+#if KF_SPLIT > 1
+// Note [Cached group rows]: row blockIdx.x / KF_SPLIT, its chunk q = blockIdx.x % KF_SPLIT (the
+// block's rank in its 1-D cluster) of `chunk` elements (a multiple of KF_VEC; the last may be
+// short).
+extern "C" __global__ void __cluster_dims__(KF_SPLIT, 1, 1) __launch_bounds__(KF_BLOCK)
+kf_group_norm_cluster(const kf_t* __restrict__ x,
+#if KF_HAS_WEIGHT
+                      const kf_t* __restrict__ w,
+#endif
+#if KF_HAS_BIAS
+                      const kf_t* __restrict__ b,
+#endif
+                      kf_t* __restrict__ y, kf_t* __restrict__ mean_out, kf_t* __restrict__ rstd_out, kf_i64 groups,
+                      kf_i64 d, kf_i64 hxw, kf_i64 cpg, double eps, kf_i64 chunk) {
+  __shared__ double red[96];
+  __shared__ double part_s, part_q, all[KF_SPLIT];
+  const int q = (int)(blockIdx.x % KF_SPLIT);
+  const kf_i64 row = blockIdx.x / KF_SPLIT;
+  const kf_i64 start = q * chunk;
+  const int n = (int)(start < d ? (d - start < chunk ? d - start : chunk) : 0);
+  const int nvec = n / KF_VEC;
+  const kf_vec<KF_VEC>* __restrict__ xv = reinterpret_cast<const kf_vec<KF_VEC>*>(x + row * d + start);
+  kf_vec<KF_VEC>* sv = reinterpret_cast<kf_vec<KF_VEC>*>(kf_smem);
+  const double s = kf_row_sum<double>(kf_copy_sum(xv, sv, nvec), red);
+  if (threadIdx.x == 0) part_s = s;
+  // Every block's partial sum is written before any block reads one.
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+  if (threadIdx.x < KF_SPLIT) all[threadIdx.x] = kf_cluster_ld(&part_s, threadIdx.x);
+  __syncthreads();
+  double total = 0;
+  for (int k = 0; k < KF_SPLIT; ++k) total += all[k];
+  const double mean = total / (double)d;
+  const float mhi = (float)mean, mlo = (float)(mean - (double)mhi);
+  __syncthreads();   // the copy is whole (the cluster barrier above also ordered it)
+  const double qs = kf_row_sum<double>(kf_copy_sq_dev(sv, nvec, mhi, mlo), red);
+  if (threadIdx.x == 0) part_q = qs;
+  // The second exchange; its barrier also orders every block's reads of all[] above before the
+  // writes below.
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+  if (threadIdx.x < KF_SPLIT) all[threadIdx.x] = kf_cluster_ld(&part_q, threadIdx.x);
+  // This block is done reading the others' shared memory; it waits for them to be done with its
+  // own before it exits (the wait at the end).
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+  __syncthreads();
+  double m2 = 0;
+  for (int k = 0; k < KF_SPLIT; ++k) m2 += all[k];
+  const double rstd = 1.0 / sqrt(m2 / (double)d + eps);
+  const float rstd_f = (float)rstd;
+  kf_t* __restrict__ yr = y + row * d + start;
+  const int cq = (int)(start % hxw);   // the chunk's first element within its channel
+  const kf_i64 c0 = (row % groups) * cpg + start / hxw;
+  for (int j = threadIdx.x; j < nvec; j += KF_BLOCK) {
+    const kf_vec<KF_VEC> r = sv[j];
+    const int c = (int)c0 + (cq + j * KF_VEC) / (int)hxw;
+    float o[KF_VEC];
+#pragma unroll
+    for (int k = 0; k < KF_VEC; ++k) o[k] = ((kf_to_float(r.v[k]) - mhi) - mlo) * rstd_f;
+#if KF_HAS_WEIGHT
+    const float wc = kf_to_float(w[c]);
+#pragma unroll
+    for (int k = 0; k < KF_VEC; ++k) o[k] *= wc;
+#endif
+#if KF_HAS_BIAS
+    const float bc = kf_to_float(b[c]);
+#pragma unroll
+    for (int k = 0; k < KF_VEC; ++k) o[k] += bc;
+#endif
+    (void)c;
+    kf_store<KF_VEC>(yr, j, o);
+  }
+  if (q == 0 && threadIdx.x == 0) {
+    mean_out[row] = kf_from_float((float)mean);
+    rstd_out[row] = kf_from_float(rstd_f);
+  }
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+#endif
 )kf";
 
 const char* const kCpuGroupNorm = R"kf(
@@ -297,14 +391,20 @@ std::vector<ArgBinding> group_norm_bindings(const GroupNormArgs& a, bool cpu) {
 
 // ---- CUDA ------------------------------------------------------------------------------------------
 
-enum GroupNormCudaKnob : size_t { kAlgo, kBlock, kVec, kCache, kUnroll };
+enum GroupNormCudaKnob : size_t { kAlgo, kBlock, kVec, kCache, kUnroll, kSplit };
+
+// Note [Cached group rows]: clusters (sm_90 on) of at most 8 blocks, the portable size.
+constexpr int64_t kMaxGroupSplit = 8;
+// At least a block for every SM of a 132-SM Hopper.
+constexpr int64_t kGroupTargetBlocks = 132;
 
 class GroupNormCuda final : public FamilyBase {
  public:
   GroupNormCuda()
       : FamilyBase("group_norm", Backend::kCuda,
                    {Knob{"algo", {0, 1}, {"two_pass", "welford"}}, Knob{"block", {64, 128, 256, 512, 1024}, {}},
-                    Knob{"vec", {1, 2, 4, 8}, {}}, Knob{"cache", {0, 1}, {}}, Knob{"unroll", {1, 2, 4}, {}}}) {}
+                    Knob{"vec", {1, 2, 4, 8}, {}}, Knob{"cache", {0, 1}, {}}, Knob{"unroll", {1, 2, 4}, {}},
+                    Knob{"split", {1, 2, 4, 8}, {}}}) {}
 
   bool applies(const OpSignature& sig) const override { return group_norm_args(sig, Backend::kCuda).x != nullptr; }
 
@@ -316,8 +416,17 @@ class GroupNormCuda final : public FamilyBase {
     if (v[kBlock] > std::max<int64_t>(64, (nvec + 31) / 32 * 32)) return false;
     // Note [Cached group rows]: a row that fits shared memory, its statistics in two passes over
     // the copy (welford has nothing to add there); unrolled loads on that path only.
-    if (v[kCache] == 0) return v[kUnroll] == 1;
-    return v[kAlgo] == 0 && row_bytes(a) <= kCudaSharedBudget && nvec >= v[kBlock] * v[kUnroll];
+    if (v[kCache] == 0) return v[kUnroll] == 1 && v[kSplit] == 1;
+    if (v[kAlgo] != 0) return false;
+    const int64_t split = v[kSplit];
+    if (split == 1) return row_bytes(a) <= kCudaSharedBudget && nvec >= v[kBlock] * v[kUnroll];
+    // A cluster of `split` blocks, each a chunk of whole vectors that fits shared memory, with at
+    // least a round of the block's unrolled accesses, and none empty.
+    int major = 0, minor = 0;
+    if (split > kMaxGroupSplit || !parse_cuda_arch(sig.target.arch, major, minor) || major < 9) return false;
+    const int64_t d = a.x->numel() / (a.n * a.group), chunk = chunk_of(d, split, v[kVec]);
+    return chunk * dtype_size_bytes(a.x->dtype) <= kCudaSharedBudget && chunk / v[kVec] >= v[kBlock] * v[kUnroll] &&
+           (split - 1) * chunk < d;
   }
 
   double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
@@ -330,26 +439,42 @@ class GroupNormCuda final : public FamilyBase {
     }
     // Threads resident per SM, the copies limiting the blocks; 32-64 bytes of loads in flight per
     // thread.
-    const int64_t per_sm = std::min<int64_t>(2048 / v[kBlock], (228 * 1024) / (row_bytes(a) + 1024));
+    const int64_t copy_bytes =
+        v[kSplit] == 1 ? row_bytes(a) : chunk_of(row_bytes(a) / dtype_size_bytes(a.x->dtype), v[kSplit], v[kVec]) * dtype_size_bytes(a.x->dtype);
+    const int64_t per_sm = std::min<int64_t>(2048 / v[kBlock], (228 * 1024) / (copy_bytes + 1024));
     const double resident = static_cast<double>(std::min<int64_t>(2048, std::max<int64_t>(1, per_sm) * v[kBlock]));
+    // Enough blocks for every SM: a row's split multiplies them (Note [Cached group rows]).
+    const int64_t rows = a.n * a.group;
+    const int64_t ideal_split = std::clamp<int64_t>(pow2_ceil((kGroupTargetBlocks + rows - 1) / rows), 1, kMaxGroupSplit);
     return closeness(access, 16, 0.5) * closeness(resident, 2048, 0.5) *
-           closeness(access * static_cast<double>(v[kUnroll]), 48, 0.3);
+           closeness(access * static_cast<double>(v[kUnroll]), 48, 0.3) *
+           closeness(static_cast<double>(v[kSplit]), static_cast<double>(ideal_split), 0.4);
   }
 
   KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {
     const GroupNormArgs a = group_norm_args(sig, Backend::kCuda);
+    const int64_t split = v[kSplit];
     KernelSpec s = one_launch_spec(
-        Backend::kCuda, std::string(kCudaPrelude) + kCudaRowMapping + kCudaNormStatistics + kCudaGroupNorm, "kf_group_norm",
+        Backend::kCuda,
+        std::string(kCudaPrelude) + kCudaRowMapping + kCudaNormStatistics + (split > 1 ? kCudaClusterShared : "") +
+            kCudaGroupNorm,
+        split > 1 ? "kf_group_norm_cluster" : "kf_group_norm",
         {dtype_define(a.x->dtype), define("KF_HAS_WEIGHT", a.weight ? 1 : 0), define("KF_HAS_BIAS", a.bias ? 1 : 0),
          define("KF_WARP_ROW", 0), define("KF_ROW_LANES", 32), define("KF_WELFORD", v[kAlgo]),
          define("KF_BLOCK", v[kBlock]), define("KF_VEC", v[kVec]), define("KF_CACHE", v[kCache]),
-         define("KF_UNROLL", v[kUnroll])});
+         define("KF_UNROLL", v[kUnroll]), define("KF_SPLIT", split)});
     s.plan.outputs = {OutputSpec::like(0), group_stats_output(a.x->dtype), group_stats_output(a.x->dtype)};
     Launch& l = s.plan.launches[0];
     l.grid[0] = "arg3 * arg6";
     l.block[0] = std::to_string(v[kBlock]);
     l.args = group_norm_bindings(a, false);
-    if (v[kCache] == 1) {
+    if (split > 1) {
+      const std::string d = "numel0 / (arg3 * arg6)";
+      const std::string chunk = "round_up(ceil_div(" + d + ", " + std::to_string(split) + "), " + std::to_string(v[kVec]) + ")";
+      l.grid[0] = "arg3 * arg6 * " + std::to_string(split);
+      l.shared_mem_bytes = chunk + " * " + std::to_string(dtype_size_bytes(a.x->dtype));
+      l.args.push_back(ArgBinding::size(chunk));
+    } else if (v[kCache] == 1) {
       // The row's bytes, and whether they fit (for any signature the spec is resolved for: the
       // kernel takes the uncached path where they do not).
       const std::string bytes = "numel0 / (arg3 * arg6) * " + std::to_string(dtype_size_bytes(a.x->dtype));
@@ -361,6 +486,8 @@ class GroupNormCuda final : public FamilyBase {
   }
 
  private:
+  // A row's chunk for `split` blocks: whole vectors, the plan's expression.
+  static int64_t chunk_of(int64_t d, int64_t split, int64_t vec) { return ((d + split - 1) / split + vec - 1) / vec * vec; }
   static int64_t row_bytes(const GroupNormArgs& a) { return a.x->numel() / (a.n * a.group) * dtype_size_bytes(a.x->dtype); }
 };
 

@@ -230,28 +230,6 @@ kf_split_write(const kf_t* __restrict__ x, kf_t* __restrict__ y, const double* _
 #if KF_CLUSTER
 // Note [Split rows]: a row's KF_SPLIT chunks as one cluster; block rank q (blockIdx.x % KF_SPLIT,
 // the cluster's ranks in a 1-D cluster) holds chunk q.
-__device__ __forceinline__ unsigned kf_shared_addr(const void* p) {
-  unsigned a;
-  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-  return a;
-}
-// p (in this block's shared memory) as it lies in block `rank` of the cluster.
-__device__ __forceinline__ unsigned kf_cluster_addr(const void* p, unsigned rank) {
-  unsigned r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(kf_shared_addr(p)), "r"(rank));
-  return r;
-}
-__device__ __forceinline__ float kf_cluster_ld(const float* p, unsigned rank) {
-  float v;
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(kf_cluster_addr(p, rank)) : "memory");
-  return v;
-}
-__device__ __forceinline__ double kf_cluster_ld(const double* p, unsigned rank) {
-  double v;
-  asm volatile("ld.shared::cluster.f64 %0, [%1];" : "=d"(v) : "r"(kf_cluster_addr(p, rank)) : "memory");
-  return v;
-}
-
 extern "C" __global__ void __cluster_dims__(KF_SPLIT, 1, 1) __launch_bounds__(KF_BLOCK)
 kf_split_cluster(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 cols, kf_i64 chunk, kf_i64 cached) {
   __shared__ float red_m[32];
@@ -383,7 +361,8 @@ class SplitSoftmaxCuda final : public FamilyBase {
     const std::string bytes = chunk + " * " + std::to_string(esz) + " + 32";
     const std::string fits = v[kCache] == 1 ? "min(1, " + std::to_string(kSharedBudget) + " / (" + bytes + "))" : "0";
     const std::string smem = v[kCache] == 1 ? "(" + fits + ") * (" + bytes + ")" : "0";
-    const std::string source = std::string(kCudaPrelude) + kCudaRowMapping + kCudaSoftmaxMath + kCudaSplitSoftmax;
+    const std::string source = std::string(kCudaPrelude) + kCudaRowMapping + kCudaSoftmaxMath +
+                               (v[kCluster] == 1 ? kCudaClusterShared : "") + kCudaSplitSoftmax;
     const std::string block = std::to_string(v[kBlock]);
     const std::string grid = "(" + rows + ") * " + std::to_string(split);   // a block per chunk
     KernelSpec s;

@@ -540,6 +540,30 @@ __device__ __forceinline__ T kf_block_sum(T v, T* red) {
 }
 )kf";
 
+const char* const kCudaClusterShared = R"kf(
+// This block's shared address of p, and p as it lies in block `rank` of the cluster.
+__device__ __forceinline__ unsigned kf_shared_addr(const void* p) {
+  unsigned a;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+  return a;
+}
+__device__ __forceinline__ unsigned kf_cluster_addr(const void* p, unsigned rank) {
+  unsigned r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(kf_shared_addr(p)), "r"(rank));
+  return r;
+}
+__device__ __forceinline__ float kf_cluster_ld(const float* p, unsigned rank) {
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(kf_cluster_addr(p, rank)) : "memory");
+  return v;
+}
+__device__ __forceinline__ double kf_cluster_ld(const double* p, unsigned rank) {
+  double v;
+  asm volatile("ld.shared::cluster.f64 %0, [%1];" : "=d"(v) : "r"(kf_cluster_addr(p, rank)) : "memory");
+  return v;
+}
+)kf";
+
 const char* const kCudaRowMapping = R"kf(
 // Rows of a contiguous [rows, cols] tensor on threads: one row per block of KF_BLOCK threads
 // (KF_WARP_ROW 0), or one row per KF_ROW_LANES lanes of a warp (KF_WARP_ROW 1: 4 to 32 lanes,

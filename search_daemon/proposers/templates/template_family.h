@@ -186,6 +186,10 @@ extern const char* const kCudaPrelude;
 // After the prelude in the row kernels: the row-to-thread mapping (KF_WARP_ROW, KF_ROW_LANES)
 // and reductions over a row's threads.
 extern const char* const kCudaRowMapping;
+// Thread block clusters (sm_90 on, kernels compiled with __cluster_dims__): a block's shared
+// memory read by another block of its cluster (kf_cluster_ld of a float or a double). Only in the
+// sources of configurations that launch clusters: the instructions do not exist before sm_90.
+extern const char* const kCudaClusterShared;
 // Row statistics for the norms (Note [Norm statistics] in layer_norm.cc): Welford states and
 // their merges. Needs the prelude, the row mapping and KF_VEC.
 extern const char* const kCudaNormStatistics;

@@ -97,6 +97,9 @@ def rows(device):
             r("group_norm", bf, "[16,320,64,64] G=32 channels_last",
               lambda d: (lambda x, w, b: F.group_norm(x, 32, w, b),
                          (t((16, 320, 64, 64), bf, d, True), t((320,), bf, d), t((320,), bf, d)))),
+            # A UNet at batch 2 (classifier-free guidance at one image): 64 rows, fewer than the SMs.
+            r("group_norm", bf, "[2,320,64,64] G=32", lambda d: (lambda x, w, b: F.group_norm(x, 32, w, b),
+                                                                 (t((2, 320, 64, 64), bf, d), t((320,), bf, d), t((320,), bf, d)))),
             r("batch_norm", bf, "[64,256,56,56] eval", lambda d: (lambda x, m, v, w, b: F.batch_norm(x, m, v, w, b),
                                                                   (t((64, 256, 56, 56), bf, d), t((256,), bf, d), t((256,), bf, d, low=0.5),
                                                                    t((256,), bf, d), t((256,), bf, d)))),

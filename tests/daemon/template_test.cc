@@ -953,6 +953,33 @@ TEST_CASE("templates: group_norm copies a row into shared memory, over a cluster
   }
 }
 
+TEST_CASE("templates: short unaligned rows are reduced from a shared copy of a block's rows", "[templates]") {
+  // Note [Staged rows]: a ResNet's global average pooling, rows of 49 bf16.
+  const KernelTemplate& t = *find_template("mean");
+  const OpSignature s = reduce("mean", Backend::kCuda, DType::kBFloat16, {256, 2048, 7, 7}, std::vector<int64_t>{-1, -2}, true);
+  std::vector<TemplateConfig> space = enumerate_space(s, t);
+  REQUIRE(!space.empty());
+  const TemplateConfig top = *std::max_element(space.begin(), space.end(), [&](const TemplateConfig& a, const TemplateConfig& b) {
+    return t.prior(s, a.values) < t.prior(s, b.values);
+  });
+  CHECK(knob(top, "map") == 2);
+  CHECK(knob(top, "vec") == 8);
+  CHECK(knob(top, "block") == 256);
+  const KernelSpec spec = t.instantiate(s, top.values);
+  CHECK(spec.entry_points == std::vector<std::string>{"kf_reduce_staged"});
+  const StatusOr<ResolvedLaunchPlan> r = spec.resolve(s);
+  REQUIRE(r.ok());
+  CHECK(r->launches[0].grid[0] == 256 * 2048 / 256);
+  CHECK(r->launches[0].shared_mem_bytes == 32 + 256 * 49 * 2);
+  // Not argmax, not rows too long for a block's copy.
+  for (const TemplateConfig& c : enumerate_space(argmax(Backend::kCuda, DType::kBFloat16, {64, 49}, -1), *find_template("argmax"))) {
+    CHECK(knob(c, "map") != 2);
+  }
+  for (const TemplateConfig& c : enumerate_space(reduce("mean", Backend::kCuda, DType::kFloat32, {64, 4096}, std::vector<int64_t>{-1}), t)) {
+    CHECK(knob(c, "map") != 2);
+  }
+}
+
 TEST_CASE("templates: softmax over a middle dimension keeps a block's columns in shared memory where the copy leaves the SM its threads", "[templates]") {
   const Backend G = Backend::kCuda;
   const KernelTemplate& t = *find_template("softmax_dim");
@@ -2208,6 +2235,11 @@ TEST_CASE("templates: CUDA instances of every family pass the worker's verificat
     if (d != DType::kFloat32) plan(batch_norm(B, d, {2, 8, 33}, true, DType::kFloat32), 1, 1);
     plan(reduce("mean", B, d, {37, 4096}, std::vector<int64_t>{-1}, true), 2, 2);
     plan(reduce("mean", B, d, {8, 64, 7, 7}, std::vector<int64_t>{-1, -2}), 2, 1);
+    // Note [Staged rows]: a partial last block, every access width and block, rows at every
+    // alignment, amax's NaNs and sum.
+    plan_knobs(reduce("mean", B, d, {3, 100, 7, 7}, std::vector<int64_t>{-1, -2}), "mean", {"map", "vec", "block"});
+    plan_knobs(reduce("amax", B, d, {70, 33}, std::vector<int64_t>{-1}), "amax", {"map", "vec"});
+    plan_knobs(reduce("sum", B, d, {5, 9, 3}, std::vector<int64_t>{-1, -2}, true), "sum", {"map"});
     plan(reduce("sum", B, d, {3, 50257}, std::nullopt), 1, 1);
     plan(reduce("amax", B, d, {37, 1003}, std::vector<int64_t>{1}, true), 2, 2);
     plan(argmax(B, d, {37, 1003}, 1, true), 2, 2);

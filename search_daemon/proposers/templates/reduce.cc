@@ -54,6 +54,7 @@ __device__ __forceinline__ void kf_arg_warp(float& m, kf_i64& mi) {
 #else
 typedef kf_t kf_out_t;
 #endif
+#if !KF_STAGED
 extern "C" __global__ void __launch_bounds__(KF_BLOCK)
 kf_reduce_rows(const kf_t* __restrict__ x, kf_out_t* __restrict__ y, kf_i64 rows, kf_i64 cols) {
   __shared__ kf_acc red_acc[32];
@@ -134,7 +135,72 @@ kf_reduce_rows(const kf_t* __restrict__ x, kf_out_t* __restrict__ y, kf_i64 rows
   if (live && tid == 0) y[row] = kf_from_float((float)s);
 #endif
 }
+#else
+// Note [Staged rows]: KF_BLOCK rows per block, one per thread, copied to shared memory in KF_VEC
+// accesses (four in flight per thread) at any alignment, then summed (or maxed) by their threads.
+extern __shared__ __align__(16) unsigned char kf_smem[];
+extern "C" __global__ void __launch_bounds__(KF_BLOCK)
+kf_reduce_staged(const kf_t* __restrict__ x, kf_out_t* __restrict__ y, kf_i64 rows, kf_i64 cols) {
+  const kf_i64 r0 = (kf_i64)blockIdx.x * KF_BLOCK;
+  const int nr = (int)(rows - r0 < KF_BLOCK ? rows - r0 : KF_BLOCK);
+  const int len = (int)cols;
+  const int n = nr * len;
+  const kf_t* __restrict__ p = x + r0 * cols;
+  // The elements before p's first KF_VEC-aligned address (at most n); the copy keeps p's alignment,
+  // its first aligned element at byte 16 of the shared memory.
+  const int mis = (int)((unsigned long long)p % (unsigned long long)(KF_VEC * sizeof(kf_t)));
+  int h = mis == 0 ? 0 : (KF_VEC * (int)sizeof(kf_t) - mis) / (int)sizeof(kf_t);
+  if (h > n) h = n;
+  kf_t* sm = reinterpret_cast<kf_t*>(kf_smem + 16) - h;
+  const int nv = (n - h) / KF_VEC;
+  const int t = h + nv * KF_VEC;   // the tail's first element
+  const int tid = threadIdx.x;
+  if (tid < h) sm[tid] = p[tid];
+  if (tid < n - t) sm[t + tid] = p[t + tid];
+  const kf_vec<KF_VEC>* __restrict__ pv = reinterpret_cast<const kf_vec<KF_VEC>*>(p + h);
+  kf_vec<KF_VEC>* sv = reinterpret_cast<kf_vec<KF_VEC>*>(sm + h);
+  int i = tid;
+  for (; i + 3 * KF_BLOCK < nv; i += 4 * KF_BLOCK) {
+    kf_vec<KF_VEC> r[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) r[u] = pv[i + u * KF_BLOCK];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) sv[i + u * KF_BLOCK] = r[u];
+  }
+  for (; i < nv; i += KF_BLOCK) sv[i] = pv[i];
+  __syncthreads();
+  if (tid >= nr) return;
+  const kf_t* row = sm + tid * len;
+#if KF_RED == 2
+  float m = KF_NEG_INF;
+  bool nan = false;
+  for (int k = 0; k < len; ++k) {
+    const float v = kf_to_float(row[k]);
+    if (v != v) nan = true;
+    else m = fmaxf(m, v);
+  }
+  y[r0 + tid] = kf_from_float(nan ? __int_as_float(0x7fc00000) : m);
+#else
+  kf_acc s = 0;
+  for (int k = 0; k < len; ++k) s += (kf_acc)kf_to_float(row[k]);
+#if KF_RED == 1
+  s = s / (kf_acc)cols;
+#endif
+  y[r0 + tid] = kf_from_float((float)s);
+#endif
+}
+#endif
 )kf";
+
+// Note [Staged rows]
+// ~~~~~~~~~~~~~~~~~~
+// Global average pooling of a ResNet's last features ([N, 2048, 7, 7] over the last two
+// dimensions) reduces rows of 49 elements: 98 bytes in bf16, so no row starts 16-byte aligned and
+// the row maps read them in 2-byte accesses (69% of the copy bandwidth on the H100, where issue 23
+// asks 9x PyTorch's kernel: about 81% on the H200). With map=staged a block's KF_BLOCK rows are one
+// contiguous span of memory: it is copied to shared memory in KF_VEC-element accesses (a scalar
+// head up to the first aligned address and a scalar tail), and then each thread reduces its own row
+// from the copy, in order. Short rows only: the block's rows must fit shared memory. Not argmax.
 
 const char* const kCpuReduce = R"kf(
 // KF_RED: 0 sum, 1 mean, 2 amax, 3 argmax. KF_ROWS rows per block, KF_LANES independent
@@ -322,11 +388,14 @@ std::string_view family_name(Reduction r, Backend b) {
 
 enum ReduceCudaKnob : size_t { kMap, kBlock, kRowLanes, kVec };
 
+// Note [Staged rows]: rows up to this many elements.
+constexpr int64_t kMaxStagedCols = 1024;
+
 class ReduceCuda final : public FamilyBase {
  public:
   explicit ReduceCuda(Reduction r)
       : FamilyBase(std::string(family_name(r, Backend::kCuda)), Backend::kCuda,
-                   {Knob{"map", {0, 1}, {"block_row", "warp_row"}}, Knob{"block", {32, 64, 128, 256, 512, 1024}, {}},
+                   {Knob{"map", {0, 1, 2}, {"block_row", "warp_row", "staged"}}, Knob{"block", {32, 64, 128, 256, 512, 1024}, {}},
                     Knob{"row_lanes", {4, 8, 16, 32}, {}}, Knob{"vec", {1, 2, 4, 8}, {}}}),
         r_(r) {}
 
@@ -334,6 +403,12 @@ class ReduceCuda final : public FamilyBase {
 
   bool valid(const OpSignature& sig, std::span<const int64_t> v) const override {
     const ReduceArgs a = *reduce_args(sig, r_, Backend::kCuda);
+    if (v[kMap] == 2) {   // Note [Staged rows]: any alignment, the lane count unused
+      const int64_t esz = dtype_size_bytes(a.x->dtype);
+      return r_ != Reduction::kArgmax && v[kRowLanes] == 4 && v[kVec] * esz <= 16 && v[kBlock] >= 64 &&
+             v[kBlock] <= 512 && a.rows >= 1 && a.cols >= 1 && a.cols <= kMaxStagedCols &&
+             v[kBlock] <= std::max<int64_t>(64, pow2_ceil(a.rows)) && staged_bytes(a, v[kBlock]) <= kCudaSharedBudget;
+    }
     if (a.cols % v[kVec] != 0 || !vector_fits(sig, v[kVec])) return false;
     const int64_t nvec = a.cols / v[kVec];
     if (v[kMap] == 0) {
@@ -348,6 +423,12 @@ class ReduceCuda final : public FamilyBase {
     const ReduceArgs a = *reduce_args(sig, r_, Backend::kCuda);
     const int64_t nvec = a.cols / v[kVec];
     double p = closeness(static_cast<double>(v[kVec] * dtype_size_bytes(a.x->dtype)), 16, 0.5);
+    if (v[kMap] == 2) {
+      // Rows the row maps cannot read in wide accesses are what it is for; otherwise it adds a
+      // pass over shared memory.
+      const bool aligned_rows = (a.cols * dtype_size_bytes(a.x->dtype)) % 16 == 0;
+      return p * (aligned_rows ? 0.7 : 1.0) * closeness(static_cast<double>(v[kBlock]), 256, 0.3);
+    }
     if (v[kMap] == 1) {
       p *= nvec <= 256 ? 1.0 : 0.4;   // short rows: a few vectors per lane, several rows per block
       p *= closeness(static_cast<double>(v[kRowLanes]), std::clamp(static_cast<double>(pow2_ceil(nvec)) / 4, 4.0, 32.0), 0.5);
@@ -362,21 +443,31 @@ class ReduceCuda final : public FamilyBase {
 
   KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {
     const ReduceArgs a = *reduce_args(sig, r_, Backend::kCuda);
+    const bool staged = v[kMap] == 2;
     std::vector<std::string> options = {dtype_define(a.x->dtype), define("KF_RED", static_cast<int64_t>(r_)),
-                                        define("KF_WARP_ROW", v[kMap]), define("KF_ROW_LANES", v[kRowLanes]),
-                                        define("KF_BLOCK", v[kBlock]), define("KF_VEC", v[kVec])};
+                                        define("KF_WARP_ROW", staged ? 0 : v[kMap]), define("KF_ROW_LANES", v[kRowLanes]),
+                                        define("KF_BLOCK", v[kBlock]), define("KF_VEC", v[kVec]),
+                                        define("KF_STAGED", staged ? 1 : 0)};
     KernelSpec s = one_launch_spec(Backend::kCuda, std::string(kCudaPrelude) + kCudaRowMapping + kCudaReduce,
-                                   "kf_reduce_rows", options);
+                                   staged ? "kf_reduce_staged" : "kf_reduce_rows", options);
     s.plan.outputs = {reduce_output(a, r_)};
     Launch& l = s.plan.launches[0];
     const std::string rows = rows_of_expr(a);
-    l.grid[0] = v[kMap] == 1 ? "ceil_div(" + rows + ", " + std::to_string(v[kBlock] / v[kRowLanes]) + ")" : rows;
+    if (staged) {
+      l.grid[0] = "ceil_div(" + rows + ", " + std::to_string(v[kBlock]) + ")";
+      l.shared_mem_bytes = "32 + " + std::to_string(v[kBlock] * dtype_size_bytes(a.x->dtype)) + " * (" + cols_of_expr(a) + ")";
+    } else {
+      l.grid[0] = v[kMap] == 1 ? "ceil_div(" + rows + ", " + std::to_string(v[kBlock] / v[kRowLanes]) + ")" : rows;
+    }
     l.block[0] = std::to_string(v[kBlock]);
     l.args = {ArgBinding::input(0), ArgBinding::output(0), ArgBinding::size(rows), ArgBinding::size(cols_of_expr(a))};
     return s;
   }
 
  private:
+  // The shared copy of a block's rows (Note [Staged rows]).
+  static int64_t staged_bytes(const ReduceArgs& a, int64_t block) { return 32 + block * a.cols * dtype_size_bytes(a.x->dtype); }
+
   Reduction r_;
 };
 

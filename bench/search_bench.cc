@@ -29,7 +29,10 @@
 // file with no worker: a candidate's outcome is the recorded one for its label. A GPU's whole
 // spaces, measured once, then let the strategies be compared and tuned on any machine, every seed
 // on the same measurements; a candidate the file lacks is counted (`missing`) and scores as a
-// worker error (reward 0), so a replay of a partial landscape says how partial it was.
+// worker error (reward 0), so a replay of a partial landscape says how partial it was. A replay
+// walks only the template families the file has configurations of for the signature
+// (TemplateProposer's family set): a family added since the recording is not in the replayed
+// space, while a changed family's new configurations are missing.
 // --prebuild N (CUDA) compiles the configurations to be evaluated on N threads into the worker's
 // build cache first, with the worker's own builder (Note [Builds ahead] in
 // search_daemon/daemon/prebuilder.h), so the worker's builds are cache hits: a whole space of
@@ -45,6 +48,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -104,6 +108,10 @@ class Landscape {
  public:
   Landscape(eval::WorkerProcess* w, OpSignature sig, std::string name, const LandscapeFile* replay, std::ostream* record)
       : w_(w), sig_(std::move(sig)), name_(std::move(name)), replay_(replay), record_(record) {}
+  // The families a replay walks (Note [Landscape files]); empty, all, when measuring.
+  std::set<std::string> families() const {
+    return replay_ != nullptr ? TemplateProposer::families_of(replay_->labels(name_)) : std::set<std::string>{};
+  }
   Outcome get(const KernelSpec& spec, const std::string& label) {
     const KernelId id = spec.id();
     if (auto it = memo_.find(id); it != memo_.end()) return it->second;
@@ -234,7 +242,7 @@ std::string prebuild(const std::vector<KernelSpec>& specs, const std::string& ca
 // --ablate-priors) are the strategies on this proposer.
 class FlatPriors final : public Proposer {
  public:
-  explicit FlatPriors(uint64_t seed) : rng_(seed) {}
+  FlatPriors(uint64_t seed, std::set<std::string> families) : inner_(std::move(families)), rng_(seed) {}
   std::string_view name() const override { return "template"; }
   bool supports(const OpSignature& sig) const override { return inner_.supports(sig); }
   std::vector<Move> propose(const ProposalRequest& r) override {
@@ -274,8 +282,8 @@ class FlatPriors final : public Proposer {
 std::vector<double> run_strategy(const std::string& name, const OpSignature& sig, uint32_t budget, uint64_t seed,
                                  Landscape& land, const StrategyOptions& base) {
   const bool flat = name.size() > 5 && name.compare(name.size() - 5, 5, "/flat") == 0;
-  TemplateProposer proposer;
-  FlatPriors flat_proposer(seed * 0x9E3779B97F4A7C15ull + 1);
+  TemplateProposer proposer(land.families());
+  FlatPriors flat_proposer(seed * 0x9E3779B97F4A7C15ull + 1, land.families());
   StrategyOptions o = base;
   o.max_evaluations = budget;
   o.seed = seed;
@@ -442,7 +450,7 @@ int main(int argc, char** argv) {
     std::printf("\n%s: %s\n", ns.name.c_str(), ns.sig.to_string().c_str());
     Landscape land(w ? &*w : nullptr, ns.sig, ns.name, replay ? &*replay : nullptr, record.is_open() ? &record : nullptr);
     // The landscape first: the space in its fixed order, spread over the families.
-    std::vector<templates::TemplateConfig> space = templates::enumerate_space(ns.sig);
+    std::vector<templates::TemplateConfig> space = TemplateProposer(land.families()).space(ns.sig);
     space_size[ns.name] = space.size();
     if (show_prior > 0) {
       // The configurations the priors rank first, each family's own ranking, beside their

@@ -64,6 +64,14 @@ StatusOr<LandscapeFile> LandscapeFile::load(const std::string& path) {
   return r;
 }
 
+std::vector<std::string> LandscapeFile::labels(const std::string& signature) const {
+  std::vector<std::string> out;
+  for (auto it = outcomes.lower_bound({signature, ""}); it != outcomes.end() && it->first.first == signature; ++it) {
+    out.push_back(it->first.second);
+  }
+  return out;
+}
+
 std::string LandscapeFile::line(const std::string& signature, const std::string& label, const Outcome& o) {
   std::ostringstream s;
   s << one_line(signature) << '\t' << one_line(label) << '\t' << static_cast<int>(o.status) << '\t'

@@ -6,6 +6,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 #include <utility>
 
 #include "runtime/status.h"
@@ -22,6 +23,9 @@ struct LandscapeFile {
   // name, speedup, noise band, significant (0/1), implausible (may be empty); '#' lines are
   // comments. A malformed line is an error naming the file and line.
   static StatusOr<LandscapeFile> load(const std::string& path);
+  // The labels the recording has for `signature` (TemplateProposer::families_of gives their
+  // families: a replay walks those only, so a family added since does not change its space).
+  std::vector<std::string> labels(const std::string& signature) const;
   // One line for `o` (tabs and newlines in the label or reason become spaces).
   static std::string line(const std::string& signature, const std::string& label, const Outcome& o);
 };

@@ -67,7 +67,21 @@ std::vector<Move> take_moves(const OpSignature& sig, const std::vector<Ranked>& 
 
 }  // namespace
 
-bool TemplateProposer::supports(const OpSignature& sig) const { return !templates::enumerate_space(sig).empty(); }
+std::set<std::string> TemplateProposer::families_of(const std::vector<std::string>& labels) {
+  std::set<std::string> out;
+  for (const std::string& l : labels) {
+    if (std::optional<TemplateConfig> c = templates::parse_label(l)) out.insert(c->family);
+  }
+  return out;
+}
+
+std::vector<TemplateConfig> TemplateProposer::space(const OpSignature& sig) const {
+  std::vector<TemplateConfig> all = templates::enumerate_space(sig);
+  if (!families_.empty()) std::erase_if(all, [&](const TemplateConfig& c) { return !families_.contains(c.family); });
+  return all;
+}
+
+bool TemplateProposer::supports(const OpSignature& sig) const { return !space(sig).empty(); }
 
 std::vector<Move> TemplateProposer::propose(const ProposalRequest& request) {
   if (request.signature == nullptr || request.max_moves == 0) return {};
@@ -80,7 +94,7 @@ std::vector<Move> TemplateProposer::propose(const ProposalRequest& request) {
   }
   // The root: the best configuration of each variant first, so the first expansion already spans
   // the algorithms; then everything else by prior, so a root expanded again keeps giving new ones.
-  const std::vector<Ranked> all = ranked(sig, templates::enumerate_space(sig));
+  const std::vector<Ranked> all = ranked(sig, space(sig));
   std::vector<Ranked> order;
   std::vector<Ranked> rest;
   std::set<std::pair<std::string, std::vector<int64_t>>> variants;
@@ -92,14 +106,14 @@ std::vector<Move> TemplateProposer::propose(const ProposalRequest& request) {
 }
 
 std::optional<Move> TemplateProposer::sample(const OpSignature& sig, std::mt19937_64& rng) {
-  const std::vector<TemplateConfig> space = templates::enumerate_space(sig);
-  if (space.empty()) return std::nullopt;
+  const std::vector<TemplateConfig> configs = space(sig);
+  if (configs.empty()) return std::nullopt;
   // Uniform without modulo bias: reject the lowest 2^64 mod n values.
-  const uint64_t n = space.size();
+  const uint64_t n = configs.size();
   const uint64_t threshold = (0 - n) % n;
   uint64_t r = rng();
   while (r < threshold) r = rng();
-  StatusOr<Move> m = move_for(sig, space[r % n]);
+  StatusOr<Move> m = move_for(sig, configs[r % n]);
   if (!m.ok()) return std::nullopt;
   return std::move(*m);
 }

@@ -24,10 +24,15 @@
 // - Deterministic: the same request gives the same moves (the seed is not needed); sample() draws
 //   one 64-bit value at a time from rng and maps it to the space without std distributions, so a
 //   seeded rng gives the same configuration on every platform.
+// - Constructed with a set of family names, it walks those families only (supports, propose,
+//   sample): a replay of a space measured before a family existed (Note [Landscape files] in
+//   bench/search_bench.cc) stays a replay of that space. Empty (the default): every family.
 #pragma once
 
 #include <optional>
 #include <random>
+#include <set>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -41,6 +46,9 @@ class TemplateProposer final : public Proposer {
  public:
   static constexpr std::string_view kName = "template";
 
+  TemplateProposer() = default;
+  explicit TemplateProposer(std::set<std::string> families) : families_(std::move(families)) {}
+
   std::string_view name() const override { return kName; }
   bool supports(const OpSignature& sig) const override;
   std::vector<Move> propose(const ProposalRequest& request) override;
@@ -52,6 +60,14 @@ class TemplateProposer final : public Proposer {
   // The configuration a move of this proposer holds, checked against its spec; nullopt for moves
   // of other proposers, or a label whose configuration does not give the move's spec for sig.
   static std::optional<templates::TemplateConfig> config_of(const OpSignature& sig, const Move& move);
+
+  // The families of these labels (label()'s form; a label that does not parse names none).
+  static std::set<std::string> families_of(const std::vector<std::string>& labels);
+  // The valid configurations of the families this proposer walks.
+  std::vector<templates::TemplateConfig> space(const OpSignature& sig) const;
+
+ private:
+  std::set<std::string> families_;   // empty: all
 };
 
 }  // namespace kforge::search

@@ -60,17 +60,19 @@ constexpr std::array<ArgDecl, 3> kSoftmaxArgs = {{
 }};
 constexpr std::array<OutputDecl, 1> kOneLikeInput = {{{kOneOut, OutputRule::kLikeInput0}}};
 // The last dimension (row_softmax.cc; split_softmax.cc for long rows), any other (dim_softmax.cc).
-constexpr std::array<std::string_view, 5> kSoftmaxFamilies = {"softmax", "softmax_split", "softmax_dim", "cpu.softmax",
-                                                              "cpu.softmax_dim"};
-constexpr std::array<std::string_view, 5> kLogSoftmaxFamilies = {"log_softmax", "log_softmax_split", "log_softmax_dim",
-                                                                 "cpu.log_softmax", "cpu.log_softmax_dim"};
+constexpr std::array<std::string_view, 6> kSoftmaxFamilies = {"softmax",     "softmax_split",  "softmax_dim", "softmax_dim_cluster",
+                                                              "cpu.softmax", "cpu.softmax_dim"};
+constexpr std::array<std::string_view, 6> kLogSoftmaxFamilies = {"log_softmax", "log_softmax_split", "log_softmax_dim",
+                                                                 "log_softmax_dim_cluster", "cpu.log_softmax",
+                                                                 "cpu.log_softmax_dim"};
 constexpr std::array<ArgDecl, 3> kSafeSoftmaxArgs = {{
     {"self", R::kData},
     {"dim", R::kDim},
     {"dtype", R::kResultType},
 }};
-constexpr std::array<std::string_view, 5> kSafeSoftmaxFamilies = {"safe_softmax", "safe_softmax_split", "safe_softmax_dim",
-                                                                  "cpu.safe_softmax", "cpu.safe_softmax_dim"};
+constexpr std::array<std::string_view, 6> kSafeSoftmaxFamilies = {"safe_softmax", "safe_softmax_split", "safe_softmax_dim",
+                                                                  "safe_softmax_dim_cluster", "cpu.safe_softmax",
+                                                                  "cpu.safe_softmax_dim"};
 
 // ---- _to_copy ------------------------------------------------------------------------------------
 

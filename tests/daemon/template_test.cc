@@ -532,9 +532,12 @@ TEST_CASE("templates: supports() accepts exactly the signatures some family hand
     for (const OpSignature& s : signatures(b)) {
       INFO(name_of(s));
       CHECK(p.supports(s));
-      // One family, and for a long softmax row also its split family (Note [Split rows]).
+      // One family, and for a long softmax row also its split family (Note [Split rows]), for a
+      // softmax over another dimension on sm_90 also its cluster family (Note [Clustered columns]).
       size_t general = 0;
-      for (const KernelTemplate* t : templates_for(s)) general += t->family().ends_with("_split") ? 0 : 1;
+      for (const KernelTemplate* t : templates_for(s)) {
+        general += t->family().ends_with("_split") || t->family().ends_with("_dim_cluster") ? 0 : 1;
+      }
       CHECK(general == 1);
     }
   }
@@ -978,6 +981,31 @@ TEST_CASE("templates: short unaligned rows are reduced from a shared copy of a b
   for (const TemplateConfig& c : enumerate_space(reduce("mean", Backend::kCuda, DType::kFloat32, {64, 4096}, std::vector<int64_t>{-1}), t)) {
     CHECK(knob(c, "map") != 2);
   }
+}
+
+TEST_CASE("templates: softmax over a middle dimension splits a tile's rows over a cluster of blocks", "[templates]") {
+  // Note [Clustered columns]: dim 1 of bf16 [64, 4096, 512] (264 MiB, past L2).
+  const KernelTemplate& t = *find_template("softmax_dim_cluster");
+  const OpSignature s = softmax(Backend::kCuda, DType::kBFloat16, {64, 4096, 512}, false, 1);
+  std::vector<TemplateConfig> space = enumerate_space(s, t);
+  REQUIRE(!space.empty());
+  const TemplateConfig top = *std::max_element(space.begin(), space.end(), [&](const TemplateConfig& a, const TemplateConfig& b) {
+    return t.prior(s, a.values) < t.prior(s, b.values);
+  });
+  const int64_t tile = knob(top, "block") / knob(top, "split") * knob(top, "vec");
+  CHECK(tile * 2 >= 64);   // tile rows of whole sectors
+  const int64_t cluster = knob(top, "cluster");
+  const KernelSpec spec = t.instantiate(s, top.values);
+  const StatusOr<ResolvedLaunchPlan> r = spec.resolve(s);
+  REQUIRE(r.ok());
+  CHECK(r->launches[0].grid[0] == 64 * (512 / tile) * cluster);
+  CHECK(r->launches[0].shared_mem_bytes == (4096 / cluster) * tile * 2);
+  CHECK(r->launches[0].shared_mem_bytes <= 224 * 1024);
+  // sm_90 only; not the last dimension.
+  OpSignature ampere = s;
+  ampere.target.arch = "sm_80";
+  CHECK_FALSE(t.applies(ampere));
+  CHECK_FALSE(t.applies(softmax(Backend::kCuda, DType::kBFloat16, {64, 512}, false, -1)));
 }
 
 TEST_CASE("templates: softmax over a middle dimension keeps a block's columns in shared memory where the copy leaves the SM its threads", "[templates]") {
@@ -2069,6 +2097,10 @@ TEST_CASE("templates: CUDA instances of every family pass the worker's verificat
       plan(softmax(B, d, {3, 4099}, log), 2, 2);
       plan(softmax(B, d, {2, 3, 40}, log, 2), 2, 2);
       plan(softmax(B, d, {2, 1000, 7}, log, 1), 2, 1);
+      // Note [Clustered columns]: every cluster size, access width and split, a last chunk short
+      // of the others (301 rows), columns not a multiple of the tile.
+      plan_knobs(softmax(B, d, {2, 301, 72}, log, 1), log ? "log_softmax_dim_cluster" : "softmax_dim_cluster",
+                 {"cluster", "vec", "split"});
       plan(softmax(B, d, {4, 64, 9, 9}, log, 1), 1, 1);
       plan(softmax(B, d, {3, 300, 64}, log, 1), 2, 3);    // Note [Split columns]: vectors, split columns
       plan(softmax(B, d, {2, 4099, 24}, log, 1), 2, 2);   // long columns, a partial tile

@@ -15,6 +15,7 @@
 // (softmax) or 0 (KF_SAFE).
 #include <algorithm>
 
+#include "runtime/cuda_environment.h"
 #include "search_daemon/proposers/templates/softmax_call.h"
 #include "search_daemon/proposers/templates/template_family.h"
 
@@ -95,18 +96,74 @@ __device__ __forceinline__ void kf_normalize(float (&v)[KF_VEC], const float (&m
 #endif
   }
 }
-extern "C" __global__ void __launch_bounds__(KF_BLOCK)
+// The second pass: the thread's columns [lb, le) written, normalized by (m, s) (Note [Column
+// merge]), read back from the copy kc when there is one, else from x.
+__device__ __forceinline__ void kf_dim_write(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 base, kf_i64 inner,
+                                             kf_i64 lb, kf_i64 le, int ty, const kf_t* kc, const float (&m)[KF_VEC],
+                                             const kf_acc (&s)[KF_VEC]) {
+  // A column of -inf only: softmax and log_softmax give NaN (-inf - -inf), _safe_softmax 0.
+  float r[KF_VEC];
+#pragma unroll
+  for (int k = 0; k < KF_VEC; ++k) {
+    const bool nan = m[k] != m[k] || (!KF_SAFE && m[k] == KF_NEG_INF);
+#if KF_LOG
+    r[k] = nan ? __int_as_float(0x7fffffff) : (float)kf_log(s[k]);
+#else
+    r[k] = nan ? __int_as_float(0x7fffffff) : (m[k] == KF_NEG_INF ? 0.0f : (float)((kf_acc)1 / s[k]));
+#endif
+  }
+  // The thread reads back only what it copied itself: no barrier is needed for the copy.
+  kf_i64 l = lb + ty;
+  for (; l + (KF_U - 1) * KF_SPLIT < le; l += KF_U * KF_SPLIT) {
+    float v[KF_U][KF_VEC];
+#pragma unroll
+    for (int u = 0; u < KF_U; ++u) {
+      if (kc != nullptr) kf_load<KF_VEC>(kc + (l + u * KF_SPLIT) * KF_TILE, 0, v[u]);
+      else kf_load<KF_VEC>(x + base + (l + u * KF_SPLIT) * inner, 0, v[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < KF_U; ++u) {
+      kf_normalize(v[u], m, r);
+      kf_store<KF_VEC>(y + base + (l + u * KF_SPLIT) * inner, 0, v[u]);
+    }
+  }
+  for (; l < le; l += KF_SPLIT) {
+    float v[KF_VEC];
+    if (kc != nullptr) kf_load<KF_VEC>(kc + l * KF_TILE, 0, v);
+    else kf_load<KF_VEC>(x + base + l * inner, 0, v);
+    kf_normalize(v, m, r);
+    kf_store<KF_VEC>(y + base + l * inner, 0, v);
+  }
+}
+// Note [Clustered columns]: with KF_CLUSTER > 1 a tile's len rows are KF_CLUSTER chunks, one block
+// each, the blocks of a tile one cluster (rank = blockIdx.x % KF_CLUSTER); each block handles rows
+// [lb, le) of its columns.
+#if KF_CLUSTER > 1
+#define KF_CLUSTER_DIMS __cluster_dims__(KF_CLUSTER, 1, 1)
+#else
+#define KF_CLUSTER_DIMS
+#endif
+extern "C" __global__ void KF_CLUSTER_DIMS __launch_bounds__(KF_BLOCK)
 kf_dim_softmax(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 len, kf_i64 inner, kf_i64 tiles, kf_i64 cached) {
   __shared__ float sm_max[KF_PARTS][KF_TILE];
   __shared__ kf_acc sm_sum[KF_PARTS][KF_TILE];
   const int tx = threadIdx.x % KF_TX, ty = threadIdx.x / KF_TX;
-  const kf_i64 o = blockIdx.x / tiles;
-  const kf_i64 c0 = (blockIdx.x - o * tiles) * KF_TILE + (kf_i64)tx * KF_VEC;   // inner % KF_VEC == 0
+#if KF_CLUSTER > 1
+  const kf_i64 tile_id = blockIdx.x / KF_CLUSTER;
+  const kf_i64 chunk = (len + KF_CLUSTER - 1) / KF_CLUSTER;
+  const kf_i64 rank = blockIdx.x % KF_CLUSTER;
+  const kf_i64 lb = rank * chunk < len ? rank * chunk : len;
+  const kf_i64 le = lb + chunk < len ? lb + chunk : len;
+#else
+  const kf_i64 tile_id = blockIdx.x, lb = 0, le = len;
+#endif
+  const kf_i64 o = tile_id / tiles;
+  const kf_i64 c0 = (tile_id - o * tiles) * KF_TILE + (kf_i64)tx * KF_VEC;   // inner % KF_VEC == 0
   const bool live = c0 < inner;
   const kf_i64 base = o * len * inner + c0;   // element (o, 0, c0); a multiple of KF_VEC
 #if KF_CACHE
-  // Element l of the thread's columns in the copy: a row of KF_TILE per l.
-  kf_t* const kc = cached != 0 ? reinterpret_cast<kf_t*>(kf_smem) + tx * KF_VEC : nullptr;
+  // Element l of the thread's columns in the copy: a row of KF_TILE per l, from lb.
+  kf_t* const kc = cached != 0 ? reinterpret_cast<kf_t*>(kf_smem) + tx * KF_VEC - lb * KF_TILE : nullptr;
 #else
   kf_t* const kc = nullptr;
 #endif
@@ -118,8 +175,8 @@ kf_dim_softmax(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 len, kf_
   if (live) {
     // KF_U accesses issued before any is used: enough bytes in flight per thread to cover the
     // memory latency with the few threads a column split leaves.
-    kf_i64 l = ty;
-    for (; l + (KF_U - 1) * KF_SPLIT < len; l += KF_U * KF_SPLIT) {
+    kf_i64 l = lb + ty;
+    for (; l + (KF_U - 1) * KF_SPLIT < le; l += KF_U * KF_SPLIT) {
       float v[KF_U][KF_VEC];
 #pragma unroll
       for (int u = 0; u < KF_U; ++u) {
@@ -128,7 +185,7 @@ kf_dim_softmax(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 len, kf_
 #pragma unroll
       for (int u = 0; u < KF_U; ++u) kf_online(m, s, v[u]);
     }
-    for (; l < len; l += KF_SPLIT) {
+    for (; l < le; l += KF_SPLIT) {
       float v[KF_VEC];
       kf_read(x + base + l * inner, kc != nullptr ? kc + l * KF_TILE : nullptr, v);
       kf_online(m, s, v);
@@ -169,47 +226,41 @@ kf_dim_softmax(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 len, kf_
     }
     __syncthreads();
   }
+#if KF_CLUSTER > 1
+  // Note [Clustered columns]: every block's column partials (row 0 of its tree) merged in rank
+  // order, so every block of the tile gets the same bits.
+  __shared__ float cl_max[KF_TILE];
+  __shared__ kf_acc cl_sum[KF_TILE];
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+  for (int c = threadIdx.x; c < KF_TILE; c += KF_BLOCK) {
+    float mm = KF_NEG_INF;
+    kf_acc ss = 0;
+    for (int q = 0; q < KF_CLUSTER; ++q) kf_merge(mm, ss, kf_cluster_ld(&sm_max[0][c], q), kf_cluster_ld(&sm_sum[0][c], q));
+    cl_max[c] = mm;
+    cl_sum[c] = ss;
+  }
+  // Done reading the others' shared memory; the wait at the end keeps this block's until they are.
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < KF_VEC; ++k) {
+    m[k] = cl_max[tx * KF_VEC + k];
+    s[k] = cl_sum[tx * KF_VEC + k];
+  }
+#else
 #pragma unroll
   for (int k = 0; k < KF_VEC; ++k) {
     m[k] = sm_max[0][tx * KF_VEC + k];
     s[k] = sm_sum[0][tx * KF_VEC + k];
   }
-  if (!live) return;
-  // A column of -inf only: softmax and log_softmax give NaN (-inf - -inf), _safe_softmax 0.
-  float r[KF_VEC];
-#pragma unroll
-  for (int k = 0; k < KF_VEC; ++k) {
-    const bool nan = m[k] != m[k] || (!KF_SAFE && m[k] == KF_NEG_INF);
-#if KF_LOG
-    r[k] = nan ? __int_as_float(0x7fffffff) : (float)kf_log(s[k]);
-#else
-    r[k] = nan ? __int_as_float(0x7fffffff) : (m[k] == KF_NEG_INF ? 0.0f : (float)((kf_acc)1 / s[k]));
 #endif
-  }
-  // The thread reads back only what it copied itself: no barrier is needed for the copy.
-  kf_i64 l = ty;
-  for (; l + (KF_U - 1) * KF_SPLIT < len; l += KF_U * KF_SPLIT) {
-    float v[KF_U][KF_VEC];
-#pragma unroll
-    for (int u = 0; u < KF_U; ++u) {
-      if (kc != nullptr) kf_load<KF_VEC>(kc + (l + u * KF_SPLIT) * KF_TILE, 0, v[u]);
-      else kf_load<KF_VEC>(x + base + (l + u * KF_SPLIT) * inner, 0, v[u]);
-    }
-#pragma unroll
-    for (int u = 0; u < KF_U; ++u) {
-      kf_normalize(v[u], m, r);
-      kf_store<KF_VEC>(y + base + (l + u * KF_SPLIT) * inner, 0, v[u]);
-    }
-  }
-  for (; l < len; l += KF_SPLIT) {
-    float v[KF_VEC];
-    if (kc != nullptr) kf_load<KF_VEC>(kc + l * KF_TILE, 0, v);
-    else kf_load<KF_VEC>(x + base + l * inner, 0, v);
-    kf_normalize(v, m, r);
-    kf_store<KF_VEC>(y + base + l * inner, 0, v);
-  }
+  if (live) kf_dim_write(x, y, base, inner, lb, le, ty, kc, m, s);
+#if KF_CLUSTER > 1
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
 }
 )kf";
+
 
 const char* const kCpuDimSoftmax = R"kf(
 // KF_LOG, KF_SAFE as the CUDA kernel's. One block per outer index; its inner columns in chunks
@@ -377,6 +428,102 @@ class DimSoftmaxCuda final : public FamilyBase {
   Softmax kind_;
 };
 
+// Note [Clustered columns]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// The one-block families read a tile either twice from memory (streamed: 805 MB moved for 537 over
+// dim 1 of bf16 [64, 4096, 512], 50% of the H100's copy bandwidth at best) or once into a copy that
+// holds all len rows of the tile, which for 4096 rows leaves a 32-byte tile row one block per SM or
+// a 16-byte row half a sector (Note [Dim softmax priors]). softmax_dim_cluster splits a tile's len
+// rows over a cluster of `cluster` blocks (sm_90, at most 8): each block copies only its chunk of
+// rows (4096 / 8 rows of 64 columns is 64 KiB in bf16), so tile rows can span whole sectors (128
+// bytes) and the tensor is read from memory once. The blocks' column partials (max, sum) are merged
+// through distributed shared memory in rank order, so every block of a tile normalizes by the same
+// bits, and each writes its chunk from its copy.
+class DimSoftmaxClusterCuda final : public FamilyBase {
+ public:
+  enum : size_t { kBlock, kSplit, kVec, kCluster };
+  static constexpr int64_t kMaxCluster = 8;
+
+  explicit DimSoftmaxClusterCuda(Softmax kind)
+      : FamilyBase(softmax_family_name(kind, Backend::kCuda, "_dim_cluster"), Backend::kCuda,
+                   {Knob{"block", {128, 256, 512}, {}}, Knob{"split", {1, 2, 4, 8, 16, 32, 64, 128, 256, 512}, {}},
+                    Knob{"vec", {1, 2, 4, 8}, {}}, Knob{"cluster", {2, 4, 8}, {}}}),
+        kind_(kind) {}
+
+  bool applies(const OpSignature& sig) const override {
+    int major = 0, minor = 0;
+    return softmax_dim(sig, kind_, Backend::kCuda) >= 0 && parse_cuda_arch(sig.target.arch, major, minor) && major >= 9;
+  }
+
+  bool valid(const OpSignature& sig, std::span<const int64_t> v) const override {
+    const DimSplit e = shape(sig);
+    const int64_t block = v[kBlock], split = v[kSplit], vec = v[kVec];
+    if (split > block) return false;
+    if (e.inner_size % vec != 0 || !vector_fits(sig, vec)) return false;
+    const int64_t chunk = chunk_of(e, v[kCluster]);
+    if (chunk * (v[kCluster] - 1) >= e.len_size) return false;               // a block with no rows
+    if (split > std::max<int64_t>(1, pow2_ceil(chunk))) return false;        // threads with no element
+    const int64_t tile = block / split * vec;
+    if (tile > std::max(vec, pow2_ceil(e.inner_size))) return false;   // no tile mostly past the last column
+    if (static_bytes(sig, v) > 48 * 1024) return false;
+    return copy_bytes(sig, v) + static_bytes(sig, v) <= kCudaSharedBudget;
+  }
+
+  double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
+    const DimSplit e = shape(sig);
+    const int64_t block = v[kBlock], split = v[kSplit], vec = v[kVec];
+    const int64_t esz = dtype_size_bytes(tensor_arg(sig, 0)->dtype);
+    int64_t best_vec = 1;   // the widest access up to kStateVecBytes (Note [Dim softmax priors])
+    for (int64_t w : {2, 4, 8}) {
+      if (e.inner_size % w == 0 && w * esz <= DimSoftmaxCuda::kStateVecBytes && vector_fits(sig, w)) best_vec = w;
+    }
+    const int64_t tile = block / split * vec;
+    const int64_t per_block = copy_bytes(sig, v) + static_bytes(sig, v) + 1024;
+    const int64_t blocks_per_sm = std::max<int64_t>(1, std::min<int64_t>(2048 / block, (228 * 1024) / per_block));
+    const double resident = static_cast<double>(std::min<int64_t>(2048, blocks_per_sm * block));
+    const double elements = static_cast<double>(std::max<int64_t>(1, chunk_of(e, v[kCluster]) / split));
+    // Whole sectors per tile row, up to 128 bytes; only for tensors past L2, where the copy saves
+    // a read of memory (smaller ones are the one-block families').
+    const double past_l2 = columns_past_l2(sig, e) ? 1.0 : 0.5;
+    return past_l2 * closeness(static_cast<double>(vec), static_cast<double>(best_vec), 0.5) *
+           closeness(resident, 2048, 0.5) * closeness(std::min<double>(static_cast<double>(tile * esz), 128), 128, 0.5) *
+           closeness(elements, 8, 0.2);
+  }
+
+  KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {
+    const TensorMeta& x = *tensor_arg(sig, 0);
+    const DimSplit e = shape(sig);
+    std::vector<std::string> options = {dtype_define(x.dtype), define("KF_BLOCK", v[kBlock]), define("KF_SPLIT", v[kSplit]),
+                                        define("KF_VEC", v[kVec]), define("KF_CACHE", 1), define("KF_CLUSTER", v[kCluster])};
+    for (std::string& d : softmax_kind_defines(kind_)) options.push_back(std::move(d));
+    KernelSpec s = one_launch_spec(Backend::kCuda, std::string(kCudaPrelude) + kCudaClusterShared + kCudaDimSoftmax,
+                                   "kf_dim_softmax", options);
+    s.plan.outputs = {OutputSpec::like(0)};
+    Launch& l = s.plan.launches[0];
+    split_columns_launch(e, v, l);
+    l.grid[0] = "(" + l.grid[0] + ") * " + std::to_string(v[kCluster]);   // a cluster per tile
+    const int64_t tile_bytes = v[kBlock] / v[kSplit] * v[kVec] * dtype_size_bytes(x.dtype);
+    l.shared_mem_bytes = "ceil_div(" + e.len + ", " + std::to_string(v[kCluster]) + ") * " + std::to_string(tile_bytes);
+    l.args.push_back(ArgBinding::size("1"));   // cached: the chunk's copy always fits (valid)
+    return s;
+  }
+
+ private:
+  DimSplit shape(const OpSignature& sig) const { return split_at_dim(*tensor_arg(sig, 0), softmax_dim(sig, kind_, Backend::kCuda)); }
+  static int64_t chunk_of(const DimSplit& e, int64_t cluster) { return (e.len_size + cluster - 1) / cluster; }
+  // The copy of a block's chunk of rows of its tile.
+  int64_t copy_bytes(const OpSignature& sig, std::span<const int64_t> v) const {
+    return chunk_of(shape(sig), v[kCluster]) * (v[kBlock] / v[kSplit]) * v[kVec] * dtype_size_bytes(tensor_arg(sig, 0)->dtype);
+  }
+  // KF_PARTS x KF_TILE partials and the tile's merged (max, sum).
+  static int64_t static_bytes(const OpSignature& sig, std::span<const int64_t> v) {
+    const int64_t entry = 4 + (dtype_size_bytes(tensor_arg(sig, 0)->dtype) == 4 ? 8 : 4);
+    return column_parts_bytes(v, entry) + v[kBlock] / v[kSplit] * v[kVec] * entry;
+  }
+
+  Softmax kind_;
+};
+
 // ---- CPU -------------------------------------------------------------------------------------------
 
 class DimSoftmaxCpu final : public FamilyBase {
@@ -417,11 +564,15 @@ class DimSoftmaxCpu final : public FamilyBase {
 
 }  // namespace
 
-// "softmax_dim", "log_softmax_dim", "safe_softmax_dim" and their "cpu." twins.
+// "softmax_dim", "log_softmax_dim", "safe_softmax_dim", their "_cluster" variants (sm_90) and their
+// "cpu." twins.
 const FamilyRegistration kRegistered{
     []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<DimSoftmaxCuda>(Softmax::kSoftmax); },
     []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<DimSoftmaxCuda>(Softmax::kLog); },
     []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<DimSoftmaxCuda>(Softmax::kSafe); },
+    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<DimSoftmaxClusterCuda>(Softmax::kSoftmax); },
+    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<DimSoftmaxClusterCuda>(Softmax::kLog); },
+    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<DimSoftmaxClusterCuda>(Softmax::kSafe); },
     []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<DimSoftmaxCpu>(Softmax::kSoftmax); },
     []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<DimSoftmaxCpu>(Softmax::kLog); },
     []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<DimSoftmaxCpu>(Softmax::kSafe); },

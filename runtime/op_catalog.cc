@@ -258,7 +258,7 @@ constexpr std::array<ArgDecl, 5> kUpsampleBilinearArgs = {{
 }};
 constexpr std::array<std::string_view, 2> kUpsampleBilinearFamilies = {"upsample_bilinear2d", "cpu.upsample_bilinear2d"};
 constexpr std::array<ArgDecl, 3> kCumsumArgs = {{{"self", R::kData}, {"dim", R::kDim}, {"dtype", R::kResultType}}};
-constexpr std::array<std::string_view, 3> kCumsumFamilies = {"cumsum", "cumsum_split", "cpu.cumsum"};
+constexpr std::array<std::string_view, 4> kCumsumFamilies = {"cumsum", "cumsum_split", "cumsum_cluster", "cpu.cumsum"};
 constexpr std::array<ArgDecl, 2> kCatArgs = {{{"tensors", R::kData}, {"dim", R::kDim}}};
 constexpr std::array<OutputDecl, 1> kCatOutputs = {{{kOneOut, OutputRule::kConcat}}};
 constexpr std::array<std::string_view, 2> kCatFamilies = {"cat", "cpu.cat"};

@@ -533,10 +533,11 @@ TEST_CASE("templates: supports() accepts exactly the signatures some family hand
       INFO(name_of(s));
       CHECK(p.supports(s));
       // One family, and for a long softmax row also its split family (Note [Split rows]), for a
-      // softmax over another dimension on sm_90 also its cluster family (Note [Clustered columns]).
+      // softmax or cumsum over another dimension on sm_90 also its cluster family (Notes [Clustered
+      // columns], [Clustered scan]).
       size_t general = 0;
       for (const KernelTemplate* t : templates_for(s)) {
-        general += t->family().ends_with("_split") || t->family().ends_with("_dim_cluster") ? 0 : 1;
+        general += t->family().ends_with("_split") || t->family().ends_with("_cluster") ? 0 : 1;
       }
       CHECK(general == 1);
     }
@@ -665,7 +666,8 @@ TEST_CASE("templates: the CUDA cumsum family refuses float16 and takes the other
   CHECK(families(cumsum(Backend::kCuda, DType::kFloat32, {4, 1001}, -1)) == std::set<std::string>{"cumsum"});
   CHECK(families(cumsum(Backend::kCpu, DType::kFloat32, {4, 1001}, -1)) == std::set<std::string>{"cpu.cumsum"});
   CHECK(families(cumsum(Backend::kCuda, DType::kFloat16, {4, 9, 8}, 1)).empty());
-  CHECK(families(cumsum(Backend::kCuda, DType::kBFloat16, {4, 9, 8}, 1)) == std::set<std::string>{"cumsum", "cumsum_split"});
+  CHECK(families(cumsum(Backend::kCuda, DType::kBFloat16, {4, 9, 8}, 1)) ==
+        std::set<std::string>{"cumsum", "cumsum_split", "cumsum_cluster"});   // sm_90: clusters
 }
 
 TEST_CASE("templates: every configuration of every family validates and resolves, once", "[templates]") {
@@ -1006,6 +1008,28 @@ TEST_CASE("templates: softmax over a middle dimension splits a tile's rows over 
   ampere.target.arch = "sm_80";
   CHECK_FALSE(t.applies(ampere));
   CHECK_FALSE(t.applies(softmax(Backend::kCuda, DType::kBFloat16, {64, 512}, false, -1)));
+}
+
+TEST_CASE("templates: cumsum over a middle dimension splits a tile's rows over a cluster of blocks", "[templates]") {
+  // Note [Clustered scan]: dim 1 of bf16 [64, 4096, 512].
+  const KernelTemplate& t = *find_template("cumsum_cluster");
+  const OpSignature s = cumsum(Backend::kCuda, DType::kBFloat16, {64, 4096, 512}, 1);
+  std::vector<TemplateConfig> space = enumerate_space(s, t);
+  REQUIRE(!space.empty());
+  const TemplateConfig top = *std::max_element(space.begin(), space.end(), [&](const TemplateConfig& a, const TemplateConfig& b) {
+    return t.prior(s, a.values) < t.prior(s, b.values);
+  });
+  const int64_t tile = knob(top, "block") / knob(top, "split") * knob(top, "vec");
+  CHECK(tile * 2 >= 64);   // tile rows of whole sectors
+  const int64_t cluster = knob(top, "cluster");
+  const StatusOr<ResolvedLaunchPlan> r = t.instantiate(s, top.values).resolve(s);
+  REQUIRE(r.ok());
+  CHECK(r->launches[0].grid[0] == 64 * (512 / tile) * cluster);
+  CHECK(r->launches[0].shared_mem_bytes == (4096 / cluster) * tile * 2);
+  OpSignature ampere = s;
+  ampere.target.arch = "sm_80";
+  CHECK_FALSE(t.applies(ampere));
+  CHECK_FALSE(t.applies(cumsum(Backend::kCuda, DType::kFloat16, {64, 4096, 512}, 1)));   // Note [float16 cumsum on CUDA]
 }
 
 TEST_CASE("templates: softmax over a middle dimension keeps a block's columns in shared memory where the copy leaves the SM its threads", "[templates]") {
@@ -2197,6 +2221,11 @@ TEST_CASE("templates: CUDA instances of every family pass the worker's verificat
     if (d != DType::kFloat16 || B == Backend::kCpu) {   // Note [float16 cumsum on CUDA] in scan.cc
       plan(cumsum(B, d, {7, 1001}, -1), 1, 1);
       plan(cumsum(B, d, {2, 300, 33}, 1), 1, 1);
+      if (B == Backend::kCuda) {
+        // Note [Clustered scan]: every cluster size, split and width; chunks that do not divide
+        // len (301 rows), a partial tile (72 columns).
+        plan_knobs(cumsum(B, d, {2, 301, 72}, 1), "cumsum_cluster", {"cluster", "split", "vec"});
+      }
       // Note [Split scan]: each split and each vector width at its best block, with and without
       // the copy, on columns of odd and even counts, a partial tile, segments that do not divide len.
       for (OpSignature s : {cumsum(B, d, {2, 1001, 64}, 1), cumsum(B, d, {3, 77, 5, 24}, 1), cumsum(B, d, {2, 100, 33}, 1)}) {

@@ -20,6 +20,7 @@
 // float32 by PyTorch).
 #include <algorithm>
 
+#include "runtime/cuda_environment.h"
 #include "search_daemon/proposers/templates/template_family.h"
 
 namespace kforge::search::templates {
@@ -107,23 +108,40 @@ __device__ __forceinline__ void kf_walk(const kf_t* __restrict__ xs, kf_i64 xste
     if constexpr (WRITE) kf_store<KF_VEC>(ys, l * ystep, v);
   }
 }
-extern "C" __global__ void __launch_bounds__(KF_BLOCK)
+// Note [Clustered scan]: with KF_CLUSTER > 1 a tile's len rows are KF_CLUSTER chunks, one block
+// each, the blocks of a tile one cluster (rank = blockIdx.x % KF_CLUSTER); block rank r scans rows
+// [lb, le) and adds the totals of the chunks before it.
+#if KF_CLUSTER > 1
+#define KF_CLUSTER_DIMS __cluster_dims__(KF_CLUSTER, 1, 1)
+#else
+#define KF_CLUSTER_DIMS
+#endif
+extern "C" __global__ void KF_CLUSTER_DIMS __launch_bounds__(KF_BLOCK)
 kf_cumsum_split(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 len, kf_i64 inner, kf_i64 tiles, kf_i64 cached) {
   __shared__ kf_acc part[KF_PARTS][KF_TILE];
   const int tx = threadIdx.x % KF_TX, ty = threadIdx.x / KF_TX, lane = threadIdx.x % 32;
-  const kf_i64 o = blockIdx.x / tiles;
-  const kf_i64 c0 = (blockIdx.x - o * tiles) * KF_TILE + (kf_i64)tx * KF_VEC;   // inner % KF_VEC == 0
+#if KF_CLUSTER > 1
+  const kf_i64 tile_id = blockIdx.x / KF_CLUSTER;
+  const kf_i64 chunk = (len + KF_CLUSTER - 1) / KF_CLUSTER;
+  const int rank = (int)(blockIdx.x % KF_CLUSTER);
+  const kf_i64 lb = rank * chunk < len ? rank * chunk : len;
+  const kf_i64 le = lb + chunk < len ? lb + chunk : len;
+#else
+  const kf_i64 tile_id = blockIdx.x, lb = 0, le = len;
+#endif
+  const kf_i64 o = tile_id / tiles;
+  const kf_i64 c0 = (tile_id - o * tiles) * KF_TILE + (kf_i64)tx * KF_VEC;   // inner % KF_VEC == 0
   const bool live = c0 < inner;
-  const kf_i64 seg = (len + KF_SPLIT - 1) / KF_SPLIT;
-  const kf_i64 l0 = ty * seg < len ? ty * seg : len;
-  const kf_i64 l1 = l0 + seg < len ? l0 + seg : len;
+  const kf_i64 seg = (le - lb + KF_SPLIT - 1) / KF_SPLIT;
+  const kf_i64 l0 = lb + ty * seg < le ? lb + ty * seg : le;
+  const kf_i64 l1 = l0 + seg < le ? l0 + seg : le;
   const kf_i64 base = o * len * inner + c0;   // a multiple of KF_VEC
   const kf_t* __restrict__ xs = x + base;
   kf_t* __restrict__ ys = y + base;
   const kf_i64 step = inner / KF_VEC;   // vectors from one element of the column to the next
 #if KF_CACHE
-  // The copy: a row of KF_TILE elements per element of the columns (KF_TX vectors apart).
-  kf_t* const kc = cached != 0 ? reinterpret_cast<kf_t*>(kf_smem) + tx * KF_VEC : nullptr;
+  // The copy: a row of KF_TILE elements per element of the columns (KF_TX vectors apart), from lb.
+  kf_t* const kc = cached != 0 ? reinterpret_cast<kf_t*>(kf_smem) + tx * KF_VEC - lb * KF_TILE : nullptr;
 #else
   kf_t* const kc = nullptr;
 #endif
@@ -158,9 +176,33 @@ kf_cumsum_split(const kf_t* __restrict__ x, kf_t* __restrict__ y, kf_i64 len, kf
     if (ty % KF_W == 0) excl = 0;
     s[k] = before + excl;
   }
-  if (!live) return;
-  if (kc != nullptr) kf_walk<true>(kc, KF_TX, ys, step, l0, l1, s);   // from the copy, the prefixes
-  else kf_walk<true>(xs, step, ys, step, l0, l1, s);
+#if KF_CLUSTER > 1
+  // Note [Clustered scan]: the block's column totals (every warp part), then the totals of the
+  // blocks before this one, added in rank order (every block of a tile adds the same bits for a
+  // rank), read through distributed shared memory.
+  __shared__ kf_acc total[KF_TILE];
+  for (int c = threadIdx.x; c < KF_TILE; c += KF_BLOCK) {
+    kf_acc t = 0;
+    for (int q = 0; q < KF_PARTS; ++q) t += part[q][c];
+    total[c] = t;
+  }
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#pragma unroll
+  for (int k = 0; k < KF_VEC; ++k) {
+    kf_acc before = 0;
+    for (int r = 0; r < rank; ++r) before += kf_cluster_ld(&total[tx * KF_VEC + k], r);
+    s[k] += before;
+  }
+  // Done reading the others' shared memory; the wait at the end keeps this block's until they are.
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#endif
+  if (live) {
+    if (kc != nullptr) kf_walk<true>(kc, KF_TX, ys, step, l0, l1, s);   // from the copy, the prefixes
+    else kf_walk<true>(xs, step, ys, step, l0, l1, s);
+  }
+#if KF_CLUSTER > 1
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
 }
 )kf";
 
@@ -309,6 +351,97 @@ class CumsumSplitCuda final : public FamilyBase {
   }
 };
 
+// Note [Clustered scan]
+// ~~~~~~~~~~~~~~~~~~~~~
+// cumsum_split with the copy holds all len rows of its tile: for 4096 rows a 32-byte tile row is
+// 128 KiB, one block per SM; a 16-byte row wastes half a sector (H100, bf16 [64,4096,512] over dim
+// 1: 6.49x PyTorch at best, about 65% of the copy bandwidth, where issue 23 asks 10x, about 77% of
+// the H200's). cumsum_cluster (sm_90) splits a tile's rows over a cluster of `cluster` blocks: each
+// copies and scans only its chunk, the chunks' column totals are read through distributed shared
+// memory and the totals of the chunks before a block's are added to its prefixes, in rank order.
+// The tensor is read once and written once, with tile rows as wide as whole lines.
+class CumsumClusterCuda final : public FamilyBase {
+ public:
+  enum : size_t { kBlock, kSplit, kVec, kCluster };
+
+  CumsumClusterCuda()
+      : FamilyBase("cumsum_cluster", Backend::kCuda,
+                   {Knob{"block", {128, 256, 512}, {}}, Knob{"split", {2, 4, 8, 16, 32, 64, 128, 256, 512}, {}},
+                    Knob{"vec", {1, 2, 4, 8}, {}}, Knob{"cluster", {2, 4, 8}, {}}}) {}
+
+  bool applies(const OpSignature& sig) const override {
+    // Note [float16 cumsum on CUDA]
+    const int64_t d = cumsum_dim(sig, Backend::kCuda);
+    int major = 0, minor = 0;
+    return d >= 0 && tensor_arg(sig, 0)->dtype != DType::kFloat16 && split_at_dim(*tensor_arg(sig, 0), d).inner_size > 1 &&
+           parse_cuda_arch(sig.target.arch, major, minor) && major >= 9;
+  }
+
+  bool valid(const OpSignature& sig, std::span<const int64_t> v) const override {
+    const DimSplit e = shape(sig);
+    const int64_t block = v[kBlock], split = v[kSplit], vec = v[kVec];
+    const int64_t chunk = (e.len_size + v[kCluster] - 1) / v[kCluster];
+    if (split > block) return false;
+    if (e.inner_size % vec != 0 || !vector_fits(sig, vec)) return false;
+    if (chunk * (v[kCluster] - 1) >= e.len_size) return false;                       // a block with no rows
+    if (split > chunk) return false;                                                  // threads with no segment
+    if (block / split * vec > std::max(vec, pow2_ceil(e.inner_size))) return false;   // no tile mostly past the last column
+    if (static_bytes(sig, v) > 48 * 1024) return false;
+    return copy_bytes(sig, v) + static_bytes(sig, v) <= kCudaSharedBudget;
+  }
+
+  double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
+    const DimSplit e = shape(sig);
+    const int64_t block = v[kBlock], split = v[kSplit], vec = v[kVec];
+    const int64_t esz = dtype_size_bytes(tensor_arg(sig, 0)->dtype);
+    int64_t best_vec = 1;
+    for (int64_t w : {2, 4, 8}) {
+      if (e.inner_size % w == 0 && w * esz <= 16 && vector_fits(sig, w)) best_vec = w;
+    }
+    const int64_t tile = block / split * vec;
+    const int64_t per_block = copy_bytes(sig, v) + static_bytes(sig, v) + 1024;
+    const int64_t blocks_per_sm = std::max<int64_t>(1, std::min<int64_t>(2048 / block, (228 * 1024) / per_block));
+    const double resident = static_cast<double>(std::min<int64_t>(2048, blocks_per_sm * block));
+    const int64_t chunk = (e.len_size + v[kCluster] - 1) / v[kCluster];
+    const double elements = static_cast<double>(std::max<int64_t>(1, chunk / split));
+    // Only for tensors past L2, where the copy saves a read of memory.
+    const double past_l2 = columns_past_l2(sig, e) ? 1.0 : 0.5;
+    return past_l2 * closeness(static_cast<double>(vec), static_cast<double>(best_vec), 0.5) *
+           closeness(resident, 2048, 0.5) * closeness(std::min<double>(static_cast<double>(tile * esz), 128), 128, 0.5) *
+           closeness(elements, 16, 0.2);
+  }
+
+  KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {
+    const TensorMeta& x = *tensor_arg(sig, 0);
+    const DimSplit e = shape(sig);
+    KernelSpec s = one_launch_spec(Backend::kCuda, std::string(kCudaPrelude) + kCudaClusterShared + kCudaCumsumSplit,
+                                   "kf_cumsum_split",
+                                   {dtype_define(x.dtype), define("KF_BLOCK", v[kBlock]), define("KF_SPLIT", v[kSplit]),
+                                    define("KF_VEC", v[kVec]), define("KF_CACHE", 1), define("KF_CLUSTER", v[kCluster])});
+    s.plan.outputs = {OutputSpec::like(0)};
+    Launch& l = s.plan.launches[0];
+    split_columns_launch(e, v, l);
+    l.grid[0] = "(" + l.grid[0] + ") * " + std::to_string(v[kCluster]);   // a cluster per tile
+    const int64_t tile_bytes = v[kBlock] / v[kSplit] * v[kVec] * dtype_size_bytes(x.dtype);
+    l.shared_mem_bytes = "ceil_div(" + e.len + ", " + std::to_string(v[kCluster]) + ") * " + std::to_string(tile_bytes);
+    l.args.push_back(ArgBinding::size("1"));   // cached: the chunk's copy always fits (valid)
+    return s;
+  }
+
+ private:
+  static DimSplit shape(const OpSignature& sig) { return split_at_dim(*tensor_arg(sig, 0), cumsum_dim(sig, Backend::kCuda)); }
+  static int64_t copy_bytes(const OpSignature& sig, std::span<const int64_t> v) {
+    const DimSplit e = shape(sig);
+    return (e.len_size + v[kCluster] - 1) / v[kCluster] * (v[kBlock] / v[kSplit]) * v[kVec] *
+           dtype_size_bytes(tensor_arg(sig, 0)->dtype);
+  }
+  // KF_PARTS x KF_TILE warp totals and the tile's totals (kf_acc).
+  static int64_t static_bytes(const OpSignature& sig, std::span<const int64_t> v) {
+    const int64_t entry = dtype_size_bytes(tensor_arg(sig, 0)->dtype) == 4 ? 8 : 4;
+    return column_parts_bytes(v, entry) + v[kBlock] / v[kSplit] * v[kVec] * entry;
+  }
+};
+
 // ---- CPU -------------------------------------------------------------------------------------------
 
 class CumsumCpu final : public FamilyBase {
@@ -343,10 +476,11 @@ class CumsumCpu final : public FamilyBase {
 
 }  // namespace
 
-// "cumsum" and "cumsum_split" (CUDA) and "cpu.cumsum".
+// "cumsum", "cumsum_split" and "cumsum_cluster" (CUDA) and "cpu.cumsum".
 const FamilyRegistration kRegistered{
     []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<CumsumCuda>(); },
     []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<CumsumSplitCuda>(); },
+    []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<CumsumClusterCuda>(); },
     []() -> std::unique_ptr<KernelTemplate> { return std::make_unique<CumsumCpu>(); },
 };
 

@@ -466,28 +466,12 @@ class DimSoftmaxClusterCuda final : public FamilyBase {
     const int64_t tile = block / split * vec;
     if (tile > std::max(vec, pow2_ceil(e.inner_size))) return false;   // no tile mostly past the last column
     if (static_bytes(sig, v) > 48 * 1024) return false;
-    return copy_bytes(sig, v) + static_bytes(sig, v) <= kCudaSharedBudget;
+    return clustered_copy_bytes(sig, e, v) + static_bytes(sig, v) <= kCudaSharedBudget;
   }
 
   double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
-    const DimSplit e = shape(sig);
-    const int64_t block = v[kBlock], split = v[kSplit], vec = v[kVec];
-    const int64_t esz = dtype_size_bytes(tensor_arg(sig, 0)->dtype);
-    int64_t best_vec = 1;   // the widest access up to kStateVecBytes (Note [Dim softmax priors])
-    for (int64_t w : {2, 4, 8}) {
-      if (e.inner_size % w == 0 && w * esz <= DimSoftmaxCuda::kStateVecBytes && vector_fits(sig, w)) best_vec = w;
-    }
-    const int64_t tile = block / split * vec;
-    const int64_t per_block = copy_bytes(sig, v) + static_bytes(sig, v) + 1024;
-    const int64_t blocks_per_sm = std::max<int64_t>(1, std::min<int64_t>(2048 / block, (228 * 1024) / per_block));
-    const double resident = static_cast<double>(std::min<int64_t>(2048, blocks_per_sm * block));
-    const double elements = static_cast<double>(std::max<int64_t>(1, chunk_of(e, v[kCluster]) / split));
-    // Whole sectors per tile row, up to 128 bytes; only for tensors past L2, where the copy saves
-    // a read of memory (smaller ones are the one-block families').
-    const double past_l2 = columns_past_l2(sig, e) ? 1.0 : 0.5;
-    return past_l2 * closeness(static_cast<double>(vec), static_cast<double>(best_vec), 0.5) *
-           closeness(resident, 2048, 0.5) * closeness(std::min<double>(static_cast<double>(tile * esz), 128), 128, 0.5) *
-           closeness(elements, 8, 0.2);
+    // The widest access up to kStateVecBytes (Note [Dim softmax priors]).
+    return clustered_columns_prior(sig, shape(sig), v, static_bytes(sig, v), 8, DimSoftmaxCuda::kStateVecBytes);
   }
 
   KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {
@@ -501,20 +485,13 @@ class DimSoftmaxClusterCuda final : public FamilyBase {
     s.plan.outputs = {OutputSpec::like(0)};
     Launch& l = s.plan.launches[0];
     split_columns_launch(e, v, l);
-    l.grid[0] = "(" + l.grid[0] + ") * " + std::to_string(v[kCluster]);   // a cluster per tile
-    const int64_t tile_bytes = v[kBlock] / v[kSplit] * v[kVec] * dtype_size_bytes(x.dtype);
-    l.shared_mem_bytes = "ceil_div(" + e.len + ", " + std::to_string(v[kCluster]) + ") * " + std::to_string(tile_bytes);
-    l.args.push_back(ArgBinding::size("1"));   // cached: the chunk's copy always fits (valid)
+    clustered_columns_launch(sig, e, v, l);
     return s;
   }
 
  private:
   DimSplit shape(const OpSignature& sig) const { return split_at_dim(*tensor_arg(sig, 0), softmax_dim(sig, kind_, Backend::kCuda)); }
   static int64_t chunk_of(const DimSplit& e, int64_t cluster) { return (e.len_size + cluster - 1) / cluster; }
-  // The copy of a block's chunk of rows of its tile.
-  int64_t copy_bytes(const OpSignature& sig, std::span<const int64_t> v) const {
-    return chunk_of(shape(sig), v[kCluster]) * (v[kBlock] / v[kSplit]) * v[kVec] * dtype_size_bytes(tensor_arg(sig, 0)->dtype);
-  }
   // KF_PARTS x KF_TILE partials and the tile's merged (max, sum).
   static int64_t static_bytes(const OpSignature& sig, std::span<const int64_t> v) {
     const int64_t entry = 4 + (dtype_size_bytes(tensor_arg(sig, 0)->dtype) == 4 ? 8 : 4);

@@ -33,6 +33,33 @@ namespace {
 // is within a factor of two of the mean, as in an offset row of small variance, where a float
 // mean alone loses the variance), the sums of a vector in float and of the row in double.
 const char* const kCudaGroupNorm = R"kf(
+#if KF_HAS_WEIGHT
+#define KF_GN_W w
+#else
+#define KF_GN_W nullptr
+#endif
+#if KF_HAS_BIAS
+#define KF_GN_B b
+#else
+#define KF_GN_B nullptr
+#endif
+// o times channel c's weight, plus its bias (w, b: null where the call has none).
+__device__ __forceinline__ void kf_group_affine(float (&o)[KF_VEC], kf_i64 c, const kf_t* __restrict__ w,
+                                                const kf_t* __restrict__ b) {
+#if KF_HAS_WEIGHT
+  const float wc = kf_to_float(w[c]);
+#pragma unroll
+  for (int k = 0; k < KF_VEC; ++k) o[k] *= wc;
+#endif
+#if KF_HAS_BIAS
+  const float bc = kf_to_float(b[c]);
+#pragma unroll
+  for (int k = 0; k < KF_VEC; ++k) o[k] += bc;
+#endif
+  (void)c;
+  (void)w;
+  (void)b;
+}
 #if KF_CACHE
 extern __shared__ __align__(16) unsigned char kf_smem[];
 // This thread's part of the sum of xv[0, nvec), each vector copied to sv as it is read, KF_UNROLL
@@ -89,6 +116,21 @@ __device__ __forceinline__ void kf_group_stats_cached(const kf_t* __restrict__ x
   __syncthreads();   // the copy is whole
   var = kf_row_sum<double>(kf_copy_sq_dev(sv, nvec, mhi, mlo), red) / (double)d;
 }
+// The write pass over the copy: (x - mean) * rstd, times its channel's weight, plus its bias.
+// Vector j of the copy starts at element cq + j * KF_VEC of channel c0 (w, b: null where absent).
+__device__ __forceinline__ void kf_group_write(const kf_vec<KF_VEC>* sv, kf_t* __restrict__ yr, int nvec, int c0, int cq,
+                                               int hxw, float mhi, float mlo, float rstd, const kf_t* __restrict__ w,
+                                               const kf_t* __restrict__ b) {
+  for (int j = threadIdx.x; j < nvec; j += KF_BLOCK) {
+    const kf_vec<KF_VEC> r = sv[j];
+    const int c = c0 + (cq + j * KF_VEC) / hxw;
+    float o[KF_VEC];
+#pragma unroll
+    for (int k = 0; k < KF_VEC; ++k) o[k] = ((kf_to_float(r.v[k]) - mhi) - mlo) * rstd;
+    kf_group_affine(o, c, w, b);
+    kf_store<KF_VEC>(yr, j, o);
+  }
+}
 #endif
 
 // One (n, g) row per block of KF_BLOCK threads; KF_WELFORD: Note [Norm statistics]; KF_VEC
@@ -122,25 +164,7 @@ kf_group_norm(const kf_t* __restrict__ x,
     kf_group_stats_cached(xr, sv, (int)nvec, (int)d, red, mhi, mlo, cvar);
     const double crstd = 1.0 / sqrt(cvar + eps);
     const float crstd_f = (float)crstd;
-    for (int j = threadIdx.x; j < (int)nvec; j += KF_BLOCK) {
-      const kf_vec<KF_VEC> r = sv[j];
-      const int c = (int)c0 + (j * KF_VEC) / (int)hxw;
-      float o[KF_VEC];
-#pragma unroll
-      for (int k = 0; k < KF_VEC; ++k) o[k] = ((kf_to_float(r.v[k]) - mhi) - mlo) * crstd_f;
-#if KF_HAS_WEIGHT
-      const float wc = kf_to_float(w[c]);
-#pragma unroll
-      for (int k = 0; k < KF_VEC; ++k) o[k] *= wc;
-#endif
-#if KF_HAS_BIAS
-      const float bc = kf_to_float(b[c]);
-#pragma unroll
-      for (int k = 0; k < KF_VEC; ++k) o[k] += bc;
-#endif
-      (void)c;
-      kf_store<KF_VEC>(yr, j, o);
-    }
+    kf_group_write(sv, yr, (int)nvec, (int)c0, 0, (int)hxw, mhi, mlo, crstd_f, KF_GN_W, KF_GN_B);
     if (threadIdx.x == 0) {
       mean_out[row] = kf_from_float((float)((double)mhi + (double)mlo));
       rstd_out[row] = kf_from_float((float)crstd);
@@ -189,17 +213,7 @@ kf_group_norm(const kf_t* __restrict__ x,
     float o[KF_VEC];
 #pragma unroll
     for (int k = 0; k < KF_VEC; ++k) o[k] = (float)((double)v[k] - mean) * rstd_f;
-#if KF_HAS_WEIGHT
-    const float wc = kf_to_float(w[c]);
-#pragma unroll
-    for (int k = 0; k < KF_VEC; ++k) o[k] *= wc;
-#endif
-#if KF_HAS_BIAS
-    const float bc = kf_to_float(b[c]);
-#pragma unroll
-    for (int k = 0; k < KF_VEC; ++k) o[k] += bc;
-#endif
-    (void)c;
+    kf_group_affine(o, c, KF_GN_W, KF_GN_B);
     kf_store<KF_VEC>(yr, i, o);
   }
   if (threadIdx.x == 0) {
@@ -259,25 +273,7 @@ kf_group_norm_cluster(const kf_t* __restrict__ x,
   kf_t* __restrict__ yr = y + row * d + start;
   const int cq = (int)(start % hxw);   // the chunk's first element within its channel
   const kf_i64 c0 = (row % groups) * cpg + start / hxw;
-  for (int j = threadIdx.x; j < nvec; j += KF_BLOCK) {
-    const kf_vec<KF_VEC> r = sv[j];
-    const int c = (int)c0 + (cq + j * KF_VEC) / (int)hxw;
-    float o[KF_VEC];
-#pragma unroll
-    for (int k = 0; k < KF_VEC; ++k) o[k] = ((kf_to_float(r.v[k]) - mhi) - mlo) * rstd_f;
-#if KF_HAS_WEIGHT
-    const float wc = kf_to_float(w[c]);
-#pragma unroll
-    for (int k = 0; k < KF_VEC; ++k) o[k] *= wc;
-#endif
-#if KF_HAS_BIAS
-    const float bc = kf_to_float(b[c]);
-#pragma unroll
-    for (int k = 0; k < KF_VEC; ++k) o[k] += bc;
-#endif
-    (void)c;
-    kf_store<KF_VEC>(yr, j, o);
-  }
+  kf_group_write(sv, yr, nvec, (int)c0, cq, (int)hxw, mhi, mlo, rstd_f, KF_GN_W, KF_GN_B);
   if (q == 0 && threadIdx.x == 0) {
     mean_out[row] = kf_from_float((float)mean);
     rstd_out[row] = kf_from_float(rstd_f);

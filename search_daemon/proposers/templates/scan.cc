@@ -387,28 +387,11 @@ class CumsumClusterCuda final : public FamilyBase {
     if (split > chunk) return false;                                                  // threads with no segment
     if (block / split * vec > std::max(vec, pow2_ceil(e.inner_size))) return false;   // no tile mostly past the last column
     if (static_bytes(sig, v) > 48 * 1024) return false;
-    return copy_bytes(sig, v) + static_bytes(sig, v) <= kCudaSharedBudget;
+    return clustered_copy_bytes(sig, e, v) + static_bytes(sig, v) <= kCudaSharedBudget;
   }
 
   double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
-    const DimSplit e = shape(sig);
-    const int64_t block = v[kBlock], split = v[kSplit], vec = v[kVec];
-    const int64_t esz = dtype_size_bytes(tensor_arg(sig, 0)->dtype);
-    int64_t best_vec = 1;
-    for (int64_t w : {2, 4, 8}) {
-      if (e.inner_size % w == 0 && w * esz <= 16 && vector_fits(sig, w)) best_vec = w;
-    }
-    const int64_t tile = block / split * vec;
-    const int64_t per_block = copy_bytes(sig, v) + static_bytes(sig, v) + 1024;
-    const int64_t blocks_per_sm = std::max<int64_t>(1, std::min<int64_t>(2048 / block, (228 * 1024) / per_block));
-    const double resident = static_cast<double>(std::min<int64_t>(2048, blocks_per_sm * block));
-    const int64_t chunk = (e.len_size + v[kCluster] - 1) / v[kCluster];
-    const double elements = static_cast<double>(std::max<int64_t>(1, chunk / split));
-    // Only for tensors past L2, where the copy saves a read of memory.
-    const double past_l2 = columns_past_l2(sig, e) ? 1.0 : 0.5;
-    return past_l2 * closeness(static_cast<double>(vec), static_cast<double>(best_vec), 0.5) *
-           closeness(resident, 2048, 0.5) * closeness(std::min<double>(static_cast<double>(tile * esz), 128), 128, 0.5) *
-           closeness(elements, 16, 0.2);
+    return clustered_columns_prior(sig, shape(sig), v, static_bytes(sig, v), 16, 16);
   }
 
   KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {
@@ -421,20 +404,12 @@ class CumsumClusterCuda final : public FamilyBase {
     s.plan.outputs = {OutputSpec::like(0)};
     Launch& l = s.plan.launches[0];
     split_columns_launch(e, v, l);
-    l.grid[0] = "(" + l.grid[0] + ") * " + std::to_string(v[kCluster]);   // a cluster per tile
-    const int64_t tile_bytes = v[kBlock] / v[kSplit] * v[kVec] * dtype_size_bytes(x.dtype);
-    l.shared_mem_bytes = "ceil_div(" + e.len + ", " + std::to_string(v[kCluster]) + ") * " + std::to_string(tile_bytes);
-    l.args.push_back(ArgBinding::size("1"));   // cached: the chunk's copy always fits (valid)
+    clustered_columns_launch(sig, e, v, l);
     return s;
   }
 
  private:
   static DimSplit shape(const OpSignature& sig) { return split_at_dim(*tensor_arg(sig, 0), cumsum_dim(sig, Backend::kCuda)); }
-  static int64_t copy_bytes(const OpSignature& sig, std::span<const int64_t> v) {
-    const DimSplit e = shape(sig);
-    return (e.len_size + v[kCluster] - 1) / v[kCluster] * (v[kBlock] / v[kSplit]) * v[kVec] *
-           dtype_size_bytes(tensor_arg(sig, 0)->dtype);
-  }
   // KF_PARTS x KF_TILE warp totals and the tile's totals (kf_acc).
   static int64_t static_bytes(const OpSignature& sig, std::span<const int64_t> v) {
     const int64_t entry = dtype_size_bytes(tensor_arg(sig, 0)->dtype) == 4 ? 8 : 4;

@@ -245,6 +245,32 @@ void cached_columns_launch(const OpSignature& sig, const DimSplit& e, std::span<
   l.args.push_back(ArgBinding::size(fits));
 }
 
+int64_t clustered_copy_bytes(const OpSignature& sig, const DimSplit& e, std::span<const int64_t> v) {
+  return (e.len_size + v[3] - 1) / v[3] * (v[0] / v[1]) * v[2] * dtype_size_bytes(tensor_arg(sig, 0)->dtype);
+}
+
+double clustered_columns_prior(const OpSignature& sig, const DimSplit& e, std::span<const int64_t> v,
+                               int64_t static_bytes, int64_t per_thread, int64_t max_vec_bytes) {
+  const int64_t block = v[0], split = v[1], vec = v[2];
+  const int64_t esz = dtype_size_bytes(tensor_arg(sig, 0)->dtype);
+  const int64_t tile = block / split * vec;
+  const int64_t per_block = clustered_copy_bytes(sig, e, v) + static_bytes + 1024;
+  const int64_t blocks_per_sm = std::max<int64_t>(1, std::min<int64_t>(2048 / block, (228 * 1024) / per_block));
+  const double resident = static_cast<double>(std::min<int64_t>(2048, blocks_per_sm * block));
+  const double elements = static_cast<double>(std::max<int64_t>(1, (e.len_size + v[3] - 1) / v[3] / split));
+  return (columns_past_l2(sig, e) ? 1.0 : 0.5) *
+         closeness(static_cast<double>(vec), static_cast<double>(widest_column_vec(sig, e, max_vec_bytes)), 0.5) *
+         closeness(resident, 2048, 0.5) * closeness(std::min<double>(static_cast<double>(tile * esz), 128), 128, 0.5) *
+         closeness(elements, static_cast<double>(per_thread), 0.2);
+}
+
+void clustered_columns_launch(const OpSignature& sig, const DimSplit& e, std::span<const int64_t> v, Launch& l) {
+  l.grid[0] = "(" + l.grid[0] + ") * " + std::to_string(v[3]);   // a cluster per tile
+  const int64_t tile_bytes = v[0] / v[1] * v[2] * dtype_size_bytes(tensor_arg(sig, 0)->dtype);
+  l.shared_mem_bytes = "ceil_div(" + e.len + ", " + std::to_string(v[3]) + ") * " + std::to_string(tile_bytes);
+  l.args.push_back(ArgBinding::size("1"));
+}
+
 int64_t column_parts_bytes(std::span<const int64_t> v, int64_t entry_bytes) {
   const int64_t tx = v[0] / v[1], w = tx >= 32 ? 1 : 32 / tx;
   return std::max<int64_t>(1, v[1] / w) * tx * v[2] * entry_bytes;

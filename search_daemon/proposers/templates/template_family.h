@@ -160,6 +160,21 @@ double cached_columns_prior(const OpSignature& sig, const DimSplit& e, std::span
                             int64_t per_thread, double sector_weight, int64_t max_vec_bytes = 16);
 void cached_columns_launch(const OpSignature& sig, const DimSplit& e, std::span<const int64_t> v, int64_t static_bytes,
                            Launch& l);
+// The same kernels over a cluster (softmax_dim_cluster, cumsum_cluster: Notes [Clustered
+// columns] in dim_softmax.cc, [Clustered scan] in scan.cc), knobs v = {block, split, vec,
+// cluster}: a tile's len rows in `cluster` chunks, one block each, each block's chunk copied to
+// dynamic shared memory.
+// - clustered_copy_bytes: a block's copy, ceil(len / cluster) x tile elements;
+// - clustered_columns_prior: the widest access (up to `max_vec_bytes`), resident threads per SM
+//   (the copy and the static shared memory limit the blocks an SM holds), tile rows up to 128
+//   bytes (whole lines), about `per_thread` elements of a column per thread; halved for tensors
+//   within L2, which the one-block kernels read twice at little cost;
+// - clustered_columns_launch: after split_columns_launch, a cluster of blocks per tile, the copy's
+//   dynamic shared memory, and a last size argument 1 (the copy fits: the families' valid()).
+int64_t clustered_copy_bytes(const OpSignature& sig, const DimSplit& e, std::span<const int64_t> v);
+double clustered_columns_prior(const OpSignature& sig, const DimSplit& e, std::span<const int64_t> v,
+                               int64_t static_bytes, int64_t per_thread, int64_t max_vec_bytes);
+void clustered_columns_launch(const OpSignature& sig, const DimSplit& e, std::span<const int64_t> v, Launch& l);
 // A warp's threads of one column in those kernels (lanes block / split apart) share their partials
 // by shuffles; the static shared memory of KF_PARTS x tile entries of `entry_bytes` each.
 int64_t column_parts_bytes(std::span<const int64_t> v, int64_t entry_bytes);

@@ -254,19 +254,21 @@ def child_time(args):
         once = max(per_call_us(fn, a, 1), per_call_us(fn, a, 3), 0.5)
         return max(3, int(args.block_ms * 1e3 / once))
 
+    # A thread observes about one call in observe_every of an operator it has called before
+    # (Note [Observed calls] in interceptor.cc), at most 2 * observe_every - 1 apart: settle() makes
+    # as many calls as that, so it sees every operator the row reaches. One call missed group_norm's
+    # contiguous() copy (clone, called before by the copy-bandwidth measurement), whose entry then
+    # never finished its trial within the row.
+    m = re.search(r"observe_every=(\d+)", json.loads(lib.kforge_hook_stats_json()).get("config", ""))
+    seeing_calls = 2 * int(m.group(1)) if m else 32
+
     def settle(fn, a):
         """Calls fn until every kforge entry its calls reach has ended its trial in this process
         (shadow calls against PyTorch's kernel; at most a minute): {signature: stats} of those."""
         def sigs():
             return {s["signature"]: s for s in json.loads(lib.kforge_hook_stats_json())["signatures"]}
         before = sigs()
-        # A thread observes about one call in observe_every of an operator it has called before
-        # (Note [Observed calls] in interceptor.cc), at most 2 * observe_every - 1 apart: as many
-        # calls as that see every operator the row reaches. One call missed group_norm's
-        # contiguous() copy (clone, called before by the copy-bandwidth measurement), whose entry
-        # then never finished its trial within the row.
-        m = re.search(r"observe_every=(\d+)", json.loads(lib.kforge_hook_stats_json()).get("config", ""))
-        for _ in range(2 * int(m.group(1)) if m else 32):
+        for _ in range(seeing_calls):
             fn(*a)
         sync()
         touched = [k for k, v in sigs().items() if v.get("calls", 0) > before.get(k, {}).get("calls", 0)]

@@ -107,11 +107,10 @@ std::vector<NamedSignature> signatures(bool cuda, const std::string& arch) {
 class Landscape {
  public:
   Landscape(eval::WorkerProcess* w, OpSignature sig, std::string name, const LandscapeFile* replay, std::ostream* record)
-      : w_(w), sig_(std::move(sig)), name_(std::move(name)), replay_(replay), record_(record) {}
+      : w_(w), sig_(std::move(sig)), name_(std::move(name)), replay_(replay), record_(record),
+        families_(replay != nullptr ? TemplateProposer::families_of(replay->labels(name_)) : std::set<std::string>{}) {}
   // The families a replay walks (Note [Landscape files]); empty, all, when measuring.
-  std::set<std::string> families() const {
-    return replay_ != nullptr ? TemplateProposer::families_of(replay_->labels(name_)) : std::set<std::string>{};
-  }
+  const std::set<std::string>& families() const { return families_; }
   Outcome get(const KernelSpec& spec, const std::string& label) {
     const KernelId id = spec.id();
     if (auto it = memo_.find(id); it != memo_.end()) return it->second;
@@ -188,6 +187,7 @@ class Landscape {
   std::string name_;
   const LandscapeFile* replay_;
   std::ostream* record_;
+  std::set<std::string> families_;
   std::map<KernelId, Outcome> memo_;
   uint64_t next_ = 1;
   size_t evaluated_ = 0, missing_ = 0;

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <initializer_list>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -57,8 +58,9 @@ struct Replayed {
 Replayed replay(const LandscapeFile& land, const std::string& name, const OpSignature& sig, const std::string& strategy,
                 uint32_t budget, uint32_t seeds) {
   Replayed r;
+  const std::set<std::string> families = TemplateProposer::families_of(land.labels(name));   // what the file measured
   for (uint32_t seed = 1; seed <= seeds; ++seed) {
-    TemplateProposer proposer(TemplateProposer::families_of(land.labels(name)));   // the families the file measured
+    TemplateProposer proposer(families);
     StrategyOptions o;
     o.max_evaluations = budget;
     o.seed = seed;

@@ -985,35 +985,12 @@ TEST_CASE("templates: short unaligned rows are reduced from a shared copy of a b
   }
 }
 
-TEST_CASE("templates: softmax over a middle dimension splits a tile's rows over a cluster of blocks", "[templates]") {
-  // Note [Clustered columns]: dim 1 of bf16 [64, 4096, 512] (264 MiB, past L2).
-  const KernelTemplate& t = *find_template("softmax_dim_cluster");
-  const OpSignature s = softmax(Backend::kCuda, DType::kBFloat16, {64, 4096, 512}, false, 1);
-  std::vector<TemplateConfig> space = enumerate_space(s, t);
-  REQUIRE(!space.empty());
-  const TemplateConfig top = *std::max_element(space.begin(), space.end(), [&](const TemplateConfig& a, const TemplateConfig& b) {
-    return t.prior(s, a.values) < t.prior(s, b.values);
-  });
-  const int64_t tile = knob(top, "block") / knob(top, "split") * knob(top, "vec");
-  CHECK(tile * 2 >= 64);   // tile rows of whole sectors
-  const int64_t cluster = knob(top, "cluster");
-  const KernelSpec spec = t.instantiate(s, top.values);
-  const StatusOr<ResolvedLaunchPlan> r = spec.resolve(s);
-  REQUIRE(r.ok());
-  CHECK(r->launches[0].grid[0] == 64 * (512 / tile) * cluster);
-  CHECK(r->launches[0].shared_mem_bytes == (4096 / cluster) * tile * 2);
-  CHECK(r->launches[0].shared_mem_bytes <= 224 * 1024);
-  // sm_90 only; not the last dimension.
-  OpSignature ampere = s;
-  ampere.target.arch = "sm_80";
-  CHECK_FALSE(t.applies(ampere));
-  CHECK_FALSE(t.applies(softmax(Backend::kCuda, DType::kBFloat16, {64, 512}, false, -1)));
-}
+namespace {
 
-TEST_CASE("templates: cumsum over a middle dimension splits a tile's rows over a cluster of blocks", "[templates]") {
-  // Note [Clustered scan]: dim 1 of bf16 [64, 4096, 512].
-  const KernelTemplate& t = *find_template("cumsum_cluster");
-  const OpSignature s = cumsum(Backend::kCuda, DType::kBFloat16, {64, 4096, 512}, 1);
+// The column families over a cluster (Notes [Clustered columns], [Clustered scan]) on dim 1 of
+// bf16 [64, 4096, 512] (264 MiB, past L2): the prior's first configuration has tile rows of whole
+// sectors, a cluster of blocks per tile, each with its chunk's copy; no clusters before sm_90.
+void check_clustered_columns(const KernelTemplate& t, const OpSignature& s) {
   std::vector<TemplateConfig> space = enumerate_space(s, t);
   REQUIRE(!space.empty());
   const TemplateConfig top = *std::max_element(space.begin(), space.end(), [&](const TemplateConfig& a, const TemplateConfig& b) {
@@ -1026,9 +1003,23 @@ TEST_CASE("templates: cumsum over a middle dimension splits a tile's rows over a
   REQUIRE(r.ok());
   CHECK(r->launches[0].grid[0] == 64 * (512 / tile) * cluster);
   CHECK(r->launches[0].shared_mem_bytes == (4096 / cluster) * tile * 2);
+  CHECK(r->launches[0].shared_mem_bytes <= 224 * 1024);
   OpSignature ampere = s;
   ampere.target.arch = "sm_80";
   CHECK_FALSE(t.applies(ampere));
+}
+
+}  // namespace
+
+TEST_CASE("templates: softmax over a middle dimension splits a tile's rows over a cluster of blocks", "[templates]") {
+  const KernelTemplate& t = *find_template("softmax_dim_cluster");
+  check_clustered_columns(t, softmax(Backend::kCuda, DType::kBFloat16, {64, 4096, 512}, false, 1));
+  CHECK_FALSE(t.applies(softmax(Backend::kCuda, DType::kBFloat16, {64, 512}, false, -1)));   // the last dimension
+}
+
+TEST_CASE("templates: cumsum over a middle dimension splits a tile's rows over a cluster of blocks", "[templates]") {
+  const KernelTemplate& t = *find_template("cumsum_cluster");
+  check_clustered_columns(t, cumsum(Backend::kCuda, DType::kBFloat16, {64, 4096, 512}, 1));
   CHECK_FALSE(t.applies(cumsum(Backend::kCuda, DType::kFloat16, {64, 4096, 512}, 1)));   // Note [float16 cumsum on CUDA]
 }
 

@@ -15,7 +15,6 @@
 // (softmax) or 0 (KF_SAFE).
 #include <algorithm>
 
-#include "runtime/cuda_environment.h"
 #include "search_daemon/proposers/templates/softmax_call.h"
 #include "search_daemon/proposers/templates/template_family.h"
 
@@ -442,31 +441,18 @@ class DimSoftmaxCuda final : public FamilyBase {
 class DimSoftmaxClusterCuda final : public FamilyBase {
  public:
   enum : size_t { kBlock, kSplit, kVec, kCluster };
-  static constexpr int64_t kMaxCluster = 8;
-
   explicit DimSoftmaxClusterCuda(Softmax kind)
       : FamilyBase(softmax_family_name(kind, Backend::kCuda, "_dim_cluster"), Backend::kCuda,
                    {Knob{"block", {128, 256, 512}, {}}, Knob{"split", {1, 2, 4, 8, 16, 32, 64, 128, 256, 512}, {}},
                     Knob{"vec", {1, 2, 4, 8}, {}}, Knob{"cluster", {2, 4, 8}, {}}}),
         kind_(kind) {}
 
-  bool applies(const OpSignature& sig) const override {
-    int major = 0, minor = 0;
-    return softmax_dim(sig, kind_, Backend::kCuda) >= 0 && parse_cuda_arch(sig.target.arch, major, minor) && major >= 9;
-  }
+  bool applies(const OpSignature& sig) const override { return softmax_dim(sig, kind_, Backend::kCuda) >= 0 && has_clusters(sig); }
 
   bool valid(const OpSignature& sig, std::span<const int64_t> v) const override {
     const DimSplit e = shape(sig);
-    const int64_t block = v[kBlock], split = v[kSplit], vec = v[kVec];
-    if (split > block) return false;
-    if (e.inner_size % vec != 0 || !vector_fits(sig, vec)) return false;
-    const int64_t chunk = chunk_of(e, v[kCluster]);
-    if (chunk * (v[kCluster] - 1) >= e.len_size) return false;               // a block with no rows
-    if (split > std::max<int64_t>(1, pow2_ceil(chunk))) return false;        // threads with no element
-    const int64_t tile = block / split * vec;
-    if (tile > std::max(vec, pow2_ceil(e.inner_size))) return false;   // no tile mostly past the last column
-    if (static_bytes(sig, v) > 48 * 1024) return false;
-    return clustered_copy_bytes(sig, e, v) + static_bytes(sig, v) <= kCudaSharedBudget;
+    // Threads with no element: a split past the chunk's power of two.
+    return clustered_columns_valid(sig, e, v, entry_bytes(sig), std::max<int64_t>(1, pow2_ceil(clustered_chunk(e, v))));
   }
 
   double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
@@ -491,11 +477,10 @@ class DimSoftmaxClusterCuda final : public FamilyBase {
 
  private:
   DimSplit shape(const OpSignature& sig) const { return split_at_dim(*tensor_arg(sig, 0), softmax_dim(sig, kind_, Backend::kCuda)); }
-  static int64_t chunk_of(const DimSplit& e, int64_t cluster) { return (e.len_size + cluster - 1) / cluster; }
-  // KF_PARTS x KF_TILE partials and the tile's merged (max, sum).
+  // A column's (max, sum): float and kf_acc.
+  static int64_t entry_bytes(const OpSignature& sig) { return 4 + (dtype_size_bytes(tensor_arg(sig, 0)->dtype) == 4 ? 8 : 4); }
   static int64_t static_bytes(const OpSignature& sig, std::span<const int64_t> v) {
-    const int64_t entry = 4 + (dtype_size_bytes(tensor_arg(sig, 0)->dtype) == 4 ? 8 : 4);
-    return column_parts_bytes(v, entry) + v[kBlock] / v[kSplit] * v[kVec] * entry;
+    return clustered_static_bytes(v, entry_bytes(sig));
   }
 
   Softmax kind_;

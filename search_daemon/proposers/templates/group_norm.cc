@@ -5,7 +5,6 @@
 // HxW elements, contiguous.
 #include <algorithm>
 
-#include "runtime/cuda_environment.h"
 #include "search_daemon/proposers/templates/template_family.h"
 
 namespace kforge::search::templates {
@@ -418,8 +417,7 @@ class GroupNormCuda final : public FamilyBase {
     if (split == 1) return row_bytes(a) <= kCudaSharedBudget && nvec >= v[kBlock] * v[kUnroll];
     // A cluster of `split` blocks, each a chunk of whole vectors that fits shared memory, with at
     // least a round of the block's unrolled accesses, and none empty.
-    int major = 0, minor = 0;
-    if (split > kMaxGroupSplit || !parse_cuda_arch(sig.target.arch, major, minor) || major < 9) return false;
+    if (split > kMaxGroupSplit || !has_clusters(sig)) return false;
     const int64_t d = a.x->numel() / (a.n * a.group), chunk = chunk_of(d, split, v[kVec]);
     return chunk * dtype_size_bytes(a.x->dtype) <= kCudaSharedBudget && chunk / v[kVec] >= v[kBlock] * v[kUnroll] &&
            (split - 1) * chunk < d;

@@ -20,7 +20,6 @@
 // float32 by PyTorch).
 #include <algorithm>
 
-#include "runtime/cuda_environment.h"
 #include "search_daemon/proposers/templates/template_family.h"
 
 namespace kforge::search::templates {
@@ -372,22 +371,13 @@ class CumsumClusterCuda final : public FamilyBase {
   bool applies(const OpSignature& sig) const override {
     // Note [float16 cumsum on CUDA]
     const int64_t d = cumsum_dim(sig, Backend::kCuda);
-    int major = 0, minor = 0;
     return d >= 0 && tensor_arg(sig, 0)->dtype != DType::kFloat16 && split_at_dim(*tensor_arg(sig, 0), d).inner_size > 1 &&
-           parse_cuda_arch(sig.target.arch, major, minor) && major >= 9;
+           has_clusters(sig);
   }
 
   bool valid(const OpSignature& sig, std::span<const int64_t> v) const override {
     const DimSplit e = shape(sig);
-    const int64_t block = v[kBlock], split = v[kSplit], vec = v[kVec];
-    const int64_t chunk = (e.len_size + v[kCluster] - 1) / v[kCluster];
-    if (split > block) return false;
-    if (e.inner_size % vec != 0 || !vector_fits(sig, vec)) return false;
-    if (chunk * (v[kCluster] - 1) >= e.len_size) return false;                       // a block with no rows
-    if (split > chunk) return false;                                                  // threads with no segment
-    if (block / split * vec > std::max(vec, pow2_ceil(e.inner_size))) return false;   // no tile mostly past the last column
-    if (static_bytes(sig, v) > 48 * 1024) return false;
-    return clustered_copy_bytes(sig, e, v) + static_bytes(sig, v) <= kCudaSharedBudget;
+    return clustered_columns_valid(sig, e, v, entry_bytes(sig), clustered_chunk(e, v));   // no thread without a segment
   }
 
   double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
@@ -410,10 +400,10 @@ class CumsumClusterCuda final : public FamilyBase {
 
  private:
   static DimSplit shape(const OpSignature& sig) { return split_at_dim(*tensor_arg(sig, 0), cumsum_dim(sig, Backend::kCuda)); }
-  // KF_PARTS x KF_TILE warp totals and the tile's totals (kf_acc).
+  // A column's total: kf_acc.
+  static int64_t entry_bytes(const OpSignature& sig) { return dtype_size_bytes(tensor_arg(sig, 0)->dtype) == 4 ? 8 : 4; }
   static int64_t static_bytes(const OpSignature& sig, std::span<const int64_t> v) {
-    const int64_t entry = dtype_size_bytes(tensor_arg(sig, 0)->dtype) == 4 ? 8 : 4;
-    return column_parts_bytes(v, entry) + v[kBlock] / v[kSplit] * v[kVec] * entry;
+    return clustered_static_bytes(v, entry_bytes(sig));
   }
 };
 

@@ -6,7 +6,6 @@
 // register cache for short rows.
 #include <algorithm>
 
-#include "runtime/cuda_environment.h"
 #include "search_daemon/proposers/templates/softmax_call.h"
 #include "search_daemon/proposers/templates/template_family.h"
 
@@ -276,10 +275,6 @@ enum SplitKnob : size_t { kSplit, kBlock, kVec, kCache, kCluster, kInflight };
 // sm_90 part takes, opted in where the kernel is loaded); the prior's ideal is at most 8.
 constexpr int64_t kMaxCluster = 16;
 constexpr int64_t kIdealCluster = 8;
-bool has_clusters(const OpSignature& sig) {
-  int major = 0, minor = 0;
-  return parse_cuda_arch(sig.target.arch, major, minor) && major >= 9;
-}
 
 class SplitSoftmaxCuda final : public FamilyBase {
  public:

@@ -6,6 +6,8 @@
 #include <numeric>
 #include <utility>
 
+#include "runtime/cuda_environment.h"
+
 namespace kforge::search::templates {
 
 const TensorMeta* tensor_arg(const OpSignature& sig, size_t i) {
@@ -245,8 +247,26 @@ void cached_columns_launch(const OpSignature& sig, const DimSplit& e, std::span<
   l.args.push_back(ArgBinding::size(fits));
 }
 
+int64_t clustered_chunk(const DimSplit& e, std::span<const int64_t> v) { return (e.len_size + v[3] - 1) / v[3]; }
+
 int64_t clustered_copy_bytes(const OpSignature& sig, const DimSplit& e, std::span<const int64_t> v) {
-  return (e.len_size + v[3] - 1) / v[3] * (v[0] / v[1]) * v[2] * dtype_size_bytes(tensor_arg(sig, 0)->dtype);
+  return clustered_chunk(e, v) * (v[0] / v[1]) * v[2] * dtype_size_bytes(tensor_arg(sig, 0)->dtype);
+}
+
+int64_t clustered_static_bytes(std::span<const int64_t> v, int64_t entry_bytes) {
+  return column_parts_bytes(v, entry_bytes) + v[0] / v[1] * v[2] * entry_bytes;
+}
+
+bool clustered_columns_valid(const OpSignature& sig, const DimSplit& e, std::span<const int64_t> v, int64_t entry_bytes,
+                             int64_t max_split) {
+  const int64_t block = v[0], split = v[1], vec = v[2];
+  if (split > block || split > max_split) return false;   // first: the sizes below divide by block / split
+  const int64_t static_bytes = clustered_static_bytes(v, entry_bytes);
+  if (e.inner_size % vec != 0 || !vector_fits(sig, vec)) return false;
+  if (clustered_chunk(e, v) * (v[3] - 1) >= e.len_size) return false;              // a block with no rows
+  if (block / split * vec > std::max(vec, pow2_ceil(e.inner_size))) return false;   // no tile mostly past the last column
+  if (static_bytes > 48 * 1024) return false;
+  return clustered_copy_bytes(sig, e, v) + static_bytes <= kCudaSharedBudget;
 }
 
 double clustered_columns_prior(const OpSignature& sig, const DimSplit& e, std::span<const int64_t> v,
@@ -257,7 +277,7 @@ double clustered_columns_prior(const OpSignature& sig, const DimSplit& e, std::s
   const int64_t per_block = clustered_copy_bytes(sig, e, v) + static_bytes + 1024;
   const int64_t blocks_per_sm = std::max<int64_t>(1, std::min<int64_t>(2048 / block, (228 * 1024) / per_block));
   const double resident = static_cast<double>(std::min<int64_t>(2048, blocks_per_sm * block));
-  const double elements = static_cast<double>(std::max<int64_t>(1, (e.len_size + v[3] - 1) / v[3] / split));
+  const double elements = static_cast<double>(std::max<int64_t>(1, clustered_chunk(e, v) / split));
   return (columns_past_l2(sig, e) ? 1.0 : 0.5) *
          closeness(static_cast<double>(vec), static_cast<double>(widest_column_vec(sig, e, max_vec_bytes)), 0.5) *
          closeness(resident, 2048, 0.5) * closeness(std::min<double>(static_cast<double>(tile * esz), 128), 128, 0.5) *
@@ -274,6 +294,11 @@ void clustered_columns_launch(const OpSignature& sig, const DimSplit& e, std::sp
 int64_t column_parts_bytes(std::span<const int64_t> v, int64_t entry_bytes) {
   const int64_t tx = v[0] / v[1], w = tx >= 32 ? 1 : 32 / tx;
   return std::max<int64_t>(1, v[1] / w) * tx * v[2] * entry_bytes;
+}
+
+bool has_clusters(const OpSignature& sig) {
+  int major = 0, minor = 0;
+  return parse_cuda_arch(sig.target.arch, major, minor) && major >= 9;
 }
 
 bool vector_fits(const OpSignature& sig, int64_t vec) {

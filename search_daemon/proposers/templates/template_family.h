@@ -164,14 +164,24 @@ void cached_columns_launch(const OpSignature& sig, const DimSplit& e, std::span<
 // columns] in dim_softmax.cc, [Clustered scan] in scan.cc), knobs v = {block, split, vec,
 // cluster}: a tile's len rows in `cluster` chunks, one block each, each block's chunk copied to
 // dynamic shared memory.
-// - clustered_copy_bytes: a block's copy, ceil(len / cluster) x tile elements;
+// - clustered_chunk: a block's rows, ceil(len / cluster);
+// - clustered_copy_bytes: a block's copy, clustered_chunk x tile elements;
+// - clustered_static_bytes: the kernels' static shared memory, KF_PARTS x tile partials and the
+//   tile's merged values, `entry_bytes` each;
+// - clustered_columns_valid: split at most the block and `max_split` (the family's bound for the
+//   chunk), accesses the columns allow, every block of a cluster with rows, no tile mostly past
+//   the last column, and the copy with the static shared memory within the budget;
 // - clustered_columns_prior: the widest access (up to `max_vec_bytes`), resident threads per SM
 //   (the copy and the static shared memory limit the blocks an SM holds), tile rows up to 128
 //   bytes (whole lines), about `per_thread` elements of a column per thread; halved for tensors
 //   within L2, which the one-block kernels read twice at little cost;
 // - clustered_columns_launch: after split_columns_launch, a cluster of blocks per tile, the copy's
 //   dynamic shared memory, and a last size argument 1 (the copy fits: the families' valid()).
+int64_t clustered_chunk(const DimSplit& e, std::span<const int64_t> v);
 int64_t clustered_copy_bytes(const OpSignature& sig, const DimSplit& e, std::span<const int64_t> v);
+int64_t clustered_static_bytes(std::span<const int64_t> v, int64_t entry_bytes);
+bool clustered_columns_valid(const OpSignature& sig, const DimSplit& e, std::span<const int64_t> v, int64_t entry_bytes,
+                             int64_t max_split);
 double clustered_columns_prior(const OpSignature& sig, const DimSplit& e, std::span<const int64_t> v,
                                int64_t static_bytes, int64_t per_thread, int64_t max_vec_bytes);
 void clustered_columns_launch(const OpSignature& sig, const DimSplit& e, std::span<const int64_t> v, Launch& l);
@@ -179,6 +189,9 @@ void clustered_columns_launch(const OpSignature& sig, const DimSplit& e, std::sp
 // by shuffles; the static shared memory of KF_PARTS x tile entries of `entry_bytes` each.
 int64_t column_parts_bytes(std::span<const int64_t> v, int64_t entry_bytes);
 void split_columns_launch(const DimSplit& e, std::span<const int64_t> v, Launch& l);
+// Whether the signature's target runs thread block clusters (sm_90 on): the cluster families and
+// knobs (Notes [Split rows], [Cached group rows], [Clustered columns], [Clustered scan]).
+bool has_clusters(const OpSignature& sig);
 // Whether a vector access of `vec` elements is allowed for every tensor argument of `sig`: the
 // vector is at most 16 bytes and every tensor's pointer alignment is a multiple of it. (Outputs
 // are fresh allocations, aligned far beyond 16 bytes by both allocators.)

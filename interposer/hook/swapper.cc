@@ -57,6 +57,15 @@ std::string content_of(const StoredEntry& e) { return content_of(e.blobs, e.spec
 
 std::string lost_id(const SignatureId& key, const std::string& content) { return key.hex() + "/" + content; }
 
+// The version an upgrade sets aside, for logs. The daemon republishes a better kernel under the
+// same key, so "entry K replaces entry K" would name one entry twice: name the speedup instead.
+std::string earlier_version(const SignatureId& previous, double previous_speedup, const SignatureId& next) {
+  char x[32];
+  std::snprintf(x, sizeof x, "%.2fx", previous_speedup);
+  return previous == next ? std::string("this entry's earlier version (") + x + " in the cache)"
+                          : "entry " + previous.hex() + " (" + x + " in the cache)";
+}
+
 std::string verdict_text(const WinVerdict& v) {
   return "entry " + human_duration_ns(static_cast<double>(v.entry_median_ns)) + " vs PyTorch " + human_duration_ns(static_cast<double>(v.pytorch_median_ns)) + " (medians of " +
          std::to_string(v.pairs) + " paired calls, entry faster in " + std::to_string(v.entry_faster) + ")";
@@ -281,7 +290,7 @@ void Swapper::end_trial(const Replacement& r, const WinVerdict& verdict) noexcep
       } else {
         Event e{Event::Kind::kTrialPassed, rec.key, rec.label, {}, {}, verdict, {}, {}};
         if (rec.previous) {   // an upgrade passed: the entry kept aside is retired
-          e.replaced = rec.previous->key.hex();
+          e.replaced = earlier_version(rec.previous->key, rec.previous->speedup, rec.key);
           rec.previous.reset();
           ++upgrades_;
         }
@@ -447,7 +456,7 @@ void Swapper::process_events() {
           if (e.verdict.pairs > 0) line += "; " + verdict_text(e.verdict);
           line += ")";
           line += options_.mode == HookMode::kActive ? "; it is active" : "; it stays in shadow (KFORGE_MODE=shadow)";
-          if (!e.replaced.empty()) line += "; it replaces entry " + e.replaced;
+          if (!e.replaced.empty()) line += "; it replaces " + e.replaced;
           log_line(line);
         }
         break;
@@ -715,7 +724,7 @@ bool Swapper::publish_new(const OpSignature& sig, const StoredEntry& entry, Repl
     // since upgrade_entry looked, this is an ordinary trial.
     std::unique_ptr<Record> previous;
     if (upgrade && rec.current != nullptr && !rec.previous) {
-      aside = rec.key.hex();
+      aside = earlier_version(rec.key, rec.speedup, entry.key);
       previous = std::make_unique<Record>(std::move(rec));
     }
     rec = Record();
@@ -735,7 +744,7 @@ bool Swapper::publish_new(const OpSignature& sig, const StoredEntry& entry, Repl
   (void)store_->touch(entry.key);   // for gc's least-recently-used order; failure is harmless
   if (options_.log || !aside.empty()) {
     log_line(where + " loaded" + on + "; shadow for " + std::to_string(options_.shadow_calls) + " calls" +
-             (aside.empty() ? std::string() : " (an upgrade: entry " + aside + " is kept aside until it ends)"));
+             (aside.empty() ? std::string() : " (an upgrade: " + aside + " is kept aside until the trial ends)"));
   }
   return true;
 }

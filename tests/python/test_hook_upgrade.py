@@ -306,5 +306,5 @@ def test_live_upgrade_then_disable_in_the_cache(hook_path, build_dir, publish_to
         shutil.rmtree(d, ignore_errors=True)
     err = proc.stderr.read()
     assert proc.returncode == 0, err
-    assert f"entry {b} for " in err and f"it replaces entry {a}" in err, err
+    assert f"entry {b} for " in err and f"it replaces entry {a} (" in err, err
     assert f"entry {b} for " in err and "disabled in the cache: PyTorch's kernel runs" in err, err

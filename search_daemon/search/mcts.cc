@@ -19,8 +19,11 @@ double Mcts::q(uint64_t id) const {
   const double visits = effective_visits(n);
   if (visits > 0) return (n.value_sum - options_.virtual_loss * static_cast<double>(n.virtual_loss)) / visits;
   if (id == 0) return 0;
+  // First-play value (Note [MCTS]): the parent's reward; the root's children, the mean of theirs
+  // measured so far.
   const Node& parent = tree_.node(n.parent);
-  return parent.outcome ? reward(*parent.outcome) : 0;
+  if (parent.outcome) return reward(*parent.outcome);
+  return n.parent == 0 && parent.visits > 0 ? parent.value_sum / static_cast<double>(parent.visits) : 0;
 }
 
 double Mcts::prior(uint64_t id) const {

@@ -24,10 +24,17 @@ namespace kforge::search {
 // An evaluation in flight counts as a visit that returned -virtual_loss (the option):
 //   N'(n) = N(n) + V(n)
 //   Q(n)  = (W(n) - virtual_loss * V(n)) / N'(n)            when N'(n) > 0
-//   Q(n)  = first-play value = the parent's own reward()     when N'(n) = 0 (the root's: 0)
+//   Q(n)  = first-play value = the parent's own reward()     when N'(n) = 0
+//         = W(root) / N(root) for the root's children, 0 before the first outcome
 // The first-play value says "a proposal from a kernel is, until measured, as good as that kernel":
-// children of a fast kernel start optimistic, repairs of a failed one start at the failure's value,
-// the root's first children at parity with PyTorch.
+// children of a fast kernel start optimistic, repairs of a failed one start at the failure's value.
+// The root is PyTorch's kernel and has no reward of its own: its unvisited children start at the
+// mean of the outcomes measured so far (real visits only: V(root) is not in it), the first of them
+// at parity with PyTorch. At parity, once one child of the root measured 10x (Q = ln 10) its
+// siblings stood 2.3 below it and PUCT's term reached them only after tens of evaluations: on the
+// H100's softmax over dim 1 the search spent 64 evaluations under the family the priors ranked
+// first (12.8x) and never measured the other family's best-ranked configuration (14.0x; the
+// space's best, 15.7x, is in that family). Note [First play at the root].
 //
 // Selection (one candidate): first, a failed LLM candidate without children is widened and its
 // pending child returned (Note [Repairs first] in mcts.cc); otherwise start at the root and at
@@ -84,10 +91,20 @@ namespace kforge::search {
 //
 // What it buys, measured only on the synthetic landscapes of tests/daemon/search_test.cc (tag
 // [benchmark]; 4 knobs of 8 values, one-step refinements, uniform priors, 20 seeds, budget 40):
-// one smooth basin: MCTS 2.77x, greedy 3.00x (the optimum), random 2.63x; two basins that one-step
-// refinements do not cross: MCTS 2.04x, greedy 1.94x, random 2.35x. Neither c_puct (0.1 to 4), the
+// one smooth basin: MCTS 2.81x (2.77x before Note [First play at the root]), greedy 3.00x (the
+// optimum), random 2.63x; two basins that one-step refinements do not cross: MCTS 2.13x (2.04x),
+// greedy 1.94x, random 2.35x. Neither c_puct (0.1 to 4), the
 // widening options, a max backup nor a first-play reduction made it beat both baselines on both;
-// the defaults are the plain algorithm. Real proposers' priors and landscapes are yet to measure.
+// the defaults are the plain algorithm.
+//
+// Note [First play at the root]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// On real spaces (bench_search replaying the H100's whole spaces of six signatures,
+// bench/results/2026-12-07-h100-search-replay-fpu-*.log) the root's first-play value above changed
+// MCTS's mean best speedup at 16 evaluations: softmax over dim 1 14.6x (was 12.1x, with the priors
+// then ranking the cluster family first), cumsum over dim 1 7.75x (6.88x), the 262k-vocabulary
+// softmax 5.995x (6.027x), the rest unchanged. Its cost is an evaluation spent on the next root child
+// where the first family was the right one.
 class Mcts final : public StrategyBase {
  public:
   Mcts(SearchTask task, std::vector<Proposer*> proposers, StrategyOptions options, SearchTree restored);

@@ -510,11 +510,22 @@ TEST_CASE("MCTS: an unvisited child starts at its parent's reward (first-play va
   CHECK(m.q(waiting) == Approx(std::log(1.5)));
   // In flight, a child's Q is its virtual loss: (0 - 1) / 1.
   CHECK(m.q(c[0].node) == Approx(-1.0));
-  // The root's first children start at parity with PyTorch.
+  // The root's first children start at parity with PyTorch, and after outcomes at their mean.
   SearchTree fresh;
   fresh.add(0, knob_move({1}));
   Mcts f(softmax_task(), {}, StrategyOptions{}, fresh);
   CHECK(f.q(1) == 0);
+  // Note [First play at the root]: one child measured 10x and one 2x; the third, unvisited, starts
+  // at the mean of their rewards, not 2.3 below the first.
+  SearchTree measured_two;
+  const uint64_t ten = measured_two.add(0, knob_move({1}));
+  const uint64_t two = measured_two.add(0, knob_move({2}));
+  const uint64_t waiting_root_child = measured_two.add(0, knob_move({3}));
+  measured_two.set_outcome(ten, measured(10.0));
+  measured_two.set_outcome(two, measured(2.0));
+  Mcts g(softmax_task(), {}, StrategyOptions{}, measured_two);
+  CHECK(g.q(waiting_root_child) == Approx((std::log(10.0) + std::log(2.0)) / 2));
+  CHECK(g.q(ten) == Approx(std::log(10.0)));
 }
 
 TEST_CASE("MCTS progressive widening: children <= ceil(widening_c * max(1, N)^alpha) as visits grow", "[search][mcts]") {

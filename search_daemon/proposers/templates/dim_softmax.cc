@@ -363,6 +363,14 @@ int64_t softmax_dim(const OpSignature& sig, Softmax kind, Backend backend) {
 //   costs the resident threads or the sectors: the cached configurations reached 10.0x, the
 //   streamed 15.75x; with block 512, 32-byte tile rows and vec 1 to 4, 9.0-9.6x cached against
 //   13.4-14.4x streamed (cumsum_split's lighter scan, at one block per SM, gains from its copy).
+// - Clusters (softmax_dim_cluster, Note [Clustered columns]) read the tensor from memory once too,
+//   with sector-wide tile rows, and still lose to streaming: on the same shape the whole space
+//   (380 configurations, bench/results/2026-12-07-h100-landscape-d1-5ffbe2e.tsv) gave clusters
+//   12.85x at best, streamed kernels 15.7x. A tile's 4096 rows are 256 KiB of 32-byte rows: the
+//   tiles in flight fit in L2, so the streamed kernel's second read rarely reaches memory, and the
+//   cluster pays for its barrier and exchange. Its prior is weighted below the streamed kernels'
+//   (kClusterWeight), which the search still tries: ranked above them, MCTS and greedy spent 16
+//   evaluations among the clusters and stayed at 12.1x.
 class DimSoftmaxCuda final : public FamilyBase {
  public:
   enum : size_t { kBlock, kSplit, kVec, kCache };
@@ -456,9 +464,13 @@ class DimSoftmaxClusterCuda final : public FamilyBase {
   }
 
   double prior(const OpSignature& sig, std::span<const int64_t> v) const override {
-    // The widest access up to kStateVecBytes (Note [Dim softmax priors]).
-    return clustered_columns_prior(sig, shape(sig), v, static_bytes(sig, v), 8, DimSoftmaxCuda::kStateVecBytes);
+    // The widest access up to kStateVecBytes; below the streamed kernels (Note [Dim softmax priors]).
+    return clustered_columns_prior(sig, shape(sig), v, static_bytes(sig, v), 8, DimSoftmaxCuda::kStateVecBytes) *
+           kClusterWeight;
   }
+
+  // Measured on the H100 (Note [Dim softmax priors]): the best cluster 0.82x the best streamed kernel.
+  static constexpr double kClusterWeight = 0.5;
 
   KernelSpec instantiate(const OpSignature& sig, std::span<const int64_t> v) const override {
     const TensorMeta& x = *tensor_arg(sig, 0);

@@ -1,7 +1,8 @@
 // The search's quality on real measurements: whole template spaces measured on an H100 by
 // bench_search --prebuild --landscape-out (bench/results/2026-12-07-h100-landscape-81bc259.tsv,
-// 2026-12-07-h100-landscape-softmax-5936214.tsv and, for the softmax spaces that clusters of 16
-// blocks grew, 2026-12-07-h100-landscape-fd79d86.tsv; Note [Landscape files] in bench/search_bench.cc),
+// 2026-12-07-h100-landscape-softmax-5936214.tsv, for the softmax spaces that clusters of 16
+// blocks grew, 2026-12-07-h100-landscape-fd79d86.tsv, and for the dim-1 spaces with the cluster
+// families 2026-12-07-h100-landscape-d1-5ffbe2e.tsv; Note [Landscape files] in bench/search_bench.cc),
 // replayed with the template proposer and each strategy over seeds. Deterministic: the outcomes
 // are the file's, the seeds fixed. Each replay walks the families the file measured for the
 // signature (a family added since is left out). A change to one of those families' knobs renames or
@@ -172,4 +173,14 @@ TEST_CASE("search quality: a landscape file's malformed line is an error naming 
   CHECK(bad.status().message().find(path + ":3:") != std::string::npos);
   std::remove(path.c_str());
   CHECK(!LandscapeFile::load(path).ok());   // gone: cannot read it
+}
+
+// The dim-1 spaces of bundle 5ffbe2e, with the cluster families (softmax_dim_cluster,
+// cumsum_cluster): ranked first by their priors, the softmax clusters kept MCTS and greedy at 12.1x
+// for 16 evaluations where the streamed kernels reach 15.7x, and 16-byte cumsum clusters held them
+// at 5.9-6.0x in 8 (Note [Dim softmax priors], Note [Clustered scan], Note [First play at the root]).
+TEST_CASE("search quality: the same on an H100's measured spaces over dim 1 with the cluster families") {
+  check_quality("2026-12-07-h100-landscape-d1-5ffbe2e.tsv",
+                {{"softmax bf16[64,4096,512] d1", softmax(DType::kBFloat16, {64, 4096, 512}, 1), 1.4},
+                 {"cumsum bf16[64,4096,512] d1", cumsum(DType::kBFloat16, {64, 4096, 512}, 1), 1.4}});
 }

@@ -381,6 +381,7 @@ std::string stats_json() {
                {"notices", swap.notices},
                {"quarantined", swap.quarantined},
                {"upgrades", swap.upgrades},
+               {"upgrades_declined", swap.upgrades_declined},
                {"revoked_in_cache", swap.revoked_in_cache},
                {"entries", std::move(entries)}};
   j["signatures"] = std::move(sigs);

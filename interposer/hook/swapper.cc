@@ -130,6 +130,16 @@ WinVerdict judge_in_process_win(std::span<const uint64_t> pytorch_ns, std::span<
   return v;
 }
 
+double in_process_speedup(const WinVerdict& v) {
+  if (v.pairs == 0 || v.entry_median_ns == 0 || v.pytorch_median_ns == 0) return 0;
+  return static_cast<double>(v.pytorch_median_ns) / static_cast<double>(v.entry_median_ns);
+}
+
+bool upgrade_pays(const WinVerdict& next, const WinVerdict& previous) {
+  const double a = in_process_speedup(next), b = in_process_speedup(previous);
+  return a == 0 || b == 0 || a >= b;   // Note [Upgrade pays]
+}
+
 Swapper::Swapper(SwapperOptions options) : options_(std::move(options)) {}
 
 void Swapper::install_process_handlers() {
@@ -287,6 +297,17 @@ void Swapper::end_trial(const Replacement& r, const WinVerdict& verdict) noexcep
         e.restored = drop_current_locked(rec, "no_win", "no win in this process: " + verdict_text(verdict));
         publish_locked();
         events_.push_back(std::move(e));
+      } else if (rec.previous && r.confirm_win && !upgrade_pays(verdict, rec.previous->verdict)) {
+        // Note [Upgrade pays]: faster than PyTorch's kernel, not than the version kept aside.
+        char text[96];
+        std::snprintf(text, sizeof text, "%.2fx PyTorch's kernel here, the version in use %.2fx",
+                      in_process_speedup(verdict), in_process_speedup(rec.previous->verdict));
+        Event e{Event::Kind::kNotBetter, rec.key, rec.label, text, rec.content, verdict, {}, {}};
+        lost_here_.insert(lost_id(rec.key, rec.content));
+        ++upgrades_declined_;
+        e.restored = drop_current_locked(rec, "no_win", std::string("not faster here than the version in use: ") + text);
+        publish_locked();
+        events_.push_back(std::move(e));
       } else {
         Event e{Event::Kind::kTrialPassed, rec.key, rec.label, {}, {}, verdict, {}, {}};
         if (rec.previous) {   // an upgrade passed: the entry kept aside is retired
@@ -345,6 +366,7 @@ SwapStats Swapper::stats() const {
   st.notices = notices_received_;
   st.quarantined = quarantined_;
   st.upgrades = upgrades_;
+  st.upgrades_declined = upgrades_declined_;
   st.revoked_in_cache = revoked_in_cache_;
   for (const auto& [id, rec] : records_) {
     SwapStats::Entry e;
@@ -468,6 +490,10 @@ void Swapper::process_events() {
                  (s.ok() ? "" : " (its no-win record was not written: " + s.message() + ")"));
         break;
       }
+      case Event::Kind::kNotBetter:
+        log_line(where + " is faster than PyTorch's kernel but not than the version in use in this process (" + e.reason +
+                 "; " + verdict_text(e.verdict) + "); " + then);
+        break;
       case Event::Kind::kQuarantine: {
         const Status s = store_ ? store_->set_state(e.key, EntryState::kQuarantined, e.reason)
                                 : Status(unavailable("no cache"));

@@ -127,9 +127,10 @@
 //         find_entry checks), is another kernel than A (another key, or A's key republished with
 //         other blobs: the daemon republishes a better winner under the same key) and is better
 //         (Timings::speedup in the cache higher than A's). E goes on trial (shadow: calls get
-//         PyTorch's result) with A kept aside. E passes (and wins, Note [In-process win]): E
-//         takes A's place and A's Replacement is retired, never freed. E fails its comparison:
-//         E is quarantined and A goes back to the state it had. E shows no win: A goes back;
+//         PyTorch's result) with A kept aside. E passes (and wins, Note [In-process win], at a
+//         speedup in this process at least A's, Note [Upgrade pays]): E takes A's place and A's
+//         Replacement is retired, never freed. E fails its comparison: E is quarantined and A goes
+//         back to the state it had. E shows no win, or no gain over A: A goes back;
 //       - an entry still on trial (its own, or an upgrade's): the notice waits for the trial's
 //         end (deferred to later rounds).
 //   Revoke(S, E, reason)  if E is the entry in use for S, it is disabled at once (PyTorch's
@@ -201,6 +202,22 @@ struct WinVerdict {
 };
 WinVerdict judge_in_process_win(std::span<const uint64_t> pytorch_ns, std::span<const uint64_t> entry_ns);
 
+// Note [Upgrade pays]
+// The daemon republishes a signature's winner when its worker times a faster one (Note [Daemon
+// notices]), but the worker's timings can flatter a kernel the serving process does not find
+// faster: on an H100, with the warm's workload sharing the GPU, the worker timed a softmax over dim
+// 1 at 21.55x PyTorch's kernel where the serving process measured 10.94x and the whole space's best
+// was 15.7x in a quiet worker. An upgrade that beats PyTorch's kernel but not the version in use
+// would make the program slower. So an upgrade's trial also compares the two versions' speedups as
+// each trial measured them in this process (PyTorch's median over the entry's, on paired calls):
+// the upgrade takes over only if its speedup is at least the version in use's; otherwise the
+// version in use runs again and the upgrade is not retried in this process ("not faster here than
+// the version in use"). Without both verdicts' timings (KFORGE_CONFIRM_WIN off, or a version whose
+// trial timed nothing) there is nothing to compare and the upgrade takes over as before.
+bool upgrade_pays(const WinVerdict& next, const WinVerdict& previous);
+// PyTorch's median over the entry's; 0 without timings.
+double in_process_speedup(const WinVerdict& v);
+
 // Note [Timing phase]: whether call k of the phase is the entry's (else PyTorch's kernel's). Pair
 // k / 2 runs PyTorch's kernel first when even, the entry first when odd.
 constexpr bool timing_turn_is_entry(uint64_t k) { return ((k & 1) != 0) == (((k / 2) & 1) == 0); }
@@ -242,6 +259,7 @@ struct SwapStats {
   uint64_t notices = 0;            // KernelReady/Revoke messages received from the daemon
   uint64_t quarantined = 0;        // entries this process quarantined (set_state succeeded)
   uint64_t upgrades = 0;           // entries that took the place of another entry (live upgrades)
+  uint64_t upgrades_declined = 0;  // upgrades that won against PyTorch but not against the version in use
   uint64_t revoked_in_cache = 0;   // entries taken out because the cache no longer had them active
   std::vector<Entry> entries;      // by signature id
 };
@@ -305,7 +323,7 @@ class Swapper {
     std::unique_ptr<Record> previous;
   };
   struct Event {
-    enum class Kind { kTrialPassed, kQuarantine, kNoWin } kind;
+    enum class Kind { kTrialPassed, kQuarantine, kNoWin, kNotBetter } kind;
     SignatureId key;
     std::string label;
     std::string reason;
@@ -391,6 +409,7 @@ class Swapper {
   uint64_t markers_quarantined_ = 0;
   uint64_t quarantined_ = 0;
   uint64_t upgrades_ = 0;
+  uint64_t upgrades_declined_ = 0;
   uint64_t revoked_in_cache_ = 0;
   std::string store_error_;
   // Kernels ("<key hex>/<content>") whose trial showed no win here: never tried again.

@@ -645,6 +645,27 @@ TEST_CASE("Note [In-process win]: active only for a win of 3% in the medians tha
   CHECK(hook::judge_in_process_win(V{100, 200, 300, 400}, V{1, 1, 1, 1}).pytorch_median_ns == 250);
 }
 
+TEST_CASE("Note [Upgrade pays]: an upgrade takes over only at a speedup in this process at least the version in use's") {
+  using V = std::vector<uint64_t>;
+  const hook::WinVerdict in_use = hook::judge_in_process_win(V{100, 100, 100}, V{50, 50, 50});      // 2x
+  const hook::WinVerdict better = hook::judge_in_process_win(V{120, 120, 120}, V{40, 40, 40});      // 3x
+  const hook::WinVerdict flattered = hook::judge_in_process_win(V{100, 100, 100}, V{80, 80, 80});   // 1.25x
+  CHECK(hook::in_process_speedup(in_use) == Approx(2.0));
+  CHECK(hook::upgrade_pays(better, in_use));
+  CHECK(hook::upgrade_pays(in_use, in_use));   // a tie keeps the upgrade: nothing shows it slower
+  // A win against PyTorch's kernel is not enough: slower than the version in use.
+  CHECK(flattered.win);
+  CHECK_FALSE(hook::upgrade_pays(flattered, in_use));
+  // Speedups, not medians: PyTorch's kernel ran slower during the upgrade's trial (other work on the
+  // machine), and the upgrade's slower median is still the better kernel.
+  const hook::WinVerdict loaded = hook::judge_in_process_win(V{300, 300, 300}, V{60, 60, 60});      // 5x
+  CHECK(hook::upgrade_pays(loaded, in_use));
+  // Nothing to compare (a trial that timed nothing, KFORGE_CONFIRM_WIN off): the upgrade takes over.
+  CHECK(hook::in_process_speedup(hook::WinVerdict{}) == 0);
+  CHECK(hook::upgrade_pays(flattered, hook::WinVerdict{}));
+  CHECK(hook::upgrade_pays(hook::WinVerdict{}, in_use));
+}
+
 TEST_CASE("Note [In-process win]: a clean but slower trial ends in no_win, out of the table, not quarantined") {
   TempDir dir{"kforge-swapper-test"};
   const std::string cache = (dir.path / "cache").string();

@@ -11,7 +11,9 @@ common dtype on CPU), so a kernel that adds with the conversion in registers doe
 of two and no allocation: genuinely faster, on the same thread (16384 elements are below PyTorch's
 and the entry's parallel grain, so neither wakes the thread pool, which keeps the timing quiet on
 a loaded machine). The slow kernel is the same loop repeated KFORGE_TEST_REPEAT times: correct,
-deliberately slower. Float64 sums of a float32 and a float64 value are exact in either kernel, so
+deliberately slower. The "half_again" kernel writes the first half of its chunk a second time: a
+pass and a half, still faster than PyTorch's two passes and an allocation (here about 1.3x against
+the one-pass kernel's 1.9x), and slower than the one-pass kernel. Float64 sums of a float32 and a float64 value are exact in either kernel, so
 outputs are bitwise PyTorch's whichever runs.
 
 Entries are published with kforge-publish-test-entry (--compiler gives a second entry another
@@ -41,6 +43,9 @@ KERNEL = r"""
 #ifndef KFORGE_TEST_CHUNK
 #define KFORGE_TEST_CHUNK 65536
 #endif
+#ifndef KFORGE_TEST_HALF_AGAIN
+#define KFORGE_TEST_HALF_AGAIN 0
+#endif
 // out = x + y for float32 x and float64 y (alpha 1, the signature's), one chunk per block.
 extern "C" void add_mixed(const kforge_cpu_block* b, void* const* params) {
   const float* x = *(const float* const*)params[0];
@@ -53,11 +58,16 @@ extern "C" void add_mixed(const kforge_cpu_block* b, void* const* params) {
     for (int64_t i = begin; i < end; ++i) out[i] = (double)x[i] + y[i];
     asm volatile("" ::: "memory");   // every repeat really runs
   }
+  if (KFORGE_TEST_HALF_AGAIN) {
+    for (int64_t i = begin; i < begin + (end - begin) / 2; ++i) out[i] = (double)x[i] + y[i];
+    asm volatile("" ::: "memory");
+  }
 }
 """
 LAUNCH = ("entry=add_mixed;grid=ceil_div(numel0, 65536),1,1;block=1,1,1;smem=0;"
           "args=input:0,input:1,output:0,size:numel0:i64")
-FLAGS = {"fast": ["-O3"], "faster": ["-O3", "-DKFORGE_TEST_CHUNK=32768"], "slow": ["-O3", "-DKFORGE_TEST_REPEAT=40"]}
+FLAGS = {"fast": ["-O3"], "faster": ["-O3", "-DKFORGE_TEST_CHUNK=32768"], "slow": ["-O3", "-DKFORGE_TEST_REPEAT=40"],
+         "half_again": ["-O3", "-DKFORGE_TEST_HALF_AGAIN=1"]}
 N = 16384
 
 
@@ -227,7 +237,8 @@ def test_live_upgrade_then_disable_in_the_cache(hook_path, build_dir, publish_to
     msgpack = pytest.importorskip("msgpack")
     cache = tmp_path / "cache"
     cache.mkdir(mode=0o700)
-    a = publish(publish_tool, kernels, cache, add_signature, "fast", speedup=1.2)
+    # A: a pass and a half, faster than PyTorch's kernel and slower than B's one pass.
+    a = publish(publish_tool, kernels, cache, add_signature, "half_again", speedup=1.2)
     d = tempfile.mkdtemp(prefix="kf-")
     endpoint = f"ipc://{d}/daemon.sock"
     ctx = zmq.Context()
@@ -289,6 +300,20 @@ def test_live_upgrade_then_disable_in_the_cache(hook_path, build_dir, publish_to
         assert [e["entry"] for e in r["stats"]["swap"]["entries"]] == [b]   # A is gone
         assert all(r["exact"])
 
+        # Note [Upgrade pays]: C, announced 3.0x (a worker that flattered it), runs a pass and a half:
+        # faster than PyTorch's kernel in its trial, slower than B, so B runs again and C is not retried.
+        c = publish(publish_tool, kernels, cache, add_signature, "half_again", compiler="c++ (flattered)", speedup=3.0)
+        assert c not in (a, b, worse)
+        router.send_multipart([ident, msgpack.packb(["kforge", 1, 5, [sig_id, bytes(16), c, 3.0]])])
+        say("go 3")
+        r = result()
+        (during,) = add_sig(r["during"])
+        assert during["entry"] == c and during["state"] == "shadow" and during["previous_entry"] == b, during
+        (s,) = add_sig(r["stats"])
+        assert s["entry"] == b and s["state"] == "active" and s["previous_entry"] == "", s
+        assert r["stats"]["swap"]["upgrades"] == 1 and r["stats"]["swap"]["upgrades_declined"] == 1
+        assert all(r["exact"])
+
         # `kforge cache disable B`: the process takes it out on its own within a round (1 s).
         kforge(build_dir, cache, "disable", b)
         say("watch")
@@ -307,4 +332,6 @@ def test_live_upgrade_then_disable_in_the_cache(hook_path, build_dir, publish_to
     err = proc.stderr.read()
     assert proc.returncode == 0, err
     assert f"entry {b} for " in err and f"it replaces entry {a} (" in err, err
+    assert f"entry {c} for " in err and "not than the version in use in this process" in err, err
+    assert f"entry {b} runs again (active)" in err, err
     assert f"entry {b} for " in err and "disabled in the cache: PyTorch's kernel runs" in err, err

@@ -110,6 +110,7 @@ struct Daemon::Impl {
   std::deque<SessionEvent> events;
   Counters counters;
   bool schedule_due = true;   // counts arrived or a search ended since the scheduler last looked
+  std::set<SignatureId> yielding;   // searches stopped to give their place (Note [Yielding searches])
   Clock::time_point started = Clock::now();
   Clock::time_point liveness_checked = Clock::now();
   Clock::time_point scheduled = Clock::now();
@@ -144,6 +145,7 @@ struct Daemon::Impl {
   void add_gui_routes();
   void resume_journals();
   void schedule();
+  void yield_locked(const std::optional<SignatureId>& waiting);
   void start_session(SignatureRecord& r);
   void handle_router();
   void handle_events();
@@ -425,16 +427,43 @@ void Daemon::Impl::schedule() {
   scheduled = now;
   size_t active = 0;
   for (const auto& [id, s] : sessions) active += s->finished() ? 0 : 1;
+  auto next_to_search = [this] {
+    return hot.next_to_search([this](const OpSignature& sig) { return pool->slots_for(sig) > 0; },
+                              [this](const OpSignature& sig) { return pool->bandwidth_for(sig); });
+  };
   while (active < config.concurrent_searches) {
     if (evaluations_total.load() >= config.max_evaluations_total) return;
-    std::optional<SignatureId> next = hot.next_to_search(
-        [this](const OpSignature& sig) { return pool->slots_for(sig) > 0; },
-        [this](const OpSignature& sig) { return pool->bandwidth_for(sig); });
+    std::optional<SignatureId> next = next_to_search();
     if (!next) return;
     SignatureRecord* r = hot.find(*next);
     start_session(*r);
     ++active;
   }
+  yield_locked(next_to_search());
+}
+
+// Note [Yielding searches] in daemon_config.h: under mu, with every search slot taken.
+void Daemon::Impl::yield_locked(const std::optional<SignatureId>& waiting) {
+  if (config.yield_after_evaluations == 0 || !waiting || !yielding.empty()) return;
+  const SignatureRecord* w = hot.find(*waiting);
+  if (w == nullptr || w->evaluations > 0) return;   // only for a signature no search has evaluated
+  SearchSession* pick = nullptr;
+  SignatureRecord* pick_record = nullptr;
+  for (const auto& [id, s] : sessions) {
+    SignatureRecord* r = hot.find(id);
+    if (s->finished() || r == nullptr || r->entry_key.empty() || r->evaluations < config.yield_after_evaluations) continue;
+    if (pick_record == nullptr || r->evaluations > pick_record->evaluations) {
+      pick = s.get();
+      pick_record = r;
+    }
+  }
+  if (pick == nullptr) return;
+  yielding.insert(pick_record->id);
+  log("info", "pausing the search of " + pick_record->signature.to_string() + " after " +
+                  std::to_string(pick_record->evaluations) + " evaluations (best " + std::to_string(pick_record->best_speedup) +
+                  "x): its place goes to " + w->signature.to_string() + ", which no search has evaluated yet");
+  count("searches_yielded");
+  pick->stop();
 }
 
 // Under mu: the pool learns which GPUs serving processes use (slot choice and JobPlacement).
@@ -588,6 +617,10 @@ void Daemon::Impl::handle_events() {
               break;
           }
           r->note = std::string(session_state_name(e.end)) + ": " + e.message;
+          if (yielding.erase(e.signature) > 0 && e.end == SessionState::kStopped) {
+            r->note = "paused after " + std::to_string(r->evaluations) +
+                      " evaluations for a signature not yet searched; resumes from its journal";
+          }
         }
         finished.push_back(e.signature);
         log("info", "search of " + sig.substr(0, 12) + " ended after " + std::to_string(e.evaluations) +

@@ -177,6 +177,7 @@ const std::vector<Key>& keys() {
       KEY_UINT("search", "max_evaluations_total", max_evaluations_total, 1, 1000000000, "evaluations the daemon may spend in all"),
       KEY_UINT("search", "max_seconds_per_signature", max_seconds_per_signature, 1, 604800, "wall time one signature's search may take"),
       KEY_UINT("search", "concurrent_searches", concurrent_searches, 1, 64, "signatures searched at once"),
+      KEY_UINT("search", "yield_after_evaluations", yield_after_evaluations, 0, 1000000, "evaluations after which a search with a win gives its place to a signature not yet searched (0: never)"),
       KEY_UINT("search", "min_calls", min_calls, 1, 1000000000000ull, "calls a signature needs before it is searched"),
       KEY_DOUBLE("search", "min_time_share", min_time_share, 0.0, 1.0, "share of a process's intercepted time a signature needs before it is searched"),
       KEY_UINT("search", "seed", seed, 0, std::numeric_limits<uint64_t>::max(), "the searches' random seed"),

@@ -84,6 +84,15 @@ struct DaemonConfig {
   // were listed, against 0-4 s for the first two (bench/results/2026-12-07-h100-prebuild-ab-5936214.md).
   // The price: the hottest signature's deep search advances at its share of the slots.
   uint32_t concurrent_searches = 8;
+  // Note [Yielding searches]: with every search slot taken and a hot signature that no search has
+  // evaluated yet waiting, a search that has published a win and spent at least this many
+  // evaluations stops (its in-flight evaluations finish, its journal keeps the tree) and gives its
+  // place to that signature; it resumes from its journal once no unsearched signature waits (Note
+  // [Search priority] in hot_signatures.h). One search yields per scheduler round (a second).
+  // With 8 searches of 24 evaluations on an H100, the ninth signature of a per-op warm had its
+  // first win 141 s after it was listed (bench/results/2026-12-07-h100-per-op-new-kernels-5ffbe2e-warm.md):
+  // it waited for one of the eight to spend its whole budget. 0: searches never yield.
+  uint32_t yield_after_evaluations = 8;
   uint64_t min_calls = 50;             // a signature is a search candidate after this many calls
   double min_time_share = 0.0;         // ... and this share of the process's intercepted time
   uint64_t seed = 0;

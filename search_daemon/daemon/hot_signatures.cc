@@ -389,6 +389,7 @@ std::optional<SignatureId> HotSignatures::next_to_search(const std::function<boo
                                                          const std::function<double(const OpSignature&)>& bandwidth) {
   std::optional<SignatureId> best;
   double best_saving = -1;
+  bool best_fresh = false;   // no evaluation yet: ahead of paused searches (Note [Search priority])
   std::optional<ProcessTimes> times;
   for (auto& [id, r] : signatures_) {
     if (r.state != SearchState::kObserved && r.state != SearchState::kUnrunnable) continue;
@@ -409,8 +410,10 @@ std::optional<SignatureId> HotSignatures::next_to_search(const std::function<boo
     const double h = headroom(r, bandwidth(r.signature));
     // Never sampled: rank by calls alone, behind every signature with a measured time.
     const double saving = r.mean_ns() > 0 ? r.total_ns() * (1 - 1 / h) : 1e-9 * static_cast<double>(r.calls());
-    if (saving > best_saving) {
+    const bool fresh = r.evaluations == 0;
+    if (!best || (fresh && !best_fresh) || (fresh == best_fresh && saving > best_saving)) {
       best_saving = saving;
+      best_fresh = fresh;
       best = id;
     }
   }

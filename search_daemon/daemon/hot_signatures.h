@@ -19,7 +19,8 @@
 // copy bandwidth); unknown (no sampled time, or no bandwidth yet) counts as 2. The scheduler
 // searches, among the signatures with at least min_calls calls and min_time_share of the time
 // that a slot can run and that are not searched yet, the one with the largest expected saving:
-// total time x (1 - 1/headroom).
+// total time x (1 - 1/headroom); a signature no search has evaluated yet goes before one whose
+// search was paused (Note [Yielding searches] in daemon_config.h), whatever their savings.
 //
 // Note [Bounded state]
 // Any local client can connect and send anything, so everything kept per client is bounded and

@@ -88,6 +88,18 @@ TEST_CASE("hot signatures: the scheduler picks the largest expected saving above
   CHECK_FALSE(hot.next_to_search(kRunnable, kBandwidth));   // rare never qualifies
 }
 
+TEST_CASE("hot signatures: a signature no search has evaluated goes before a paused search, whatever the savings") {
+  HotSignatures hot(HotOptions{100, 0});
+  const OpSignature paused = softmax(8, 64);       // the larger saving (as above), 8 evaluations in
+  const OpSignature fresh = softmax(4096, 4096);
+  hot.on_report("p", report(1, 1, {entry(fresh, 1000, 100, 100 * 67'000), entry(paused, 100000, 1000, 1000 * 5'000)}));
+  CHECK(hot.next_to_search(kRunnable, kBandwidth) == paused.id());
+  hot.find(paused.id())->evaluations = 8;          // its search yielded (Note [Yielding searches])
+  CHECK(hot.next_to_search(kRunnable, kBandwidth) == fresh.id());
+  hot.find(fresh.id())->state = SearchState::kSearching;
+  CHECK(hot.next_to_search(kRunnable, kBandwidth) == paused.id());   // then it resumes
+}
+
 TEST_CASE("hot signatures: a signature no slot can run waits as unrunnable, and is taken once one can") {
   HotSignatures hot(HotOptions{1, 0});
   const OpSignature a = softmax(64, 256);

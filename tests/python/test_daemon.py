@@ -262,6 +262,46 @@ def test_a_running_model_gets_a_searched_kernel_swapped_in(daemon_bin, hook_path
         assert d.stop() == 0, d.log_text()
 
 
+def test_a_search_with_a_win_yields_its_place_to_a_signature_not_yet_searched_and_resumes(daemon_bin, hook_path, tmp_path):
+    """Note [Yielding searches]: one search at a time. The softmax search publishes a win; a second
+    model brings GELU, which no search has evaluated; the softmax search pauses for it (its journal
+    keeps the tree) and resumes once GELU's search has ended, to spend the rest of its budget."""
+    root = private_root(tmp_path)
+    budget = 4
+    d = Daemon(daemon_bin, root, "--max-evaluations", str(budget), "--set", "search.concurrent_searches=1",
+               "--set", "search.yield_after_evaluations=2").start()
+    models = []
+    try:
+        models.append(start_model(daemon_bin, hook_path, d, tmp_path, 600, "steady", KFORGE_TEST_GELU=0))
+        st = d.wait_for(lambda s: (softmax_record(s) or {}).get("entry") and softmax_record(s)["evaluations"] >= 2, 420,
+                        "a published softmax win after 2 evaluations")
+        if softmax_record(st)["evaluations"] >= budget:
+            pytest.skip("the softmax search spent its budget before GELU came (a slow host)")
+        (tmp_path / "second").mkdir()
+        models.append(start_model(daemon_bin, hook_path, d, tmp_path / "second", 600, "steady"))
+        gelu = lambda s: next((x for x in s["signatures"] if x["signature"].startswith("aten::gelu")), None)
+        d.wait_for(lambda s: gelu(s) is not None, 240, "GELU to be reported")
+        # The second model calls the softmax too: the first goes, so that two models do not starve
+        # the worker, which runs at idle priority on this 2-core host (Note [Idle workers]).
+        models[0].kill()
+        models[0].wait(timeout=30)
+        st = d.wait_for(lambda s: (gelu(s) or {}).get("evaluations", 0) >= 1, 420, "GELU's search to start")
+        paused = softmax_record(st)
+        assert paused["evaluations"] < budget, paused
+        assert "pausing the search of aten::_softmax" in d.log_text(), d.log_text()
+        # GELU's search ends (its budget, or its space), then the softmax search resumes to its budget.
+        st = d.wait_for(lambda s: softmax_record(s)["evaluations"] >= budget and softmax_record(s)["state"] != "searching"
+                        and gelu(s)["state"] != "searching", 600, "both searches to end")
+        assert softmax_record(st)["state"] == "published", softmax_record(st)
+        assert st["counters"].get("searches_yielded", 0) == 1, st["counters"]
+        assert gelu(st)["evaluations"] >= 1
+    finally:
+        for m in models:
+            m.kill()
+            m.wait(timeout=30)
+        assert d.stop() == 0, d.log_text()
+
+
 def test_a_daemon_killed_mid_search_changes_nothing_for_the_model_and_resumes_from_its_journal(daemon_bin, hook_path, tmp_path):
     root = private_root(tmp_path)
     budget = 6

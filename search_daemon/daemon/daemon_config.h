@@ -88,7 +88,8 @@ struct DaemonConfig {
   // evaluated yet waiting, a search that has published a win and spent at least this many
   // evaluations stops (its in-flight evaluations finish, its journal keeps the tree) and gives its
   // place to that signature; it resumes from its journal once no unsearched signature waits (Note
-  // [Search priority] in hot_signatures.h). One search yields per scheduler round (a second).
+  // [Search priority] in hot_signatures.h). One search yields at a time: the next only once the
+  // last has stopped and its place has been taken.
   // With 8 searches of 24 evaluations on an H100, the ninth signature of a per-op warm had its
   // first win 141 s after it was listed (bench/results/2026-12-07-h100-per-op-new-kernels-5ffbe2e-warm.md):
   // it waited for one of the eight to spend its whole budget. 0: searches never yield.

@@ -366,11 +366,12 @@ int64_t softmax_dim(const OpSignature& sig, Softmax kind, Backend backend) {
 // - Clusters (softmax_dim_cluster, Note [Clustered columns]) read the tensor from memory once too,
 //   with sector-wide tile rows, and still lose to streaming: on the same shape the whole space
 //   (380 configurations, bench/results/2026-12-07-h100-landscape-d1-5ffbe2e.tsv) gave clusters
-//   12.85x at best, streamed kernels 15.7x. A tile's 4096 rows are 256 KiB of 32-byte rows: the
-//   tiles in flight fit in L2, so the streamed kernel's second read rarely reaches memory, and the
-//   cluster pays for its barrier and exchange. Its prior is weighted below the streamed kernels'
-//   (kClusterWeight), which the search still tries: ranked above them, MCTS and greedy spent 16
-//   evaluations among the clusters and stayed at 12.1x.
+//   12.85x at best, streamed kernels 15.7x (block 512, split 16, vec 2: 320 us, 56% of the copy
+//   bandwidth for the 537 MB a softmax must move). Why the clusters lose is not profiled: part of
+//   the streamed kernel's second read may come from L2, and a cluster's blocks wait at its barrier
+//   and exchange. Their prior is weighted below the streamed kernels' (kClusterWeight), which the
+//   search still tries: ranked above them, MCTS and greedy spent 16 evaluations among the clusters
+//   and stayed at 12.1x.
 class DimSoftmaxCuda final : public FamilyBase {
  public:
   enum : size_t { kBlock, kSplit, kVec, kCache };

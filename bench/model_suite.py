@@ -284,9 +284,13 @@ def child_time(args):
     with torch.no_grad():
         # The entries this step reaches finish their trial in this process before anything is
         # timed (the hook looks new signatures up in the cache in its reporter's rounds).
+        # A thread observes about one call in observe_every of an operator it has called before
+        # (Note [Observed calls]): a signature called once a step is seen within 2 * observe_every
+        # steps, and only a seen signature is looked up in the cache.
         interceptors(True)
         t0 = time.monotonic()
-        for _ in range(3):
+        m = re.search(r"observe_every=(\d+)", json.loads(lib.kforge_hook_stats_json()).get("config", ""))
+        for _ in range(2 * int(m.group(1)) if m else 32):
             step()
         sync()
         lib.kforge_hook_report_now(20000)

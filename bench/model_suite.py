@@ -17,16 +17,18 @@ batch 2 on 64x64 latents; GPT-2 and a Llama-style decoder
 512 and one decode step at batch 1 and 32 after a 512-token prompt. bf16 and fp32. --small: tiny
 sizes of the same models, for a CPU.
 
-Per case, three processes, each started as users start kforge (`kforge run`, KFORGE_BENCH_TOGGLE=1
+Per case, three processes (the warm shared by a model's cases), each started as users start kforge (`kforge run`, KFORGE_BENCH_TOGGLE=1
 so that the process can take kforge's interceptors out of PyTorch's dispatcher and put them back,
 Note [Bench toggle]):
 
 1. empty: `kforge run --no-daemon` on an empty cache. Blocks of steps with the interceptors out
    (PyTorch eager, exactly) and in (the hook with nothing to swap), alternated: the overhead alone,
    and whether the outputs are bitwise identical (issue 22).
-2. warm: `kforge warm` runs the case's step again and again with a daemon of this run's own (its
+2. warm: `kforge warm` runs the step again and again with a daemon of this run's own (its
    end-to-end check leaves out kernels that do not pay in the whole step); the daemon is stopped
-   afterwards, so no search competes with the timing.
+   afterwards, so no search competes with the timing. By default one warm serves every case of a
+   model and dtype (--warm-scope model): its workload steps each of them in turn, so an LLM's
+   prefill and decodes, which share most operators, are searched once, in one cache.
 3. timed: `kforge run --no-daemon` on that cache, a fresh process: the entries the cache holds go
    through their trial in this process first (shadow calls against PyTorch's kernels); then eager,
    kforge, torch.compile and torch.compile under kforge, one block of each per round in an order
@@ -237,15 +239,17 @@ def load_module(name, path):
 # ---- the children ---------------------------------------------------------------------------------
 
 def child_steps(args):
-    """The warm workload: the case's step, again and again, for --seconds."""
+    """The warm workload: each case's step in turn (--case: one, or a comma-separated group),
+    again and again, for --seconds."""
     import torch
     if args.device == "cpu":
         torch.set_num_threads(args.threads)
-    _, step, _, _ = build(args.case, args.device, args.small)
+    steps = [build(case, args.device, args.small)[1] for case in args.case.split(",")]
     end = time.monotonic() + args.seconds
     with torch.no_grad():
         while time.monotonic() < end:
-            step()
+            for step in steps:
+                step()
             if args.device == "cuda":
                 torch.cuda.synchronize()
 
@@ -425,16 +429,20 @@ def child_time(args):
 
 # ---- the parent -----------------------------------------------------------------------------------
 
-def run_case(case, args, kforge, tmp, out_dir, env):
-    """The three processes of one case; returns the case's result (also written to <out>/<case>.json)."""
-    common = [sys.executable, str(pathlib.Path(__file__).resolve()), "--device", args.device, "--case", case,
-              "--threads", str(args.threads)] + (["--small"] if args.small else [])
+def run_group(group, args, kforge, tmp, out_dir, env):
+    """The processes of a group of cases (one model and dtype, or one case: --warm-scope): per case
+    an empty-cache process; one kforge warm whose workload steps every case of the group in turn;
+    per case a fresh process on the warm cache. Returns the cases' results (each also written to
+    <out>/<case>.json as it is done)."""
+    def common(case):
+        return [sys.executable, str(pathlib.Path(__file__).resolve()), "--device", args.device, "--case", case,
+                "--threads", str(args.threads)] + (["--small"] if args.small else [])
     timing = ["--rounds", str(args.rounds), "--block-ms", str(args.block_ms), "--settle-s", str(args.settle_s),
               "--profile-steps", str(args.profile_steps)]
-    res = dict(case=case, kind=workload_kind(case), **parse_case(case))
+    results = {case: dict(case=case, kind=workload_kind(case), **parse_case(case)) for case in group}
     child_env = dict(env, KFORGE_BENCH_TOGGLE="1", KFORGE_REPORT_INTERVAL_MS="200", KFORGE_LOG="1")
 
-    def run(label, cmd, cache, timeout):
+    def run(label, cmd, cache, timeout, owners):
         t = time.monotonic()
         # A session of its own, so that a child past its time is killed with everything it started.
         p = subprocess.Popen([kforge, "--cache-dir", str(cache), *cmd], env=child_env, stdout=subprocess.PIPE,
@@ -444,49 +452,66 @@ def run_case(case, args, kforge, tmp, out_dir, env):
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, 9)
             _, err = p.communicate()
-            res.setdefault("errors", []).append(f"{label}: did not finish within {timeout:.0f} s")
+            for res in owners:
+                res.setdefault("errors", []).append(f"{label}: did not finish within {timeout:.0f} s")
             return None, err
-        res.setdefault("seconds", {})[label] = round(time.monotonic() - t, 1)
-        if p.returncode != 0:
-            res.setdefault("errors", []).append(f"{label}: exit status {p.returncode}: " + tail(err, 1500, tmp))
-            return None, err
-        return p, err
+        for res in owners:
+            res.setdefault("seconds", {})[label] = round(time.monotonic() - t, 1)
+            if p.returncode != 0:
+                res.setdefault("errors", []).append(f"{label}: exit status {p.returncode}: " + tail(err, 1500, tmp))
+        return (p if p.returncode == 0 else None), err
 
-    def timed(label, cache, variants):
+    def timed(case, label, cache, variants):
         result = tmp / f"{case}-{label}.json"
         result.unlink(missing_ok=True)
-        p, err = run(label, ["run", "--no-daemon", "--", *common, "--child", "time", "--result", str(result),
+        p, err = run(label, ["run", "--no-daemon", "--", *common(case), "--child", "time", "--result", str(result),
                              "--variants", variants, *timing] + (["--no-profile", "--no-reference"] if label == "empty" else []),
-                     cache, args.child_timeout)
+                     cache, args.child_timeout, [results[case]])
         (out_dir / f"{case}-{label}-hook.log").write_text(
             "".join(line.replace(str(tmp), "<tmp>") + "\n" for line in (err or "").splitlines() if line.startswith("kforge")))
         return json.loads(result.read_text()) if p is not None and result.exists() else None
 
-    print(f"model_suite: {case}: empty cache", flush=True)
     empty = tmp / "empty-cache"
-    shutil.rmtree(empty, ignore_errors=True)
-    empty.mkdir()
-    res["empty"] = timed("empty", empty, "eager,kforge")
+    for case in group:
+        print(f"model_suite: {case}: empty cache", flush=True)
+        shutil.rmtree(empty, ignore_errors=True)
+        empty.mkdir()
+        results[case]["empty"] = timed(case, "empty", empty, "eager,kforge")
     if not args.no_warm:
-        print(f"model_suite: {case}: kforge warm, {args.warm_minutes} min", flush=True)
+        name = group[0] if len(group) == 1 else "-".join(group[0].split("-")[:2])
+        print(f"model_suite: {name}: kforge warm, {args.warm_minutes} min, its workload steps {', '.join(group)}", flush=True)
         shutil.rmtree(tmp / "warm", ignore_errors=True)
         daemon_args = ["--daemon-arg=--devices", f"--daemon-arg={'cuda:0' if args.device == 'cuda' else 'cpu'}",
                        "--daemon-arg=--max-evaluations", f"--daemon-arg={args.max_evaluations}"]
-        p, _ = run("warm", ["warm", "--minutes", str(args.warm_minutes), "--report", str(tmp / "warm"), *daemon_args,
-                            "--", *common, "--child", "steps", "--seconds", str(args.warm_run_seconds)],
-                   tmp / "cache", args.warm_minutes * 60 + args.child_timeout)
+        run("warm", ["warm", "--minutes", str(args.warm_minutes), "--report", str(tmp / "warm"), *daemon_args,
+                     "--", *common(",".join(group)), "--child", "steps", "--seconds", str(args.warm_run_seconds)],
+            tmp / "cache", args.warm_minutes * 60 + args.child_timeout, list(results.values()))
         per_op.stop_daemon(tmp)
         report = tmp / "warm" / "report.md"
         if report.exists():
             text = report.read_text().replace(str(tmp), "<tmp>").replace(sys.executable, "python3").replace(f"{ROOT}/", "")
-            (out_dir / f"{case}-warm.md").write_text(text)
-            res["warm_e2e"] = next((l for l in text.splitlines() if l.startswith("Step rate with every kernel in")), "")
-            res["warm_left_out"] = re.findall(r"\| `([^`]+)` \| [^|]+ \| \d+ \| \*\*left out\*\* \|", text)
-    print(f"model_suite: {case}: timed on the {'warm' if not args.no_warm else 'given'} cache", flush=True)
+            (out_dir / f"{name}-warm.md").write_text(text)
+            for res in results.values():
+                res["warm_report"] = f"{name}-warm.md"
+                res["warm_cases"] = group
+                res["warm_e2e"] = next((l for l in text.splitlines() if l.startswith("Step rate with every kernel in")), "")
+                res["warm_left_out"] = re.findall(r"\| `([^`]+)` \| [^|]+ \| \d+ \| \*\*left out\*\* \|", text)
     variants = "eager,kforge" + ("" if args.no_compile else ",compile,compile_kforge")
-    res["timed"] = timed("timed", tmp / "cache", variants)
-    (out_dir / f"{case}.json").write_text(json.dumps(res, indent=1))
-    return res
+    for case in group:
+        print(f"model_suite: {case}: timed on the {'warm' if not args.no_warm else 'given'} cache", flush=True)
+        results[case]["timed"] = timed(case, "timed", tmp / "cache", variants)
+        (out_dir / f"{case}.json").write_text(json.dumps(results[case], indent=1))
+    return list(results.values())
+
+
+def groups_of(selected, scope):
+    """The cases in warm groups: one per model and dtype (in the order first selected), or each alone."""
+    if scope == "case":
+        return [[c] for c in selected]
+    out = {}
+    for c in selected:
+        out.setdefault(tuple(c.split("-")[:2]), []).append(c)
+    return list(out.values())
 
 
 def tail(text, n, tmp):
@@ -605,7 +630,8 @@ def render(out_dir, header=""):
         if t.get("compile_error"):
             L.append(f"- torch.compile failed: {t['compile_error']}")
         if r.get("warm_e2e"):
-            L.append(f"- kforge warm's end-to-end check: {r['warm_e2e']}" +
+            L.append(f"- kforge warm (`{r.get('warm_report', '')}`, its workload: {', '.join(r.get('warm_cases', []))}), "
+                     f"end-to-end check: {r['warm_e2e']}" +
                      (f" Left out: {', '.join('`' + k + '`' for k in r['warm_left_out'])}." if r.get("warm_left_out") else ""))
         if s["err_kforge"] is not None:
             L.append(f"- Output error against float64 (relative L2): eager {s['err_eager']:.3g}, kforge {s['err_kforge']:.3g}; "
@@ -765,7 +791,10 @@ def main():
     ap.add_argument("--cases", help="comma-separated case ids (model-dtype-phase[-attention]); overrides the four above")
     ap.add_argument("--small", action="store_true", help="tiny sizes of the same models (a CPU)")
     ap.add_argument("--threads", type=int, default=1, help="CPU: torch threads in every child")
-    ap.add_argument("--warm-minutes", type=float, default=5, help="each case's kforge warm budget")
+    ap.add_argument("--warm-minutes", type=float, default=5, help="each warm's budget (kforge warm --minutes)")
+    ap.add_argument("--warm-scope", choices=("model", "case"), default="model",
+                    help="model: one warm per model and dtype, its workload stepping each of their cases in turn "
+                         "(an LLM's prefill and decodes share most operators); case: one warm per case")
     ap.add_argument("--warm-run-seconds", type=float, default=20, help="how long each run of the warm's workload steps")
     ap.add_argument("--max-evaluations", type=int, default=16, help="each signature's search budget (kforged --max-evaluations)")
     ap.add_argument("--no-warm", action="store_true", help="time what --cache-dir holds, without warming it")
@@ -839,16 +868,16 @@ def main():
     (out_dir / "command.txt").write_text(header + "\n")
     start = time.monotonic()
     try:
-        for case in selected:
+        for group in groups_of(selected, args.warm_scope):
             if args.time_budget and time.monotonic() - start > args.time_budget:
-                print(f"model_suite: {case}: not started, the run's --time-budget is spent", flush=True)
+                print(f"model_suite: {', '.join(group)}: not started, the run's --time-budget is spent", flush=True)
                 continue
-            res = run_case(case, args, kforge, tmp, out_dir, env)
-            s = summarize(res)
-            print(f"model_suite: {case}: eager {fmt(s['eager_ms'])} ms, overhead "
-                  f"{fmt(s['overhead'], '+.2%')}, warm {fx(s['kforge_x'])}, compile {fx(s['compile_x'])}, "
-                  f"outputs {'ok' if s['accuracy'] and all(s['accuracy'].values()) else s['accuracy']}"
-                  + (f"; errors: {s['errors']}" if s["errors"] else ""), flush=True)
+            for res in run_group(group, args, kforge, tmp, out_dir, env):
+                s = summarize(res)
+                print(f"model_suite: {res['case']}: eager {fmt(s['eager_ms'])} ms, overhead "
+                      f"{fmt(s['overhead'], '+.2%')}, warm {fx(s['kforge_x'])}, compile {fx(s['compile_x'])}, "
+                      f"outputs {'ok' if s['accuracy'] and all(s['accuracy'].values()) else s['accuracy']}"
+                      + (f"; errors: {s['errors']}" if s["errors"] else ""), flush=True)
             render(out_dir, header)
     finally:
         per_op.stop_daemon(tmp)

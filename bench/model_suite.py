@@ -566,7 +566,7 @@ def render(out_dir, header=""):
         sys.exit(f"model_suite: no case results in {out_dir}")
     rows = [summarize(r) for r in results]
     if not header and (out_dir / "command.txt").exists():
-        header = (out_dir / "command.txt").read_text().strip()
+        header = "\n".join(f"- {l}" for l in (out_dir / "command.txt").read_text().splitlines() if l.strip())
     some = next((r["timed"] for r in results if r.get("timed")), {}) or next((r["empty"] for r in results if r.get("empty")), {}) or {}
     L = [f"# Model suite: {some.get('gpu', '?')}, torch {some.get('torch', '?')}", ""]
     if header:
@@ -809,6 +809,8 @@ def main():
                     help="seconds for the whole run: a case is not started once it is spent (0: no limit)")
     ap.add_argument("--out", help="the results directory (default bench/results/<date>-<device>-models)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory (cache, daemon state)")
+    ap.add_argument("--skip-done", action="store_true",
+                    help="leave out the cases --out already holds a result for (without errors): a suite run in pieces")
     ap.add_argument("--render", metavar="DIR", help="only write the report from the case JSON files in DIR")
     ap.add_argument("--list", action="store_true", help="print the case ids the arguments select, and exit")
     # the children
@@ -845,6 +847,13 @@ def main():
         selected = cases(split(args.models, MODELS, "model"), split(args.dtypes, tuple(DTYPES), "dtype"),
                          split(args.phases, ("prefill", "decode1", "decode32"), "phase"),
                          split(args.attention, ("sdpa", "eager"), "attention"))
+    out_dir = pathlib.Path(args.out or ROOT / "bench" / "results" / f"{time.strftime('%Y-%m-%d', time.gmtime())}-{args.device}-models")
+    if args.skip_done:
+        # A suite run in pieces (a GPU lent in short calls) goes on where the last piece stopped.
+        done = [c for c in selected if (out_dir / f"{c}.json").exists() and not json.loads((out_dir / f"{c}.json").read_text()).get("errors")]
+        if done:
+            print(f"model_suite: already in {out_dir}, skipped: {', '.join(done)}", flush=True)
+        selected = [c for c in selected if c not in done]
     if args.list:
         print("\n".join(selected))
         return
@@ -854,7 +863,6 @@ def main():
         sys.exit(f"model_suite: no kforge CLI at {kforge}: build kforge or pass --bundle-root")
     if args.no_warm and not args.cache_dir:
         sys.exit("model_suite: --no-warm times what a cache holds: give it with --cache-dir")
-    out_dir = pathlib.Path(args.out or ROOT / "bench" / "results" / f"{time.strftime('%Y-%m-%d', time.gmtime())}-{args.device}-models")
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="kforge-models-"))
     (tmp / "run").mkdir(mode=0o700)
@@ -865,7 +873,9 @@ def main():
     env["PATH"] = str(pathlib.Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     shown = " ".join("<path>" if "/" in a else a for a in sys.argv[1:])   # no machine paths in a results file
     header = f"`bench/model_suite.py {shown}`, started {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}."
-    (out_dir / "command.txt").write_text(header + "\n")
+    # Every piece of a suite run in pieces is named.
+    with open(out_dir / "command.txt", "a") as f:
+        f.write(header + "\n")
     start = time.monotonic()
     try:
         for group in groups_of(selected, args.warm_scope):
@@ -878,7 +888,7 @@ def main():
                       f"{fmt(s['overhead'], '+.2%')}, warm {fx(s['kforge_x'])}, compile {fx(s['compile_x'])}, "
                       f"outputs {'ok' if s['accuracy'] and all(s['accuracy'].values()) else s['accuracy']}"
                       + (f"; errors: {s['errors']}" if s["errors"] else ""), flush=True)
-            render(out_dir, header)
+            render(out_dir)
     finally:
         per_op.stop_daemon(tmp)
         if args.keep:

@@ -437,8 +437,7 @@ def run_group(group, args, kforge, tmp, out_dir, env):
     def common(case):
         return [sys.executable, str(pathlib.Path(__file__).resolve()), "--device", args.device, "--case", case,
                 "--threads", str(args.threads)] + (["--small"] if args.small else [])
-    timing = ["--rounds", str(args.rounds), "--block-ms", str(args.block_ms), "--settle-s", str(args.settle_s),
-              "--profile-steps", str(args.profile_steps)]
+    timing = ["--block-ms", str(args.block_ms), "--settle-s", str(args.settle_s), "--profile-steps", str(args.profile_steps)]
     results = {case: dict(case=case, kind=workload_kind(case), **parse_case(case)) for case in group}
     child_env = dict(env, KFORGE_BENCH_TOGGLE="1", KFORGE_REPORT_INTERVAL_MS="200", KFORGE_LOG="1")
 
@@ -465,7 +464,8 @@ def run_group(group, args, kforge, tmp, out_dir, env):
         result = tmp / f"{case}-{label}.json"
         result.unlink(missing_ok=True)
         p, err = run(label, ["run", "--no-daemon", "--", *common(case), "--child", "time", "--result", str(result),
-                             "--variants", variants, *timing] + (["--no-profile", "--no-reference"] if label == "empty" else []),
+                             "--variants", variants, *timing, "--rounds", str(args.overhead_rounds if label == "empty" else args.rounds)]
+                    + (["--no-profile", "--no-reference"] if label == "empty" else []),
                      cache, args.child_timeout, [results[case]])
         (out_dir / f"{case}-{label}-hook.log").write_text(
             "".join(line.replace(str(tmp), "<tmp>") + "\n" for line in (err or "").splitlines() if line.startswith("kforge")))
@@ -800,7 +800,9 @@ def main():
     ap.add_argument("--no-warm", action="store_true", help="time what --cache-dir holds, without warming it")
     ap.add_argument("--cache-dir", help="the kernel cache the cases warm and the timed runs use (default: a new one)")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile and torch.compile under kforge")
-    ap.add_argument("--rounds", type=int, default=12, help="timed rounds (one block of each variant) per process")
+    ap.add_argument("--rounds", type=int, default=12, help="timed rounds (one block of each variant) in the warm-cache process")
+    ap.add_argument("--overhead-rounds", type=int, default=40,
+                    help="timed rounds in the empty-cache process (two variants; the 1%% overhead target needs many)")
     ap.add_argument("--block-ms", type=float, default=200, help="about this long per timed block")
     ap.add_argument("--settle-s", type=float, default=120, help="at most this long for the cache's entries to finish their trial")
     ap.add_argument("--profile-steps", type=int, default=3, help="steps per profile (without and with kforge)")

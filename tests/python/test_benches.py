@@ -158,7 +158,7 @@ def test_model_suite_runs_a_case_end_to_end(build_dir, tmp_path):
         pytest.skip(f"no {script} (not a source tree)")
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, str(script), "--device", "cpu", "--small", "--kforge", str(build_dir / "tools" / "kforge"),
-                           "--cases", "resnet50-fp32-forward", "--warm-minutes", "0.3", "--warm-run-seconds", "8",
+                           "--cases", "resnet50-fp32-forward", "--warm-minutes", "0.3", "--warm-run-seconds", "8", "--overhead-rounds", "3",
                            "--max-evaluations", "2", "--no-compile", "--rounds", "3", "--block-ms", "50",
                            "--profile-steps", "1", "--out", str(out), "--keep"],
                           capture_output=True, text=True, timeout=600)

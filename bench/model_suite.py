@@ -381,10 +381,13 @@ def child_time(args):
         n = max(1, int(args.block_ms * 1e-3 / max(once, 1e-6)))
         times = {v: [] for v in variants}
         first = {v: [] for v in variants}   # per round: did eager run before this variant?
+        orders = []
         for r in range(args.rounds):
-            order = variants[r % len(variants):] + variants[:r % len(variants)]
-            if r % 2:
-                order = order[::-1]
+            # Every variant in every position equally often: the rotations of the variants, then
+            # of their reverse (so a variant follows each other one too), and again.
+            base = variants if (r // len(variants)) % 2 == 0 else variants[::-1]
+            order = base[r % len(variants):] + base[:r % len(variants)]
+            orders.append(order)
             for v in order:
                 interceptors(INTERCEPTORS[v])
                 fns[v]()   # untimed: the first calls after a switch are a transient
@@ -392,6 +395,7 @@ def child_time(args):
             for v in variants:
                 first[v].append(order.index("eager") < order.index(v))
         out["steps_per_block"] = n
+        out["orders"] = orders
         out["rounds"] = args.rounds
         out["times_ms"] = {v: [t * 1e3 for t in ts] for v, ts in times.items()}
         stats = {}

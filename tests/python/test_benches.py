@@ -174,6 +174,8 @@ def test_model_suite_runs_a_case_end_to_end(build_dir, tmp_path):
         for r, variants in ((empty, ("eager", "kforge")), (timed, ("eager", "kforge"))):
             assert all(r["stats"][v]["median_ms"] > 0 for v in variants), r["stats"]
             assert len(r["times_ms"]["eager"]) == 3, r["times_ms"]
+            # eager ran first in some rounds and second in others
+            assert {o.index("eager") for o in r["orders"]} == {0, 1}, r["orders"]
         assert empty["accuracy"]["kforge"]["identical_to_eager"] is True, empty["accuracy"]
         acc = timed["accuracy"]["kforge"]
         assert acc["passed"] is True, acc

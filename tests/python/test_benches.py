@@ -193,3 +193,48 @@ def test_model_suite_runs_a_case_end_to_end(build_dir, tmp_path):
             assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
     finally:
         shutil.rmtree(kept[0], ignore_errors=True)
+
+
+def test_model_suite_report_against_the_targets(tmp_path):
+    # The report's target lines from case results as the suite writes them: the batch-and-prefill
+    # geometric mean leaves decode at batch 1 out, the LLM mean takes the LLM cases alone, a case
+    # under 0.99x is named, the largest empty-cache overhead is found, a model counts as at or
+    # above torch.compile only if every configuration is, and an output outside the criterion is
+    # named.
+    if not (BENCH / "model_suite.py").exists():
+        pytest.skip("no bench/model_suite.py (not a source tree)")
+    sys.path.insert(0, str(BENCH))
+    try:
+        import model_suite
+    finally:
+        sys.path.pop(0)
+
+    def case(name, eager, kforge, compile_, overhead, passed=True):
+        res = dict(case=name, kind=model_suite.workload_kind(name), **model_suite.parse_case(name))
+        res["empty"] = dict(stats={"eager": dict(median_ms=eager), "kforge": dict(median_ms=eager * (1 + overhead),
+                                                                                  speedup=1 / (1 + overhead), speedup_interval=[0.99, 1.01])},
+                            accuracy={"kforge": dict(identical_to_eager=True)})
+        stats = {"eager": dict(median_ms=eager), "kforge": dict(median_ms=kforge, speedup=eager / kforge)}
+        if compile_:
+            stats["compile"] = dict(median_ms=compile_, speedup=eager / compile_)
+        acc = {"eager": dict(vs_float64=dict(rel_l2=1e-3, max_abs=1e-2, ref_max=1.0)),
+               "kforge": dict(vs_float64=dict(rel_l2=1e-3, max_abs=1e-2, ref_max=1.0), vs_eager=dict(rel_l2=1e-4), passed=passed)}
+        res["timed"] = dict(gpu="test GPU", torch="2.11", stats=stats, accuracy=acc, signatures=[])
+        (tmp_path / f"{name}.json").write_text(json.dumps(res))
+
+    case("resnet50-bf16-forward", 10.0, 8.0, 9.0, 0.002)                # 1.25x, above compile
+    case("resnet50-fp32-forward", 20.0, 16.0, 17.0, 0.004)              # 1.25x, above compile
+    case("gpt2-bf16-prefill-sdpa", 12.0, 10.0, 13.0, 0.003)             # 1.2x, above compile
+    case("gpt2-bf16-decode32-sdpa", 6.0, 5.0, 5.0, 0.006)               # 1.2x, equal to compile
+    case("gpt2-bf16-decode1-sdpa", 5.0, 5.1, 4.0, 0.015, passed=False)  # 0.98x: left out of the means
+    text = model_suite.render(tmp_path).read_text()
+    lines = [l for l in text.splitlines() if l.startswith("- ")]
+    gm_all = (1.25 * 1.25 * 1.2 * 1.2) ** 0.25
+    assert any(l.startswith("- Warm-cache geometric mean") and f"{gm_all:.3f}x over 4 cases" in l for l in lines), text
+    assert any(l.startswith("- The same over the LLM cases alone: 1.200x over 2 cases") for l in lines), text
+    assert any("slower than 0.99x" in l and "gpt2-bf16-decode1-sdpa 0.980x" in l for l in lines), text
+    assert any("largest +1.50% (gpt2-bf16-decode1-sdpa)" in l and "cases above 1%: 1 of 5" in l for l in lines), text
+    # resnet50: 9/8 and 17/16 -> yes; gpt2: 13/10 and 5/5, but 4/5.1 -> not in every configuration
+    assert any("at or above torch.compile in every measured configuration: 1 (resnet50)" in l for l in lines), text
+    assert any("Outputs outside the criterion: 1 cases: gpt2-bf16-decode1-sdpa" in l for l in lines), text
+    assert (tmp_path / "speedup.png").read_bytes()[:4] == b"\x89PNG"

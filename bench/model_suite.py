@@ -2,7 +2,8 @@
 torch.compile, and torch.compile under kforge, timed in one process per cache, with every output
 checked against eager and against a float64 reference.
 
-    python3 bench/model_suite.py --device cuda --bundle-root <bundle>                      # the suite
+    python3 <bundle>/share/kforge/bench/model_suite.py --device cuda                        # the suite
+    python3 bench/model_suite.py --device cuda --bundle-root <bundle>                      # the same
     python3 bench/model_suite.py --device cuda --bundle-root <bundle> --models resnet50 --dtypes bf16 \
         --warm-minutes 3                                                                   # one case
     .venv/bin/python bench/model_suite.py --device cpu --small --models resnet50,gpt2 \
@@ -69,6 +70,9 @@ import time
 import zlib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+# Run from a source tree (bench/) or from an unpacked bundle (share/kforge/bench/, beside demo.py).
+BUNDLE = ROOT.parent.parent if (ROOT / "demo.py").exists() and not (ROOT / "tools").exists() else None
+DEMO = ROOT / "demo.py" if BUNDLE else ROOT / "tools" / "share" / "demo.py"
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import per_op   # noqa: E402  (both standard library only at import)
 import side_by_side as sbs   # noqa: E402
@@ -267,7 +271,7 @@ def child_time(args):
     dev = args.device
     if dev == "cpu":
         torch.set_num_threads(args.threads)
-    demo = load_module("kforge_demo", ROOT / "tools" / "share" / "demo.py")
+    demo = load_module("kforge_demo", DEMO)
     op_profile = load_module("op_profile", pathlib.Path(__file__).resolve().parent / "op_profile.py")
     lib = per_op.hook()
     variants = args.variants.split(",")
@@ -797,7 +801,8 @@ def write_time_png(path, results):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
-    ap.add_argument("--bundle-root", help="an unpacked kforge bundle (bin/kforge); default: this tree's build/")
+    ap.add_argument("--bundle-root", help="an unpacked kforge bundle (bin/kforge); default: the bundle this file is in "
+                                          "(share/kforge/bench/), else this source tree's build/")
     ap.add_argument("--kforge", help="the kforge CLI (overrides --bundle-root)")
     ap.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {','.join(MODELS)}")
     ap.add_argument("--dtypes", default="bf16,fp32", help="comma-separated, of bf16,fp16,fp32")
@@ -824,7 +829,8 @@ def main():
     ap.add_argument("--child-timeout", type=float, default=1800, help="seconds a timing process may take")
     ap.add_argument("--time-budget", type=float, default=0,
                     help="seconds for the whole run: a case is not started once it is spent (0: no limit)")
-    ap.add_argument("--out", help="the results directory (default bench/results/<date>-<device>-models)")
+    ap.add_argument("--out", help="the results directory (default: bench/results/<date>-<device>-models in a source "
+                                  "tree, ./kforge-<date>-<device>-models from a bundle)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory (cache, daemon state)")
     ap.add_argument("--skip-done", action="store_true",
                     help="leave out the cases --out already holds a result for (without errors): a suite run in pieces")
@@ -864,7 +870,8 @@ def main():
         selected = cases(split(args.models, MODELS, "model"), split(args.dtypes, tuple(DTYPES), "dtype"),
                          split(args.phases, ("prefill", "decode1", "decode32"), "phase"),
                          split(args.attention, ("sdpa", "eager"), "attention"))
-    out_dir = pathlib.Path(args.out or ROOT / "bench" / "results" / f"{time.strftime('%Y-%m-%d', time.gmtime())}-{args.device}-models")
+    stem = f"{time.strftime('%Y-%m-%d', time.gmtime())}-{args.device}-models"
+    out_dir = pathlib.Path(args.out or (pathlib.Path.cwd() / f"kforge-{stem}" if BUNDLE else ROOT / "bench" / "results" / stem))
     if args.skip_done:
         # A suite run in pieces (a GPU lent in short calls) goes on where the last piece stopped.
         done = [c for c in selected if (out_dir / f"{c}.json").exists() and not json.loads((out_dir / f"{c}.json").read_text()).get("errors")]
@@ -875,7 +882,7 @@ def main():
         print("\n".join(selected))
         return
     kforge = args.kforge or (str(pathlib.Path(args.bundle_root) / "bin" / "kforge") if args.bundle_root
-                             else str(ROOT / "build" / "tools" / "kforge"))
+                             else str(BUNDLE / "bin" / "kforge") if BUNDLE else str(ROOT / "build" / "tools" / "kforge"))
     if not os.access(kforge, os.X_OK):
         sys.exit(f"model_suite: no kforge CLI at {kforge}: build kforge or pass --bundle-root")
     if args.no_warm and not args.cache_dir:

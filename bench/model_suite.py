@@ -283,9 +283,7 @@ def child_time(args):
         print(f"model_suite: {args.case}: {msg}", file=sys.stderr, flush=True)
 
     def interceptors(on):
-        why = lib.kforge_hook_bench_set_interceptors(int(on)).decode()
-        if why:
-            sys.exit(f"model_suite: cannot toggle kforge's interceptors: {why} (KFORGE_BENCH_TOGGLE=1?)")
+        per_op.set_interceptors(lib, on, "model_suite")
 
     def sync():
         if dev == "cuda":
@@ -767,14 +765,14 @@ def write_time_png(path, results):
         tot = sum(x[1] for x in prof["eager"]) or 1.0
         lib_cls = ("matmul", "conv", "attention")
         # eager's five largest other operators, in the same colours in both bars
-        top = [x[0] for x in prof["eager"] if x[2] not in lib_cls][:5]
+        largest = [x[0] for x in prof["eager"] if x[2] not in lib_cls][:5]
         pair = []
         for label in ("eager", "kforge"):
             segs = prof.get(label, [])
             us = {x[0]: x[1] for x in segs}
             lib = sum(x[1] for x in segs if x[2] in lib_cls)
-            rest = sum(x[1] for x in segs if x[2] not in lib_cls and x[0] not in top)
-            pair.append([(lib / tot, 2)] + [(us.get(name, 0.0) / tot, 3 + k) for k, name in enumerate(top)] + [(rest / tot, 9)])
+            rest = sum(x[1] for x in segs if x[2] not in lib_cls and x[0] not in largest)
+            pair.append([(lib / tot, 2)] + [(us.get(name, 0.0) / tot, 3 + k) for k, name in enumerate(largest)] + [(rest / tot, 9)])
         bars.append(pair)
     ymax = max([sum(v for v, _ in p) for b in bars if b for p in b] + [1.0])
     ymax = math.ceil(ymax * 5) / 5

@@ -204,6 +204,14 @@ def hook():
     return lib
 
 
+def set_interceptors(lib, on, who):
+    """kforge's interceptors out of PyTorch's dispatcher or back in (Note [Bench toggle]); exits
+    naming `who` where the hook cannot (a process without KFORGE_BENCH_TOGGLE=1)."""
+    why = lib.kforge_hook_bench_set_interceptors(int(on)).decode()
+    if why:
+        sys.exit(f"{who}: cannot toggle kforge's interceptors: {why} (KFORGE_BENCH_TOGGLE=1?)")
+
+
 def child_steps(args):
     """The warm workload: every row's operator in turn, for --seconds."""
     import torch
@@ -225,9 +233,7 @@ def child_time(args):
     lib = hook()
 
     def interceptors(on):
-        why = lib.kforge_hook_bench_set_interceptors(int(on)).decode()
-        if why:
-            sys.exit(f"per_op: cannot toggle kforge's interceptors: {why} (KFORGE_BENCH_TOGGLE=1?)")
+        set_interceptors(lib, on, "per_op")
 
     def sync():
         if dev == "cuda":

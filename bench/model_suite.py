@@ -122,7 +122,7 @@ def build(case, device, small):
     tensor the accuracy check compares; reference() returns the same computed in float64 (a copy
     of the model and inputs), run with whatever interceptors are in at the time."""
     import torch
-    op_profile = load_module("op_profile", pathlib.Path(__file__).resolve().parent / "op_profile.py")
+    import op_profile   # bench/, beside this file (imports torch: children only)
     c = parse_case(case)
     dtype = getattr(torch, DTYPES[c["dtype"]])
     g = torch.Generator().manual_seed(0)
@@ -272,7 +272,7 @@ def child_time(args):
     if dev == "cpu":
         torch.set_num_threads(args.threads)
     demo = load_module("kforge_demo", DEMO)
-    op_profile = load_module("op_profile", pathlib.Path(__file__).resolve().parent / "op_profile.py")
+    import op_profile
     lib = per_op.hook()
     variants = args.variants.split(",")
     out = dict(case=args.case, device=dev, torch=torch.__version__, variants=variants,
@@ -322,9 +322,7 @@ def child_time(args):
         interceptors(True)
         if "kforge" in variants:
             outputs["kforge"] = output().detach().clone()
-        for v in ("compile", "compile_kforge"):
-            if v not in variants or "compile" in fns:
-                continue
+        if {"compile", "compile_kforge"} & set(variants):   # one compiled step serves both
             interceptors(False)
             t1 = time.monotonic()
             try:

@@ -27,6 +27,21 @@ def run_bench(script, build_dir, *args, timeout=600):
     return proc.stdout
 
 
+def run_keeping_tmp(cmd, who):
+    """Runs a bench that warms with a daemon of its own and keeps its temporary directory (--keep):
+    checks that it passed and that no daemon at its private endpoint outlived it; returns that
+    directory (the caller removes it)."""
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    kept = [l.split(" ", 1)[1] for l in proc.stdout.splitlines() if l.startswith("kept ")]
+    assert kept, proc.stdout
+    alive = subprocess.run(["pgrep", "-f", f"{kept[0]}/run/daemon.sock"], capture_output=True, text=True)
+    if alive.stdout.strip():
+        shutil.rmtree(kept[0], ignore_errors=True)
+    assert alive.stdout.strip() == "", f"a daemon outlived {who}: {alive.stdout}"
+    return kept[0]
+
+
 def test_e2e_toggle_runs_and_its_checks_pass(build_dir):
     out = run_bench("e2e_toggle.py", build_dir, "--processes", "1", "--rounds", "2", "--block", "2", "--settle", "1",
                     "--warmup", "1", "--control", "--calls", "200", "--repeats", "2")
@@ -77,17 +92,11 @@ def test_per_op_warms_times_and_writes_its_report(build_dir, tmp_path):
     script = BENCH / "per_op.py"
     if not script.exists():
         pytest.skip(f"no {script} (not a source tree)")
-    proc = subprocess.run([sys.executable, str(script), "--device", "cpu", "--kforge", str(build_dir / "tools" / "kforge"),
-                           "--only", "softmax", "--minutes", "1", "--max-evaluations", "2", "--threads", "1",
-                           "--pairs", "2", "--block-ms", "5", "--no-compile", "--out", str(tmp_path), "--keep"],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    kept = [l.split(" ", 1)[1] for l in proc.stdout.splitlines() if l.startswith("kept ")]
-    assert kept, proc.stdout
+    # The warm's daemon was stopped before the timing run (run_keeping_tmp checks).
+    kept = run_keeping_tmp([sys.executable, str(script), "--device", "cpu", "--kforge", str(build_dir / "tools" / "kforge"),
+                            "--only", "softmax", "--minutes", "1", "--max-evaluations", "2", "--threads", "1",
+                            "--pairs", "2", "--block-ms", "5", "--no-compile", "--out", str(tmp_path), "--keep"], "per_op")
     try:
-        # The warm's daemon was stopped before the timing run.
-        alive = subprocess.run(["pgrep", "-f", f"{kept[0]}/run/daemon.sock"], capture_output=True, text=True)
-        assert alive.stdout.strip() == "", f"a daemon outlived per_op: {alive.stdout}"
         (csv,) = tmp_path.glob("*-cpu-per-op.csv")
         header, *rows = csv.read_text().splitlines()
         assert header.startswith("op,dtype,shape,torch_us,compile_us,kforge_us,speedup,speedup_vs_compile,pct_copy_bw"), header
@@ -99,12 +108,12 @@ def test_per_op_warms_times_and_writes_its_report(build_dir, tmp_path):
         md = next(tmp_path.glob("*-cpu-per-op.md")).read_text()
         assert "| op | dtype | shape | threads |" in md and str(tmp_path) not in md, md
         warm = next(tmp_path.glob("*-cpu-per-op-warm.md")).read_text()
-        assert "## Search speed" in warm and kept[0] not in warm, warm
+        assert "## Search speed" in warm and kept not in warm, warm
         # The timing process's hook lines, for why an entry was or was not used there.
         hook = next(tmp_path.glob("*-cpu-per-op-hook.log")).read_text()
-        assert kept[0] not in hook and all(l.startswith("kforge") for l in hook.splitlines()), hook
+        assert kept not in hook and all(l.startswith("kforge") for l in hook.splitlines()), hook
     finally:
-        shutil.rmtree(kept[0], ignore_errors=True)
+        shutil.rmtree(kept, ignore_errors=True)
 
 
 def test_per_op_says_why_a_target_is_missed():
@@ -157,17 +166,11 @@ def test_model_suite_runs_a_case_end_to_end(build_dir, tmp_path):
     if not script.exists():
         pytest.skip(f"no {script} (not a source tree)")
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, str(script), "--device", "cpu", "--small", "--kforge", str(build_dir / "tools" / "kforge"),
-                           "--cases", "resnet50-fp32-forward", "--warm-minutes", "0.3", "--warm-run-seconds", "8", "--overhead-rounds", "3",
-                           "--max-evaluations", "2", "--no-compile", "--rounds", "3", "--block-ms", "50",
-                           "--profile-steps", "1", "--out", str(out), "--keep"],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    kept = [l.split(" ", 1)[1] for l in proc.stdout.splitlines() if l.startswith("kept ")]
-    assert kept, proc.stdout
+    kept = run_keeping_tmp([sys.executable, str(script), "--device", "cpu", "--small", "--kforge", str(build_dir / "tools" / "kforge"),
+                            "--cases", "resnet50-fp32-forward", "--warm-minutes", "0.3", "--warm-run-seconds", "8",
+                            "--overhead-rounds", "3", "--max-evaluations", "2", "--no-compile", "--rounds", "3",
+                            "--block-ms", "50", "--profile-steps", "1", "--out", str(out), "--keep"], "the suite")
     try:
-        alive = subprocess.run(["pgrep", "-f", f"{kept[0]}/run/daemon.sock"], capture_output=True, text=True)
-        assert alive.stdout.strip() == "", f"a daemon outlived the suite: {alive.stdout}"
         res = json.loads((out / "resnet50-fp32-forward.json").read_text())
         assert not res.get("errors"), res.get("errors")
         empty, timed = res["empty"], res["timed"]
@@ -188,11 +191,11 @@ def test_model_suite_runs_a_case_end_to_end(build_dir, tmp_path):
         assert "| 1 | resnet50-fp32-forward |" in report and "## Against the issue's targets" in report, report
         for f in out.iterdir():
             if f.suffix in (".md", ".json", ".log", ".txt"):
-                assert kept[0] not in f.read_text(), f
+                assert kept not in f.read_text(), f
         for png in ("speedup.png", "time.png"):
             assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
     finally:
-        shutil.rmtree(kept[0], ignore_errors=True)
+        shutil.rmtree(kept, ignore_errors=True)
 
 
 def test_model_suite_report_against_the_targets(tmp_path):

@@ -410,11 +410,23 @@ def stop_daemon(tmp):
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             os.kill(pid, 0)
+            if exited(pid):
+                return
             time.sleep(0.1)
         os.kill(pid, signal.SIGKILL)
         print(f"per_op: the warm daemon (pid {pid}) did not stop within 30 s of SIGTERM: killed", file=sys.stderr)
     except ProcessLookupError:
         pass
+
+
+def exited(pid):
+    """A process that has exited but that no parent reaps (warm's daemon outlives warm, and a
+    container's first process may reap nothing) stays a zombie: kill(pid, 0) still finds it."""
+    try:
+        return pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return True
+
 
 def finish(row, copy_bw):
     """The derived columns: speedups, and the best time's share of the copy bandwidth."""

@@ -16,6 +16,7 @@
 #include <thread>
 #include <tuple>
 
+#include "tools/ab_analysis.h"
 #include "tools/cache_commands.h"
 #include "tools/daemon_launch.h"
 #include "tools/install_layout.h"
@@ -159,52 +160,6 @@ std::string fixed(double v, int d) {
 }
 
 std::string short_sig(const std::string& s) { return s.size() > 70 ? s.substr(0, 67) + "..." : s; }
-
-// Note [End-to-end A/B] (interposer/hook/ab_driver.h): the windows of one process, paired.
-// Each window that is not "all" is paired with the "all" window next to it (the one before, else
-// the one after); its ratio rate(all) / rate(this) is how much faster the step is with every
-// entry than with this table. Per label: the median of those ratios and their spread.
-struct AbResult {
-  struct Ratio {
-    double median = 0, low = 0, high = 0;
-    size_t pairs = 0;
-  };
-  std::map<std::string, Ratio> by_label;   // "none", or a signature id (hex)
-  std::map<std::string, std::string> entry_of;   // signature id -> entry key
-  double seconds = 0;
-};
-
-AbResult analyse_ab(const std::vector<json>& per_process) {
-  AbResult out;
-  std::map<std::string, std::vector<double>> ratios;
-  for (const json& ab : per_process) {
-    for (const json& e : ab.value("entries", json::array())) {
-      out.entry_of[e.value("signature_id", "")] = e.value("entry", "");
-    }
-    std::vector<std::tuple<std::string, double>> w;   // label, rate
-    for (const json& x : ab.value("windows", json::array())) {
-      if (!x.is_array() || x.size() != 3 || !x[1].is_number() || !x[2].is_number()) continue;
-      const double ns = x[2].get<double>();
-      out.seconds += ns / 1e9;
-      if (ns > 0) w.emplace_back(x[0].get<std::string>(), x[1].get<double>() / ns);
-    }
-    for (size_t i = 0; i < w.size(); ++i) {
-      if (std::get<0>(w[i]) == "all" || std::get<1>(w[i]) <= 0) continue;
-      const size_t j = i > 0 && std::get<0>(w[i - 1]) == "all" ? i - 1 : i + 1;
-      if (j >= w.size() || std::get<0>(w[j]) != "all") continue;
-      ratios[std::get<0>(w[i])].push_back(std::get<1>(w[j]) / std::get<1>(w[i]));
-    }
-  }
-  for (auto& [label, r] : ratios) {
-    std::sort(r.begin(), r.end());
-    AbResult::Ratio& q = out.by_label[label];
-    q.pairs = r.size();
-    q.median = r.size() % 2 ? r[r.size() / 2] : (r[r.size() / 2 - 1] + r[r.size() / 2]) / 2;
-    q.low = r[r.size() / 4];
-    q.high = r[(3 * r.size()) / 4];
-  }
-  return out;
-}
 
 }  // namespace
 
@@ -426,7 +381,9 @@ int run_warm_command(const std::vector<std::string>& args, const std::string& ca
         << ab_window_ms << " ms): make the workload longer.\n";
     } else {
       t << "Step rate with every kernel in, against PyTorch's kernels alone, in one process ("
-        << fixed(res.seconds, 1) << " s of " << ab_window_ms << " ms windows): **" << fixed(none->second.median, 3)
+        << fixed(res.seconds, 1) << " s of " << ab_window_ms << " ms windows"
+        << (res.idle_windows > 0 ? ", " + std::to_string(res.idle_windows) + " of them without a call and not paired" : "")
+        << "): **" << fixed(none->second.median, 3)
         << "x** (median of " << none->second.pairs << " adjacent window pairs; quartiles " << fixed(none->second.low, 3)
         << "-" << fixed(none->second.high, 3) << ").\n\n| entry | with it / without it | pairs | verdict |\n| --- | --- | --- | --- |\n";
       for (const auto& [label, q] : res.by_label) {

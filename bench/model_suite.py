@@ -24,7 +24,7 @@ Note [Bench toggle]):
 
 1. empty: `kforge run --no-daemon` on an empty cache. Blocks of steps with the interceptors out
    (PyTorch eager, exactly) and in (the hook with nothing to swap), alternated: the overhead alone,
-   and whether the outputs are bitwise identical (issue 22).
+   and whether the outputs are bitwise identical (issue 22), with eager against itself as the control.
 2. warm: `kforge warm` runs the step again and again with a daemon of this run's own (its
    end-to-end check leaves out kernels that do not pay in the whole step); the daemon is stopped
    afterwards, so no search competes with the timing. By default one warm serves every case of a
@@ -319,6 +319,9 @@ def child_time(args):
         # Outputs first (a timing run cut short still says whether they are right).
         interceptors(False)
         outputs = {"eager": output().detach().clone()}
+        # The control for "identical": eager against itself. A step whose PyTorch kernels are not
+        # run-to-run deterministic cannot be bitwise identical under any hook.
+        out["eager_repeatable"] = bool(torch.equal(output(), outputs["eager"]))
         interceptors(True)
         if "kforge" in variants:
             outputs["kforge"] = output().detach().clone()
@@ -545,6 +548,15 @@ def fx(v):
     return "-" if v is None else f"{v:.3f}x"
 
 
+def identical(s):
+    """The table's identical column: the empty-cache output against eager's, and the control."""
+    if s["empty_identical"] is None:
+        return "-"
+    if s["empty_identical"]:
+        return "yes"
+    return "no (nor is eager against itself)" if s["eager_repeatable"] is False else "**no**"
+
+
 def summarize(res):
     """The numbers one case contributes to the report (None where not measured)."""
     t, e = res.get("timed") or {}, res.get("empty") or {}
@@ -560,6 +572,7 @@ def summarize(res):
     s["overhead"] = (1 / k["speedup"] - 1) if k.get("speedup") else None
     s["overhead_iv"] = [1 / k["speedup_interval"][1] - 1, 1 / k["speedup_interval"][0] - 1] if k.get("speedup_interval") else None
     s["empty_identical"] = (e.get("accuracy", {}).get("kforge") or {}).get("identical_to_eager")
+    s["eager_repeatable"] = e.get("eager_repeatable")
     s["accuracy"] = {v: a.get("passed") for v, a in acc.items() if v != "eager"}
     s["err_kforge"] = (acc.get("kforge") or {}).get("vs_float64", {}).get("rel_l2")
     s["err_eager"] = (acc.get("eager") or {}).get("vs_float64", {}).get("rel_l2")
@@ -586,7 +599,8 @@ def render(out_dir, header=""):
     L += ["Step time is the median over interleaved blocks in one process per cache; a speedup is eager's step time "
           "over the variant's, paired round by round (order-balanced median, 95% bootstrap interval in brackets). "
           "**empty**: kforge's hook with an empty cache, its overhead (+ is slower) and whether the output is "
-          "bitwise identical to eager's. **warm**: a fresh process on the cache `kforge warm` left "
+          "bitwise identical to eager's (the control: eager's output against a second run of its own; a step "
+          "whose PyTorch kernels are not deterministic from run to run is identical under no hook). **warm**: a fresh process on the cache `kforge warm` left "
           "(`kforge run --no-daemon`). **compile**: torch.compile of the same step, interceptors out; **compile+kf**: "
           "the same compiled step with kforge's interceptors in. **ok**: every variant's output within kforge's "
           "accuracy criterion against float64 (at most twice eager's error).", "",
@@ -601,7 +615,7 @@ def render(out_dir, header=""):
         iv = lambda x: f" [{x[0]:.3f}-{x[1]:.3f}]" if x else ""   # noqa: E731
         ov = f"{s['overhead']:+.2%}" + (f" [{s['overhead_iv'][0]:+.2%}, {s['overhead_iv'][1]:+.2%}]" if s["overhead_iv"] else "") \
             if s["overhead"] is not None else "-"
-        L.append(f"| {i} | {s['case']} | {fmt(s['eager_ms'], '.3f')} | {ov} | {'-' if s['empty_identical'] is None else 'yes' if s['empty_identical'] else '**no**'} | "
+        L.append(f"| {i} | {s['case']} | {fmt(s['eager_ms'], '.3f')} | {ov} | {identical(s)} | "
                  f"{fmt(s['kforge_ms'])} | {fx(s['kforge_x'])}{iv(s['kforge_iv'])} | {fmt(s['compile_ms'])} | "
                  f"{fx(s['compile_x'])} | {fx(s['compile_kforge_x'])} | {fx(s['vs_compile'])} | {okt} | {len(s['active'])} |")
     L += ["", "## Against the issue's targets", ""]
@@ -617,9 +631,12 @@ def render(out_dir, header=""):
              (": " + ", ".join(f"{s['case']} {s['kforge_x']:.3f}x" for s in slow) if slow else "") + ".")
     ovs = [s for s in rows if s["overhead"] is not None]
     worst = max(ovs, key=lambda s: s["overhead"], default=None)
+    noisy = [s["case"] for s in ovs if s["eager_repeatable"] is False]
     L.append(f"- Empty-cache overhead: largest {worst['overhead']:+.2%} ({worst['case']}); cases above 1%: "
              f"{sum(1 for s in ovs if s['overhead'] > 0.01)} of {len(ovs)}; output bitwise identical to eager in "
-             f"{sum(1 for s in ovs if s['empty_identical'])} of {len(ovs)}." if worst else "- Empty-cache overhead: not measured.")
+             f"{sum(1 for s in ovs if s['empty_identical'])} of {len(ovs)}"
+             + (f" (eager's own output differed between two runs of the step in {len(noisy)}: {', '.join(noisy)})" if noisy else "")
+             + "." if worst else "- Empty-cache overhead: not measured.")
     by_model = {}
     for s in rows:
         if s["vs_compile"] is not None:

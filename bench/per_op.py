@@ -517,7 +517,7 @@ def summary(table, copy_bw):
         lines.append(f"- At least as fast as torch.compile's kernel (within 2%) on {ok} of {len(compared)} rows "
                      f"({100 * ok / len(compared):.0f}%; the issue asks 80%).")
     slower = [r for r in table if r.get("kernel", "").startswith("kforge") and (r.get("speedup") or 1) < 0.98]
-    lines.append(f"- Rows where a kforge kernel is slower than PyTorch's by more than 2%: "
+    lines.append("- Rows where a kforge kernel is slower than PyTorch's by more than 2%: "
                  + (", ".join(f"{r['op']} {r['shape']} ({r['speedup']:.3f}x)" for r in slower) if slower else "none") + ".")
     return lines
 

@@ -229,6 +229,23 @@ OpSignature cat(Backend b, DType t, const std::vector<std::vector<int64_t>>& siz
   return OpSignature{"aten::cat", "", {Arg::tensor_list(std::move(list)), Arg::integer(dim)}, target(b)};
 }
 
+// cat with list element k a view of strides `strides` (Note [Cat rows] in cat.cc).
+OpSignature with_element_strides(OpSignature s, size_t k, std::vector<int64_t> strides) {
+  std::get<std::vector<TensorMeta>>(s.args[0].value).at(k).strides = std::move(strides);
+  return s;
+}
+
+// rotate_half's cat((-x2, x1), -1): x1 the first half of the last dimension of q [B, H, S, D], q a
+// view(B, S, H, D).transpose(1, 2); -x2 is contiguous.
+OpSignature rotate_half_cat(Backend b, DType t, int64_t B, int64_t H, int64_t S, int64_t D) {
+  return with_element_strides(cat(b, t, {{B, H, S, D / 2}, {B, H, S, D / 2}}, -1), 1, {S * H * D, D, H * D, 1});
+}
+
+// A KV cache cropped to S positions of S + 1 (a view along the sequence) and the step's new one.
+OpSignature cropped_kv_cat(Backend b, DType t, int64_t B, int64_t H, int64_t S, int64_t D) {
+  return with_element_strides(cat(b, t, {{B, H, S, D}, {B, H, 1, D}}, -2), 0, {H * (S + 1) * D, (S + 1) * D, D, 1});
+}
+
 // clone of a tensor of `sizes` and `strides` (empty: contiguous), memory_format `format` (an int
 // of c10::MemoryFormat, or None).
 OpSignature clone(Backend b, DType t, std::vector<int64_t> sizes, std::vector<int64_t> strides, Arg format) {
@@ -613,6 +630,8 @@ TEST_CASE("templates: supports() accepts exactly the signatures some family hand
       refused.push_back(cat(G, F, {{2, 3}, {0}}, 0));                     // an empty (legacy) element
       refused.push_back(cat(G, F, {{2, 3}, {2, 3}}, 2));                  // dim out of range
       refused.push_back(cat(G, F, std::vector<std::vector<int64_t>>(17, {2, 3}), 0));   // more than 16
+      refused.push_back(with_element_strides(cat(G, F, {{4, 6}, {4, 6}}, 1), 1, {1, 4}));   // a row not in a row
+      refused.push_back(with_element_strides(cat(G, F, {{2, 3, 4}, {2, 3, 4}}, 1), 0, {12, 8, 1}));   // gaps inside a row
       refused.push_back(clone(G, F, {4, 5}, {8, 1}, Arg::none()));                      // preserve with gaps
       refused.push_back(clone(G, F, {2, 3, 4, 5}, {}, Arg::integer(2)));                // channels_last
       refused.push_back(clone(G, F, {2, 2, 2, 2, 2, 2, 2}, {1, 2, 4, 8, 16, 32, 64}, Arg::integer(0)));   // 7 dims
@@ -1482,6 +1501,9 @@ TEST_CASE("templates: the CUDA families compile with NVRTC for sm_90 over their 
     }
     sigs.push_back(cat(Backend::kCuda, d, {{8, 12, 512, 64}, {8, 12, 1, 64}}, 2));
     sigs.push_back(cat(Backend::kCuda, d, {{4, 7}, {4, 9}, {4, 1}}, 1));
+    sigs.push_back(rotate_half_cat(Backend::kCuda, d, 8, 32, 512, 64));
+    sigs.push_back(cropped_kv_cat(Backend::kCuda, d, 32, 4, 512, 64));
+    sigs.push_back(rotate_half_cat(Backend::kCuda, d, 2, 3, 5, 6));   // rows of 3: vectors of one
     for (int64_t n : {1, 2, 3, 4, 5, 6}) {   // every KF_NDIM: dimensions that do not merge
       std::vector<int64_t> sizes(static_cast<size_t>(n), 3), strides(static_cast<size_t>(n));
       int64_t step = 2;
@@ -2038,6 +2060,9 @@ TEST_CASE("templates: CPU instances of every family pass the worker's verificati
   plan(cat(B, F, {{2, 3, 33, 16}, {2, 3, 1, 16}}, -2), 1, 1);
   plan(cat(B, F, {{3, 5}, {3, 7}, {3, 1}}, 1), 1, 0);
   plan(cat(B, F, {{2, 5}, {4, 5}}, 0), 1, 0);
+  plan(rotate_half_cat(B, F, 2, 3, 5, 8), 1, 1);
+  plan(cropped_kv_cat(B, F, 2, 3, 6, 4), 1, 1);
+  plan(with_element_strides(cat(B, F, {{3, 2, 5}, {3, 4, 5}}, 1), 0, {0, 5, 1}), 1, 0);   // expanded rows
   plan(clone(B, F, {2, 5, 3, 16}, {240, 16, 80, 1}, Arg::integer(0)), 1, 1);
   plan(clone(B, F, {4, 6}, {1, 4}, Arg::none()), 1, 0);
   plan(clone(B, F, {4, 5}, {8, 1}, Arg::integer(0)), 1, 0);              // a slice

@@ -1,11 +1,23 @@
-// aten::cat: the tensors of a list joined along dim. Handled: 1 to kMaxInputs contiguous, non-empty
-// tensors of one dtype on one device, of one rank, equal in every dimension but dim; the output
-// contiguous (as PyTorch makes it from contiguous inputs). The kernels are specialized to the
-// shapes: with outer = the product of the sizes before dim and inner = those after it, input k is
-// `outer` rows of seg_k = size_k(dim) * inner elements, and output row o is input 0's row o, then
-// input 1's, and so on. Elements move as stored (raw words on CUDA, memcpy on CPU), so NaN
+// aten::cat: the tensors of a list joined along dim. Handled: 1 to kMaxInputs non-empty tensors of
+// one dtype on one device, of one rank, equal in every dimension but dim, each laid out as rows
+// (Note [Cat rows]); the output contiguous (as PyTorch makes it). The kernels are specialized to
+// the shapes: with outer = the product of the sizes before dim and inner = those after it, input k
+// is `outer` rows of seg_k = size_k(dim) * inner elements, and output row o is input 0's row o,
+// then input 1's, and so on. Elements move as stored (raw words on CUDA, memcpy on CPU), so NaN
 // payloads survive as in PyTorch's copy. The inputs are the list's elements (Note [List inputs]
 // in runtime/kernel_spec.cc: input bindings 2, 3, ... after the two arguments).
+//
+// Note [Cat rows]
+// ~~~~~~~~~~~~~~~
+// An input's row o must be seg_k elements in a row in storage: its dimensions from dim on are
+// dense in row-major order (size-1 dimensions aside). Its dimensions before dim may have any
+// non-negative strides: row o starts at KF_A<k>_ROW(o), the row offset of the view [outer..., seg_k]
+// (Note [Strided rows] in template_family.cc). So are served, besides contiguous inputs, the two
+// strided cats of a Llama-style decoder: rotate_half's torch.cat((-x2, x1), -1), whose x1 is the
+// first half of the last dimension of q or k (q itself a transposed view), and a KV cache that was
+// cropped (a narrowed view along the sequence) and grows by one position. The CUDA kernel moves
+// vectors of KF_VEC elements, so every row offset must be a multiple of KF_VEC
+// (row_offset_granule) as well as every seg_k.
 #include <algorithm>
 
 #include "search_daemon/proposers/templates/template_family.h"
@@ -18,6 +30,7 @@ constexpr size_t kMaxInputs = 16;
 
 struct CatArgs {
   const std::vector<TensorMeta>* tensors = nullptr;
+  std::vector<TensorMeta> rows;   // per input, the view [outer..., seg_k] (Note [Cat rows])
   size_t dim = 0;
   int64_t outer = 1;
   std::vector<int64_t> seg;   // elements per row of each input
@@ -37,11 +50,16 @@ std::optional<CatArgs> cat_args(const OpSignature& sig, Backend backend) {
   a.tensors = list;
   a.dim = static_cast<size_t>(*dim < 0 ? *dim + rank : *dim);
   for (const TensorMeta& t : *list) {
-    if (!template_tensor(&t, backend) || t.dtype != first.dtype || t.sizes.size() != first.sizes.size()) {
+    if (!template_strided_tensor(&t, backend) || t.dtype != first.dtype || t.sizes.size() != first.sizes.size()) {
       return std::nullopt;
     }
-    for (size_t d = 0; d < t.sizes.size(); ++d) {
+    int64_t dense = 1;   // the elements of dimensions after d: each row-major from dim on
+    for (size_t d = t.sizes.size(); d-- > 0;) {
       if (d != a.dim && t.sizes[d] != first.sizes[d]) return std::nullopt;
+      if (d >= a.dim && t.sizes[d] > 1) {
+        if (t.strides[d] != dense) return std::nullopt;
+        dense *= t.sizes[d];
+      }
     }
   }
   int64_t inner = 1;
@@ -55,6 +73,12 @@ std::optional<CatArgs> cat_args(const OpSignature& sig, Backend backend) {
     a.seg.push_back(t.sizes[a.dim] * inner);
     a.row += a.seg.back();
     a.out_sizes[a.dim] += t.sizes[a.dim];
+    TensorMeta view = t;
+    view.sizes.assign(t.sizes.begin(), t.sizes.begin() + static_cast<std::ptrdiff_t>(a.dim));
+    view.strides.assign(t.strides.begin(), t.strides.begin() + static_cast<std::ptrdiff_t>(a.dim));
+    view.sizes.push_back(a.seg.back());
+    view.strides.push_back(1);
+    a.rows.push_back(std::move(view));
   }
   return a;
 }
@@ -80,6 +104,17 @@ std::vector<ArgBinding> cat_bindings(const OpSignature& sig, const CatArgs& a, i
   return b;
 }
 
+// `#define KF_A<k>_ROW(o) ...` per input: the element offset of its row o (Note [Cat rows]).
+std::string row_defines(const CatArgs& a) {
+  std::string s;
+  for (size_t k = 0; k < a.rows.size(); ++k) {
+    std::string d = row_offset_define(a.rows[k], std::to_string(a.seg[k]));
+    d.replace(d.find("KF_X_ROW"), 8, "KF_A" + std::to_string(k) + "_ROW");
+    s += d;
+  }
+  return s;
+}
+
 // "const T* __restrict__ a0, const T* __restrict__ a1, ..." for the kernel's parameter list.
 std::string input_params(size_t n, const char* type) {
   std::string s;
@@ -95,7 +130,7 @@ enum CatCudaKnob : size_t { kBlock, kVec, kItems };
 // inputs) lies in row o = i / (row / KF_VEC) at r; the input is found by walking the segments
 // (their lengths are compiled in), and the vector copied as one kf_word.
 std::string cuda_source(const CatArgs& a, int64_t vec) {
-  std::string s = std::string(kCudaPrelude) + kCudaRawWord;
+  std::string s = std::string(kCudaPrelude) + kCudaRawWord + row_defines(a);
   s += "extern \"C\" __global__ void __launch_bounds__(KF_BLOCK)\nkf_cat(" + input_params(a.seg.size(), "kf_word") +
        "kf_word* __restrict__ y, kf_i64 nvec) {\n"
        "  const kf_i64 row_words = " + std::to_string(a.row / vec) + ";\n"
@@ -108,7 +143,7 @@ std::string cuda_source(const CatArgs& a, int64_t vec) {
        "    kf_i64 r = i - o * row_words;\n";
   for (size_t k = 0; k < a.seg.size(); ++k) {
     const std::string seg = std::to_string(a.seg[k] / vec);
-    const std::string copy = "y[i] = a" + std::to_string(k) + "[o * " + seg + " + r];";
+    const std::string copy = "y[i] = a" + std::to_string(k) + "[KF_A" + std::to_string(k) + "_ROW(o) / KF_VEC + r];";
     if (k + 1 == a.seg.size()) {
       s += "    " + copy + "\n";
     } else {
@@ -131,9 +166,13 @@ class CatCuda final : public FamilyBase {
     const CatArgs a = *cat_args(sig, Backend::kCuda);
     const int64_t bytes = v[kVec] * dtype_size_bytes((*a.tensors)[0].dtype);
     if (bytes > 16) return false;
-    // Every input's rows whole vectors, every input aligned to one (the output is a fresh allocation).
+    // Every input's rows whole vectors starting on one, every input aligned to one (the output is
+    // a fresh allocation).
     for (size_t k = 0; k < a.seg.size(); ++k) {
-      if (a.seg[k] % v[kVec] != 0 || static_cast<int64_t>((*a.tensors)[k].alignment) % bytes != 0) return false;
+      if (a.seg[k] % v[kVec] != 0 || row_offset_granule(a.rows[k]) % v[kVec] != 0 ||
+          static_cast<int64_t>((*a.tensors)[k].alignment) % bytes != 0) {
+        return false;
+      }
     }
     return flat_cuda_fits(a.outer * a.row, v);
   }
@@ -167,7 +206,7 @@ class CatCuda final : public FamilyBase {
 // KF_ROWS output rows per block; each row the inputs' rows one after the other (memcpy, float32).
 std::string cpu_source(const CatArgs& a) {
   const size_t n = a.seg.size();
-  std::string s = std::string(kCpuPrelude) + "#include <string.h>\n";
+  std::string s = std::string(kCpuPrelude) + "#include <string.h>\n" + row_defines(a);
   s += "extern \"C\" void kf_cat(const kforge_cpu_block* blk, void* const* p) {\n";
   for (size_t k = 0; k < n; ++k) {
     s += "  const float* __restrict__ a" + std::to_string(k) + " = KF_PTR(const float, " + std::to_string(k) + ");\n";
@@ -180,7 +219,7 @@ std::string cpu_source(const CatArgs& a) {
        "    float* __restrict__ out = y + o * " + std::to_string(a.row) + ";\n";
   for (size_t k = 0; k < n; ++k) {
     const std::string seg = std::to_string(a.seg[k]);
-    s += "    memcpy(out, a" + std::to_string(k) + " + o * " + seg + ", sizeof(float) * " + seg + ");\n";
+    s += "    memcpy(out, a" + std::to_string(k) + " + KF_A" + std::to_string(k) + "_ROW(o), sizeof(float) * " + seg + ");\n";
     if (k + 1 < n) s += "    out += " + seg + ";\n";
   }
   s += "  }\n}\n";

@@ -18,7 +18,7 @@ json process(const json& windows) {
 }
 }  // namespace
 
-TEST_CASE("each window pairs with the all window before it, else after it; rates are calls per time") {
+TEST_CASE("each window pairs with the all window before it, else after it, and rates are calls per time") {
   // all 200 calls / 1 s; none 100 calls / 1 s (2x); all; e1 150 / 1 s; then an e1 window after an
   // all that follows it.
   const AbResult r = analyse_ab({process(json::array({json::array({"all", 200, 1e9}), json::array({"none", 100, 1e9}),
